@@ -1,0 +1,1 @@
+"""The `mftk` command line: one thin Typer module per subcommand."""

@@ -1,0 +1,77 @@
+"""The one table from library exception type to exit code and rendering (subclasses first).
+
+Exit codes: 0 success; 1 invalid input (config, data, checkpoint, infeasible plan);
+2 usage or file error, or a command not built yet; 3 anomalies found (parse-log --fail-on);
+4 training failed; 75 training stopped by a signal after saving; 130 Ctrl-C.
+"""
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+from mftk import errors as E
+from commands._render import err_console
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+EXIT_ANOMALIES = 3
+EXIT_TRAINING = 4
+EXIT_SIGNAL_SAVED = 75
+EXIT_INTERRUPT = 130
+
+
+def _render_config(exc: E.ConfigError) -> None:
+    n = sum(1 for p in exc.problems if p.severity == "error")
+    where = f" in {exc.source}" if exc.source else ""
+    err_console.print(f"[bold red]error:[/] {exc.message or f'{n} problem(s){where}'}")
+    for p in exc.problems:
+        colour = "red" if p.severity == "error" else "yellow"
+        err_console.print(f"  [{colour}]•[/] {p.render()}", markup=True, highlight=False)
+
+
+def _render_checkpoint(exc: E.CheckpointError) -> None:
+    _render_plain(exc)
+    for p in exc.problems:
+        err_console.print(f"  [red]•[/] {p}", highlight=False)
+
+
+def _render_plain(exc: E.MftkError) -> None:
+    err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+
+
+# Ordered: the first matching row wins, so subclasses come before their bases.
+TABLE: list[tuple[type[BaseException], int, Callable]] = [
+    (E.ConfigError, EXIT_INVALID, _render_config),
+    (E.NotBuiltError, EXIT_USAGE, _render_plain),
+    (E.InputError, EXIT_USAGE, _render_plain),
+    (E.DataFormatError, EXIT_INVALID, _render_plain),
+    (E.CheckpointError, EXIT_INVALID, _render_checkpoint),
+    (E.PlanError, EXIT_INVALID, _render_plain),
+    (E.AnomaliesFound, EXIT_ANOMALIES, _render_plain),
+    (E.TrainingInterrupted, EXIT_SIGNAL_SAVED, _render_plain),
+    (E.TrainingError, EXIT_TRAINING, _render_plain),
+    (E.MftkError, EXIT_INVALID, _render_plain),
+    (KeyboardInterrupt, EXIT_INTERRUPT, lambda exc: err_console.print("[yellow]interrupted[/]")),
+]
+
+
+def exit_code_for(exc: BaseException) -> int | None:
+    for exc_type, code, _ in TABLE:
+        if isinstance(exc, exc_type):
+            return code
+    return None
+
+
+def handle(exc: BaseException, *, debug: bool = False) -> int | None:
+    """Render a known error to stderr and return its exit code; None means a bug (re-raise)."""
+    for exc_type, code, render in TABLE:
+        if isinstance(exc, exc_type):
+            render(exc)
+            hint = getattr(exc, "hint", "")
+            if hint:
+                err_console.print(f"[cyan]hint:[/] {hint}", highlight=False)
+            if debug:
+                err_console.print("".join(traceback.format_exception(exc)), highlight=False)
+            return code
+    return None

@@ -1,0 +1,3 @@
+"""mftk: a typed toolchain for PyNative LLM pretraining with MindSpore."""
+
+__version__ = "0.1.0"
