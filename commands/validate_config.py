@@ -1,12 +1,102 @@
-"""`mftk validate-config` (not built yet: its issue replaces this placeholder)."""
+"""`mftk validate-config`: check a training YAML completely before anything expensive runs."""
 from __future__ import annotations
 
-from mftk.errors import NotBuiltError
+import json
+from pathlib import Path
+from typing import Annotated, Optional
 
-CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+import typer
+
+from commands._options import JsonOpt, NoCheckFilesOpt, SetOpt, WorldSizeOpt
+
+EPILOG = """[bold]Examples[/]
+
+  mftk validate-config templates/qwen3_tiny.yaml
+  mftk validate-config my.yaml --world-size 8 --set training.global_batch_size=64
+  mftk validate-config my.yaml --print-resolved      [dim]# full YAML, defaults marked[/]
+  mftk validate-config --model-from-hf config.json   [dim]# HF config.json -> model: section[/]
+
+Exit codes: 0 valid, 1 invalid config, 2 usage or file error."""
 
 
-def validate_config() -> None:
-    """Not built yet in this version of mftk."""
-    raise NotBuiltError(message="'mftk validate-config' is not built yet in this version of mftk.",
-                        hint="see the README for the commands available now")
+def validate_config(
+    config: Annotated[Optional[Path], typer.Argument(help="Training YAML to check.", show_default=False)] = None,
+    world_size: WorldSizeOpt = None,
+    no_check_files: NoCheckFilesOpt = False,
+    print_resolved: Annotated[bool, typer.Option("--print-resolved", help="Print the full YAML with defaults filled in and marked.")] = False,
+    json_out: JsonOpt = False,
+    overrides: SetOpt = None,
+    model_from_hf: Annotated[Optional[Path], typer.Option("--model-from-hf", help="Print the model: section for a Hugging Face config.json and exit.")] = None,
+) -> None:
+    """Check a training YAML: every problem at once, with its YAML path, the arithmetic and a fix."""
+    from commands._render import console, err_console, print_json
+    from mftk.config.load import load_config
+    from mftk.errors import ConfigError, InputError
+
+    if model_from_hf is not None:
+        _print_hf_section(model_from_hf, json_out)
+        return
+    if config is None:
+        raise InputError(message="missing CONFIG argument", hint="mftk validate-config path/to/config.yaml")
+    world = world_size or 1
+    try:
+        loaded = load_config(config, overrides=overrides or (), world_size=world, check_files=not no_check_files)
+    except ConfigError as exc:
+        if json_out:
+            print_json({"valid": False, "source": str(config), "problems": [_problem_dict(p) for p in exc.problems]})
+            raise typer.Exit(1)
+        raise
+    from mftk.config.report import resolved, resolved_yaml, summarize
+
+    summary = summarize(loaded, world)
+    if json_out:
+        print_json({"valid": True, "source": str(config), "problems": [_problem_dict(p) for p in loaded.notes],
+                    "summary": summary.to_dict(), "resolved": resolved(loaded.config)})
+        return
+    for p in loaded.notes:
+        colour = "yellow" if p.severity == "warning" else "cyan"
+        err_console.print(f"[{colour}]{p.severity}:[/] {p.render()}", highlight=False)
+    if print_resolved:
+        console.print(resolved_yaml(loaded), markup=False, highlight=False)
+        return
+    _render_summary(console, str(config), summary)
+
+
+def _problem_dict(p) -> dict:
+    return {"path": p.path, "line": p.line, "severity": p.severity, "message": p.message,
+            "value": p.value if isinstance(p.value, (int, float, str, bool, list, type(None))) else repr(p.value),
+            "hint": p.hint}
+
+
+def _render_summary(console, source: str, summary) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold green]✓ valid:[/] {source}")
+    for name, rows in summary.sections.items():
+        table = Table(title=name, title_justify="left", show_header=False, box=None, pad_edge=False)
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_column(style="dim")
+        for label, value, why in rows:
+            table.add_row(label, value, why)
+        console.print(table)
+
+
+def _print_hf_section(path: Path, json_out: bool) -> None:
+    import yaml
+
+    from commands._render import console, print_json
+    from mftk.config.hf import model_section_from_hf
+    from mftk.errors import DataFormatError, InputError
+
+    if not path.is_file():
+        raise InputError(message=f"not a file: {path}", path=str(path), hint="pass the model's config.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataFormatError(message=f"{path} is not valid JSON: {exc}", path=str(path)) from None
+    section = model_section_from_hf(data)
+    if json_out:
+        print_json({"model": section})
+    else:
+        console.print(yaml.safe_dump({"model": section}, sort_keys=False), markup=False, highlight=False)

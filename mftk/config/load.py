@@ -1,0 +1,237 @@
+"""YAML file -> frozen `Config`, or one `ConfigError` listing every problem.
+
+Four steps: (1) safe-load the YAML keeping line numbers; (2) walk it against the schema
+(unknown keys with "did you mean", YAML-1.1 float strings, empty sections) and structure it
+with the strict converter; (3) run the cross-field rules; (4) raise once if anything failed.
+Warnings and notes never stop a load: they come back in `LoadedConfig.notes`.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, Union
+
+import attrs
+import yaml
+
+from mftk.config import sections as S
+from mftk.config.converter import structure
+from mftk.config.yamlio import LineMap, parse_yaml, read_config_file
+from mftk.errors import ConfigError, Problem
+
+
+@attrs.frozen
+class LoadedConfig:
+    """A valid config plus what the loader noticed on the way (warnings, notes)."""
+
+    config: S.Config
+    notes: list[Problem]
+    source: str
+    raw: dict
+
+
+def load_config(path: str | os.PathLike, *, overrides: Iterable[str] = (), world_size: int = 1,
+                check_files: bool = True) -> LoadedConfig:
+    """Load and fully check a training YAML; raises ConfigError with every problem found."""
+    source = str(path)
+    text = read_config_file(path)
+    data, lines = parse_yaml(text, source)
+    return load_data(data, lines=lines, source=source, overrides=overrides, world_size=world_size,
+                     check_files=check_files)
+
+
+def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config>",
+              overrides: Iterable[str] = (), world_size: int = 1, check_files: bool = True) -> LoadedConfig:
+    lines = lines or LineMap()
+    if not isinstance(data, dict):
+        raise ConfigError(message=f"{source}: the top level must be a mapping of sections, got {type(data).__name__}",
+                          source=source, problems=[Problem(path="", message=f"expected a mapping, got {type(data).__name__}",
+                                                           hint="a config starts with 'training:', 'model:', ... sections")])
+    raw = copy.deepcopy(data)
+    problems: list[Problem] = []
+    for item in overrides:
+        problems += apply_override(raw, item)
+    config, found = build_config(raw, lines)
+    problems += found
+    if config is not None:
+        from mftk.config.rules import check
+
+        problems += check(config, world_size=world_size, check_files=check_files)
+    for p in problems:
+        if p.line is None and p.path:
+            p.line = lines.line(p.path)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors or config is None:
+        raise ConfigError(message=f"{len(errors)} problem(s) in {source}", source=source, problems=problems)
+    return LoadedConfig(config=config, notes=problems, source=source, raw=raw)
+
+
+def build_config(raw: dict, lines: LineMap | None = None) -> tuple[S.Config | None, list[Problem]]:
+    """Schema walk + structuring (steps 2 of the load); no cross-field rules."""
+    problems: list[Problem] = []
+    model_raw = raw.pop("model", None)
+    cleaned = _walk(raw, S.Config, "", problems)
+    config, found = structure(cleaned, S.Config)
+    problems += found
+    model, found = build_model_section(model_raw)
+    problems += found
+    raw["model"] = model_raw
+    if config is None or model is None:
+        return None, problems
+    return attrs.evolve(config, model=model), problems
+
+
+def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
+    from mftk.config.model import MODEL_CONFIGS, normalize_model_dict
+
+    if model_raw is None:
+        return None, [Problem(path="model", message="the model section is missing",
+                              hint="add model: {model_type: qwen3, architectures: Qwen3ForCausalLM, ...}")]
+    if not isinstance(model_raw, dict):
+        return None, [Problem(path="model", message=f"expected a mapping, got {type(model_raw).__name__}")]
+    model_type = model_raw.get("model_type")
+    if model_type is None:
+        return None, [Problem(path="model.model_type", message="required key is missing",
+                              hint=f"one of: {', '.join(sorted(MODEL_CONFIGS))}")]
+    if model_type not in MODEL_CONFIGS:
+        return None, [Problem(path="model.model_type", value=model_type,
+                              message=f"unknown model_type {model_type!r}",
+                              hint=_did_you_mean(str(model_type), MODEL_CONFIGS) or
+                              f"one of: {', '.join(sorted(MODEL_CONFIGS))}")]
+    cleaned, problems = normalize_model_dict(dict(model_raw))
+    model, found = structure(cleaned, MODEL_CONFIGS[model_type], root="model")
+    for p in found:
+        p.path = p.path if p.path.startswith("model") else f"model.{p.path}"
+    return model, problems + found
+
+
+# ---------------------------------------------------------------------------- schema walk
+
+def _unwrap(tp: Any) -> Any:
+    """Optional[X] -> X; other types unchanged."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in attrs.fields(cls)}
+
+
+def _walk(data: Any, cls: type, path: str, problems: list[Problem]) -> Any:
+    """Check keys of `data` against `cls`; return data with tolerated extras dropped."""
+    if not isinstance(data, dict):
+        return data  # the converter reports the type error with its path
+    types_ = _field_types(cls)
+    allow_extra = getattr(cls, "__mftk_allow_extra__", False)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        child = f"{path}.{key}" if path else str(key)
+        if key not in types_:
+            _unknown_key(cls, key, child, allow_extra, types_, problems)
+            continue
+        out[key] = _walk_value(value, types_[key], child, problems)
+    return out
+
+
+def _walk_value(value: Any, tp: Any, path: str, problems: list[Problem]) -> Any:
+    inner = _unwrap(tp)
+    if attrs.has(inner):
+        if value is None and inner is not tp:
+            return None
+        if value is None:
+            problems.append(Problem(path=path, severity="note",
+                                    message="section is empty; its defaults are used",
+                                    hint="the reference rejects an empty section; remove it or fill it in"))
+            return {}
+        return _walk(value, inner, path, problems)
+    if typing.get_origin(inner) is list and isinstance(value, list):
+        (arg,) = typing.get_args(inner) or (Any,)
+        return [_walk_value(v, arg, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    if _accepts_float(inner) and isinstance(value, str):
+        number = _yaml11_float(value)
+        if number is not None:
+            problems.append(Problem(path=path, severity="note", value=value,
+                                    message=f"string {value!r} read as the number {number!r}",
+                                    hint="YAML 1.1 reads '1e-5' as a string; write 1.0e-5 to be explicit"))
+            return number
+    return value
+
+
+def _accepts_float(tp: Any) -> bool:
+    return tp is float or (typing.get_origin(tp) in (Union, types.UnionType) and float in typing.get_args(tp))
+
+
+def _yaml11_float(text: str) -> float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if text.strip().lower() not in {"nan", "inf", "-inf", "+inf", "infinity"} else None
+
+
+def _unknown_key(cls: type, key: Any, path: str, allow_extra: bool, known: dict, problems: list[Problem]) -> None:
+    if cls is S.Config and key in S.KNOWN_EXTRA_TOP_LEVEL:
+        problems.append(Problem(path=path, severity="warning",
+                                message=f"accepted but has no effect ({S.KNOWN_EXTRA_TOP_LEVEL[key]})"))
+        return
+    hint = _did_you_mean(str(key), known)
+    if allow_extra:
+        problems.append(Problem(path=path, severity="warning", message="unknown key, ignored",
+                                hint=hint or "check the spelling against the config reference"))
+    else:
+        what = "unknown section" if cls is S.Config else "unknown key"
+        problems.append(Problem(path=path, message=what,
+                                hint=hint or f"known keys: {', '.join(sorted(known))}"))
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else ""
+
+
+# ---------------------------------------------------------------------------- overrides
+
+def apply_override(raw: dict, item: str) -> list[Problem]:
+    """Apply one `a.b.c=value` override to the raw YAML data (value parsed as YAML)."""
+    if "=" not in item:
+        return [Problem(path=item, message="override must look like section.key=value",
+                        hint="e.g. --set training.steps=20")]
+    dotted, text = item.split("=", 1)
+    keys = dotted.strip().split(".")
+    if not all(keys):
+        return [Problem(path=dotted, message="empty key in override path")]
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    if _is_str_field(keys):
+        value = text
+    node = raw
+    for key in keys[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[keys[-1]] = value
+    return []
+
+
+def _is_str_field(keys: list[str]) -> bool:
+    cls: Any = S.Config
+    for key in keys:
+        if not attrs.has(cls):
+            return False
+        types_ = _field_types(cls)
+        if key not in types_:
+            return False
+        cls = _unwrap(types_[key])
+    return cls is str
+
+

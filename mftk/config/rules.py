@@ -1,0 +1,513 @@
+"""Value and cross-field rules: every problem at once, each with its YAML path and the arithmetic.
+
+Rules run on a structured (type-correct) config. Each `_check_*` function looks at one area and
+appends `Problem`s; none stops at the first. Errors here are things the reference either rejects
+too, or silently gets wrong (floors a batch division, trains on random data); notes explain
+where mftk's meaning differs.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from mftk.config.sections import Config
+from mftk.errors import Problem
+from mftk.plan import layout as L
+
+LR_TYPES = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR", "WarmUpStableDecayLR",
+            "ConstantWithCoolDownLR", "PolynomialWithWarmUpLR"}
+LR_NEED_WARMUP = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "ConstantWithCoolDownLR", "WarmUpStableDecayLR"}
+LOADER_TYPES = {"BlendedMegatronDatasetDataLoader", "MindDataset"}
+LOADER_TYPES_REFERENCE_ONLY = {"HFDataLoader", "OrderedIndexDataLoader"}
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+
+
+class _Rules:
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def error(self, path: str, message: str, value: Any = None, hint: str = "") -> None:
+        self.problems.append(Problem(path=path, message=message, value=value, hint=hint))
+
+    def warn(self, path: str, message: str, value: Any = None, hint: str = "") -> None:
+        self.problems.append(Problem(path=path, message=message, value=value, hint=hint, severity="warning"))
+
+    def note(self, path: str, message: str, value: Any = None, hint: str = "") -> None:
+        self.problems.append(Problem(path=path, message=message, value=value, hint=hint, severity="note"))
+
+
+def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> list[Problem]:
+    """All value and cross-field problems of a structured config (errors, warnings, notes)."""
+    r = _Rules()
+    _check_training(config, r)
+    layout = _check_parallel(config, world_size, r)
+    _check_model_vs_parallel(config, layout, r)
+    _check_checkpoint(config, r)
+    _check_optimizer(config, r)
+    _check_lr(config, r)
+    _check_dataset(config, r, check_files=check_files)
+    _check_recompute_swap(config, r)
+    _check_profiler_monitor(config, r)
+    if config.lora_config is not None and not config.lora_config.target_modules:
+        r.error("lora_config.target_modules", "required to enable LoRA", hint="e.g. '.*linear_qkv.*'")
+    if config.model is not None:
+        from mftk.config.model import model_problems
+
+        r.problems += model_problems(config.model)
+    return r.problems
+
+
+# ------------------------------------------------------------------ training and parallel layout
+
+def _check_training(c: Config, r: _Rules) -> None:
+    t = c.training
+    for name in ("local_batch_size", "global_batch_size"):
+        value = getattr(t, name)
+        if value <= 0:
+            r.error(f"training.{name}", f"must be positive, got {value}", value, "use a whole number ≥ 1")
+    if t.steps <= 0:
+        r.error("training.steps", f"must be positive, got {t.steps}", t.steps, "the absolute target step, e.g. 1000")
+    if t.max_norm <= 0:
+        r.note("training.max_norm", f"max_norm={t.max_norm} disables gradient clipping in mftk",
+               t.max_norm, "the reference has no > 0 check and would scale gradients by a non-positive factor")
+    if t.rampup_batch_size is not None:
+        _check_rampup(c, r)
+
+
+def _check_rampup(c: Config, r: _Rules) -> None:
+    ramp = c.training.rampup_batch_size or []
+    path = "training.rampup_batch_size"
+    if len(ramp) != 3:
+        r.error(path, f"must be [start_gbs, increment, rampup_samples], got {len(ramp)} value(s)", ramp)
+        return
+    start, inc, samples = ramp
+    if start <= 0 or inc <= 0 or samples < 0:
+        r.error(path, f"need start > 0, increment > 0, rampup_samples ≥ 0; got {ramp}", ramp)
+        return
+    top = c.training.global_batch_size
+    if top < start:
+        r.error(path, f"global_batch_size {top} < start {start}", ramp, "the ramp must go up to global_batch_size")
+    elif (top - start) % inc:
+        r.error(path, f"(global_batch_size − start) % increment = ({top} − {start}) % {inc} = {(top - start) % inc}, must be 0",
+                ramp)
+
+
+def _check_parallel(c: Config, world: int, r: _Rules) -> L.Layout | None:
+    p = c.parallelism
+    bad = False
+    for name in ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
+                 "pipeline_parallel_interleave_num"):
+        value = getattr(p, name)
+        if value < 1:
+            r.error(f"parallelism.{name}", f"must be ≥ 1, got {value}", value)
+            bad = True
+    if p.data_parallel_shard == 0 or p.data_parallel_shard < -1:
+        r.error("parallelism.data_parallel_shard", f"must be -1 (all of DP) or ≥ 1, got {p.data_parallel_shard}",
+                p.data_parallel_shard)
+        bad = True
+    if p.tensor_parallel > 1 and not p.sequence_parallel:
+        r.error("parallelism.sequence_parallel", f"tensor_parallel={p.tensor_parallel} requires sequence_parallel: true",
+                p.sequence_parallel, "set parallelism.sequence_parallel: true")
+    _check_choices(r, "parallelism.pipeline_parallel_schedule", p.pipeline_parallel_schedule.lower() or "1f1b",
+                   {"1f1b", "interleaved_1f1b", "gpipe"})
+    if p.pipeline_parallel_schedule.lower() == "interleaved_1f1b" and p.pipeline_parallel_interleave_num <= 1:
+        r.error("parallelism.pipeline_parallel_schedule", "interleaved_1f1b needs pipeline_parallel_interleave_num > 1",
+                hint="set pipeline_parallel_interleave_num or use 1f1b")
+    _check_choices(r, "parallelism.context_parallel_method", p.context_parallel_method.lower(),
+                   {"colossal", "ulysses", "hybrid"})
+    _check_choices(r, "parallelism.context_parallel_mask_type", p.context_parallel_mask_type, {"causal"})
+    _check_choices(r, "parallelism.reshard_after_forward_policy", p.reshard_after_forward_policy,
+                   {"always", "never", "default"})
+    _check_choices(r, "parallelism.moe_token_dispatcher_type", p.moe_token_dispatcher_type,
+                   {"alltoall", "alltoall_deredundancy"})
+    if p.moe_token_dispatcher_type == "alltoall_deredundancy" and p.expert_parallel < p.npu_nums_per_device:
+        r.error("parallelism.moe_token_dispatcher_type",
+                f"alltoall_deredundancy needs expert_parallel ≥ npu_nums_per_device ({p.expert_parallel} < {p.npu_nums_per_device})")
+    _check_ulysses(p, r)
+    if p.enable_loss_parallel and p.tensor_parallel <= 1:
+        r.warn("parallelism.enable_loss_parallel", "has no effect without tensor_parallel > 1")
+    if bad:
+        return None
+    dp, dp_text = L.derive_dp(world, p.tensor_parallel, p.pipeline_parallel, p.context_parallel)
+    if dp < 1:
+        r.error("parallelism", f"tp·pp·cp must be ≤ world size: {dp_text}", world,
+                "lower the degrees or pass a larger --world-size")
+        return None
+    rep, shard, _ = L.split_dp(dp, p.data_parallel_shard)
+    layout = L.Layout(world=world, tp=p.tensor_parallel, pp=p.pipeline_parallel, cp=p.context_parallel,
+                      ep=p.expert_parallel, dp_replicate=rep, dp_shard=shard,
+                      interleave=p.pipeline_parallel_interleave_num)
+    if p.data_parallel_shard > 0 and dp % p.data_parallel_shard:
+        r.error("parallelism.data_parallel_shard",
+                f"must divide dp: {dp} % {p.data_parallel_shard} = {dp % p.data_parallel_shard}",
+                p.data_parallel_shard, f"the reference silently adjusts it to {rep}×{shard}; pick a divisor of {dp}")
+    if layout.product != world:
+        r.error("parallelism", f"dp_replicate·dp_shard·cp·tp·pp = {rep}·{shard}·{layout.cp}·{layout.tp}·{layout.pp} = "
+                f"{layout.product} ≠ world size {world}", world, "choose degrees whose product is the world size")
+    ep_domain = shard * layout.cp * layout.tp
+    if layout.ep > 1 and ep_domain % layout.ep:
+        r.error("parallelism.expert_parallel",
+                f"must divide dp_shard·cp·tp = {shard}·{layout.cp}·{layout.tp} = {ep_domain}", layout.ep)
+    _check_accumulation(c, layout, r)
+    return layout
+
+
+def _check_ulysses(p, r: _Rules) -> None:
+    method, u, cp = p.context_parallel_method.lower(), p.ulysses_degree_in_cp, p.context_parallel
+    if method == "ulysses" and u is not None and u != cp:
+        r.error("parallelism.ulysses_degree_in_cp", f"ulysses needs ulysses_degree_in_cp = cp ({u} ≠ {cp}) or null", u)
+    if method == "hybrid" and (u is None or not 1 < u < cp or cp % u):
+        r.error("parallelism.ulysses_degree_in_cp", f"hybrid needs 1 < u < cp and cp % u == 0 (u={u}, cp={cp})", u)
+    if p.context_parallel_async and method == "colossal":
+        r.error("parallelism.context_parallel_async", "async CP is only for ulysses / hybrid", True)
+
+
+def _check_accumulation(c: Config, layout: L.Layout, r: _Rules) -> None:
+    t = c.training
+    if t.local_batch_size <= 0 or t.global_batch_size <= 0:
+        return
+    if t.rampup_batch_size and len(t.rampup_batch_size) == 3:
+        base = layout.dp * t.local_batch_size
+        for name, value in (("start", t.rampup_batch_size[0]), ("global_batch_size", t.global_batch_size)):
+            if value % base:
+                r.error("training.rampup_batch_size", f"{name} {value} is not divisible by dp·local_batch_size = "
+                        f"{layout.dp}·{t.local_batch_size} = {base}", t.rampup_batch_size)
+        return
+    steps, text = L.accumulation_steps(t.global_batch_size, t.local_batch_size, layout.dp)
+    if steps is None:
+        r.error("training.global_batch_size", f"num_accumulation_steps = {text}", t.global_batch_size,
+                f"use a multiple of dp·local_batch_size = {layout.dp * t.local_batch_size} "
+                "(the reference floors this silently)")
+
+
+def _check_model_vs_parallel(c: Config, layout: L.Layout | None, r: _Rules) -> None:
+    m, p = c.model, c.parallelism
+    if m is None:
+        return
+    tp = p.tensor_parallel
+    heads = getattr(m, "num_attention_heads", None)
+    if tp > 1 and heads and heads % tp:
+        r.error("parallelism.tensor_parallel", f"num_attention_heads % tp = {heads} % {tp} = {heads % tp}, must be 0", tp)
+    kv = getattr(m, "num_key_value_heads", None)
+    if tp > 1 and kv and not getattr(m, "multi_latent_attention", False) and kv % tp:
+        r.error("parallelism.tensor_parallel", f"num_key_value_heads % tp = {kv} % {tp} = {kv % tp}, must be 0", tp)
+    _check_pipeline_layers(c, r)
+    ep = p.expert_parallel
+    experts = getattr(m, "n_routed_experts", None)
+    if ep > 1 and not experts:
+        r.error("parallelism.expert_parallel", f"expert_parallel={ep} but the model has no routed experts", ep)
+    elif ep > 1 and experts % ep:
+        r.error("parallelism.expert_parallel", f"n_routed_experts % ep = {experts} % {ep} = {experts % ep}, must be 0", ep)
+    seq = getattr(m, "seq_length", None)
+    cp = p.context_parallel
+    if seq and cp > 1:
+        factor = 2 * cp if p.context_parallel_method.lower() == "colossal" else cp
+        if seq % factor:
+            what = "2·cp (load-balanced causal split)" if factor != cp else "cp"
+            r.error("parallelism.context_parallel", f"seq_length % {what} = {seq} % {factor} = {seq % factor}, must be 0", cp)
+    data = c.dataset
+    if seq and data is not None and data.seq_length is not None and data.seq_length != seq:
+        r.error("train_dataset.dataloader.config.seq_length",
+                f"{data.seq_length} ≠ model.seq_length {seq}", data.seq_length, "make both equal")
+
+
+def _check_pipeline_layers(c: Config, r: _Rules) -> None:
+    p, m = c.parallelism, c.model
+    pp, inter = p.pipeline_parallel, p.pipeline_parallel_interleave_num
+    layers = getattr(m, "num_hidden_layers", None)
+    spec, path = p.pipeline_parallel_layers_per_stage, "parallelism.pipeline_parallel_layers_per_stage"
+    if pp <= 1 or not layers:
+        return
+    if spec is None:
+        r.error(path, f"must be 'auto' or a list of {pp} strings when pipeline_parallel > 1", None)
+    elif isinstance(spec, str):
+        if spec != "auto":
+            r.error(path, f"must be 'auto' or a list of {pp} strings, got {spec!r}", spec)
+        elif layers % (pp * inter):
+            r.error(path, f"'auto' needs num_hidden_layers % (pp·interleave) = {layers} % ({pp}·{inter}) = "
+                    f"{layers % (pp * inter)} to be 0", spec, "give an explicit per-stage list instead")
+    else:
+        _check_stage_list(spec, pp, inter, layers, path, r)
+
+
+def _check_stage_list(spec: list[str], pp: int, inter: int, layers: int, path: str, r: _Rules) -> None:
+    if len(spec) != pp:
+        r.error(path, f"needs one string per stage: {len(spec)} given, pipeline_parallel = {pp}", spec)
+        return
+    covered: list[int] = []
+    for i, stage in enumerate(spec):
+        chunks = [s for s in stage.split(",")]
+        if len(chunks) != inter:
+            r.error(f"{path}[{i}]", f"needs {inter} chunk(s) (pipeline_parallel_interleave_num), got {len(chunks)}", stage)
+            return
+        for chunk in chunks:
+            ids = parse_layer_range(chunk)
+            if ids is None:
+                r.error(f"{path}[{i}]", f"chunk {chunk!r} is not 'n' or 'a-b'", stage)
+                return
+            covered += ids
+    if sorted(covered) != list(range(layers)):
+        r.error(path, f"stages must cover layers 0..{layers - 1} exactly once", spec)
+
+
+def parse_layer_range(text: str) -> list[int] | None:
+    """'3' -> [3]; '2-5' -> [2, 3, 4, 5]; anything else -> None."""
+    match = _RANGE.match(str(text))
+    if not match:
+        return None
+    a = int(match.group(1))
+    b = int(match.group(2)) if match.group(2) is not None else a
+    return list(range(a, b + 1)) if b >= a else None
+
+
+def _check_choices(r: _Rules, path: str, value: str, choices: set[str]) -> None:
+    if value not in choices:
+        r.error(path, f"{value!r} is not one of {', '.join(sorted(choices))}", value)
+
+
+# ------------------------------------------------------------------ checkpoint, optimizer, schedule
+
+def _check_checkpoint(c: Config, r: _Rules) -> None:
+    ck = c.checkpoint
+    if ck.enable_save and not ck.save_path:
+        r.error("checkpoint.save_path", "required when checkpoint.enable_save is true", "",
+                "set save_path, e.g. ./output/checkpoint, or enable_save: false")
+    if ck.save_interleaved_steps <= 0:
+        r.error("checkpoint.save_interleaved_steps", f"must be ≥ 1, got {ck.save_interleaved_steps}",
+                ck.save_interleaved_steps)
+    if ck.save_max < 1:
+        r.error("checkpoint.save_max", f"must be ≥ 1, got {ck.save_max}", ck.save_max)
+
+
+def _check_optimizer(c: Config, r: _Rules) -> None:
+    o = c.optimizer
+    _check_choices(r, "optimizer.type", o.type, {"AdamW", "Muon"})
+    if o.type == "Muon":
+        r.error("optimizer.type", "Muon is not available in mftk yet", o.type, "use AdamW")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        r.error("optimizer.betas", f"needs two values in [0, 1), got {o.betas}", o.betas)
+    if o.eps < 0:
+        r.error("optimizer.eps", f"must be ≥ 0, got {o.eps}", o.eps)
+    if o.weight_decay < 0:
+        r.error("optimizer.weight_decay", f"must be ≥ 0, got {o.weight_decay}", o.weight_decay)
+    if o.enable_cpu_offload:
+        r.error("optimizer.enable_cpu_offload", "CPU offload of the optimizer is not supported", True)
+
+
+def _check_lr(c: Config, r: _Rules) -> None:
+    s, total = c.lr_scheduler, c.training.steps
+    if s.type is None:
+        r.error("lr_scheduler.type", "required key is missing", hint=f"one of: {', '.join(sorted(LR_TYPES))}")
+        return
+    if s.type not in LR_TYPES:
+        r.error("lr_scheduler.type", f"unknown schedule {s.type!r}", s.type, f"one of: {', '.join(sorted(LR_TYPES))}")
+        return
+    if s.learning_rate < 0:
+        r.error("lr_scheduler.learning_rate", f"must be ≥ 0, got {s.learning_rate}", s.learning_rate)
+    for name in ("warmup", "decay", "decay_start"):
+        steps, ratio = getattr(s, f"{name}_steps"), getattr(s, f"{name}_ratio")
+        if steps is not None and steps < 0:
+            r.error(f"lr_scheduler.{name}_steps", f"must be ≥ 0, got {steps}", steps)
+        if ratio is not None and not 0 <= ratio <= 1:
+            r.error(f"lr_scheduler.{name}_ratio", f"must be in [0, 1], got {ratio}", ratio)
+    if s.type in LR_NEED_WARMUP and s.warmup_steps is None and s.warmup_ratio is None:
+        r.error("lr_scheduler.warmup_steps", f"{s.type} needs warmup_steps or warmup_ratio", None, "e.g. warmup_steps: 0")
+    if s.warmup_ratio is not None and s.warmup_steps is None and 0 <= s.warmup_ratio <= 1:
+        r.note("lr_scheduler.warmup_ratio",
+               f"warmup steps = int(training.steps·warmup_ratio) = int({total}·{s.warmup_ratio}) = {int(total * s.warmup_ratio)}")
+    if s.type == "WarmUpStableDecayLR":
+        end = 1e-7 if s.lr_end is None else s.lr_end
+        if end >= s.learning_rate:
+            r.error("lr_scheduler.lr_end", f"must be < learning_rate ({end} ≥ {s.learning_rate})", end)
+    if s.total_steps is not None and s.total_steps != total:
+        r.warn("lr_scheduler.total_steps", f"ignored: total_steps is always training.steps ({total})", s.total_steps)
+
+
+# ------------------------------------------------------------------ data
+
+def _check_dataset(c: Config, r: _Rules, *, check_files: bool) -> None:
+    loader = c.train_dataset.dataloader
+    base = "train_dataset.dataloader"
+    if loader is None:
+        r.error(base, "the dataloader section is missing",
+                hint="add train_dataset.dataloader with type: BlendedMegatronDatasetDataLoader")
+        return
+    if loader.type is None:
+        r.error(f"{base}.type", "required key is missing", hint="BlendedMegatronDatasetDataLoader")
+        return
+    if loader.type in LOADER_TYPES_REFERENCE_ONLY:
+        r.error(f"{base}.type", f"{loader.type} is not supported by mftk yet", loader.type,
+                "use BlendedMegatronDatasetDataLoader with Megatron .bin/.idx data (mftk preprocess)")
+        return
+    if loader.type not in LOADER_TYPES:
+        r.error(f"{base}.type", f"unknown dataloader type {loader.type!r}", loader.type,
+                f"one of: {', '.join(sorted(LOADER_TYPES))}")
+        return
+    if loader.type == "MindDataset":
+        if not loader.dataset_files and not loader.dataset_dir:
+            r.error(f"{base}.dataset_files", "MindDataset needs dataset_files (MindRecord files)")
+        elif check_files:
+            for i, f in enumerate(loader.dataset_files or []):
+                if not Path(f).exists():
+                    r.error(f"{base}.dataset_files[{i}]", f"file not found: {f}", f)
+        return
+    if loader.datasets_type != "GPTDataset":
+        r.error(f"{base}.datasets_type", f"must be 'GPTDataset', got {loader.datasets_type!r}", loader.datasets_type)
+    if not loader.sizes:
+        r.error(f"{base}.sizes", "required: [train_samples, 0, 0]", hint="e.g. sizes: [1000, 0, 0]")
+    elif any(s < 0 for s in loader.sizes) or loader.sizes[0] <= 0:
+        r.error(f"{base}.sizes", f"needs a positive train count and no negative counts, got {loader.sizes}", loader.sizes)
+    elif loader.sizes[0] < c.training.global_batch_size:
+        r.error(f"{base}.sizes", f"sizes[0] = {loader.sizes[0]} < global_batch_size {c.training.global_batch_size}: "
+                "no full step", loader.sizes)
+    if loader.shuffle:
+        r.warn(f"{base}.shuffle", "loader-level shuffle makes sample order depend on the loader's own RNG",
+               hint="keep false: GPTDataset already shuffles reproducibly")
+    data = loader.config
+    if data is None:
+        r.error(f"{base}.config", "the GPTDataset config block is missing", hint="add seq_length, split, eod, data_path ...")
+        return
+    _check_data_config(c, data, f"{base}.config", r, check_files)
+
+
+def _check_data_config(c: Config, d, base: str, r: _Rules, check_files: bool) -> None:
+    if d.seq_length is None or d.seq_length <= 0:
+        r.error(f"{base}.seq_length", "required: a positive integer equal to model.seq_length", d.seq_length)
+    if d.create_compressed_eod_mask is None:
+        r.note(f"{base}.create_compressed_eod_mask", "not set; false is used",
+               hint="the reference requires this key: add create_compressed_eod_mask: false")
+    paths = {"data_path": d.data_path, "train_data_path": d.train_data_path}
+    if not any(paths.values()):
+        if d.mock:
+            r.warn(f"{base}.mock", "training on random tokens (mock: true)")
+        else:
+            r.error(f"{base}.data_path", "no data: data_path is missing",
+                    hint="set data_path to your preprocessed prefixes (mftk preprocess); "
+                    "mock: true trains on random data on purpose")
+        return
+    if d.data_path and d.split is None:
+        r.error(f"{base}.split", "required when data_path is set", hint='e.g. split: "1, 0, 0"')
+    elif d.split is not None:
+        _check_split(d.split, f"{base}.split", r)
+    for key, blend in paths.items():
+        if blend:
+            for prefix in _check_blend(blend, f"{base}.{key}", r):
+                if check_files:
+                    _check_prefix_files(prefix, f"{base}.{key}", r)
+    loader = c.train_dataset.dataloader
+    columns = c.train_dataset.input_columns or loader.column_names
+    if d.create_attention_mask and "attention_mask" not in columns:
+        r.note(f"{base}.create_attention_mask", "true, but attention_mask is not in column_names; it is not passed "
+               "to the model", hint="set create_attention_mask: false to save memory")
+
+
+def _check_split(split: str, path: str, r: _Rules) -> None:
+    try:
+        parts = [float(x) for x in re.split(r"[,/]", split) if x.strip() != ""]
+    except ValueError:
+        r.error(path, f"{split!r} does not parse; expected numbers like '1, 0, 0'", split)
+        return
+    if not parts or len(parts) > 3 or any(x < 0 for x in parts) or sum(parts) <= 0:
+        r.error(path, f"{split!r} must be up to 3 non-negative numbers with a positive sum", split)
+
+
+def _check_blend(blend: list[str], path: str, r: _Rules) -> list[str]:
+    """Validate weight/prefix pairs or a plain prefix list; return the prefixes."""
+    numeric = [_as_weight(x) is not None for x in blend]
+    if not any(numeric):
+        return list(blend)
+    if len(blend) % 2:
+        r.error(path, f"weight/prefix pairs need an even length, got {len(blend)} entries", blend,
+                "write [weight, prefix, weight, prefix, ...] or only prefixes")
+        return []
+    weights, prefixes = blend[0::2], blend[1::2]
+    for i, w in enumerate(weights):
+        value = _as_weight(w)
+        if value is None:
+            r.error(f"{path}[{2 * i}]", f"expected a weight (number), got {w!r}", w)
+            return []
+        if value < 0:
+            r.error(f"{path}[{2 * i}]", f"weight must be ≥ 0, got {w}", w)
+    for i, p in enumerate(prefixes):
+        if _as_weight(p) is not None:
+            r.error(f"{path}[{2 * i + 1}]", f"expected a path prefix, got the number {p!r}", p)
+            return []
+    if all((_as_weight(w) or 0) == 0 for w in weights):
+        r.error(path, "all weights are zero", blend)
+    return list(prefixes)
+
+
+def _as_weight(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_prefix_files(prefix: str, path: str, r: _Rules) -> None:
+    missing = [ext for ext in (".bin", ".idx") if not Path(prefix + ext).is_file()]
+    if missing:
+        r.error(path, f"data files missing for prefix {prefix!r}: {', '.join(prefix + e for e in missing)}", prefix,
+                "run mftk preprocess, or use --no-check-files to skip this check")
+
+
+# ------------------------------------------------------------------ recompute, swap, profiler, monitor
+
+def _check_recompute_swap(c: Config, r: _Rules) -> None:
+    rc, sw, m = c.recompute, c.swap, c.model
+    layers = getattr(m, "num_hidden_layers", 0) or 0
+    mtp = getattr(m, "num_nextn_predict_layers", 0) or 0
+    _check_choices(r, "recompute.mode", rc.mode, {"None", "full", "select"})
+    if rc.mode == "full":
+        if not rc.full_recompute_layer:
+            r.error("recompute.full_recompute_layer", "required when recompute.mode is 'full'", hint="e.g. ['0-3']")
+        else:
+            _check_ascending_layers(rc.full_recompute_layer, layers + mtp, "recompute.full_recompute_layer", r)
+    if rc.mode == "select" and not isinstance(rc.select_module, dict):
+        r.error("recompute.select_module", "required when recompute.mode is 'select': a mapping of module glob → layer ranges")
+    if rc.exclude_op is not None and any(not op for op in rc.exclude_op):
+        r.error("recompute.exclude_op", "op-name substrings must be non-empty", rc.exclude_op)
+    if c.recompute_comm.enable and not c.recompute_comm.select_module:
+        r.error("recompute_comm.select_module", "required when recompute_comm.enable is true")
+    if not sw.enable:
+        return
+    if c.parallelism.pipeline_parallel > 1:
+        r.error("swap.enable", "swap is not supported with pipeline parallel", True)
+    if layers and not 1 <= sw.default_prefetch <= layers - 1:
+        r.error("swap.default_prefetch", f"must be in [1, num_layers − 1] = [1, {layers - 1}], got {sw.default_prefetch}",
+                sw.default_prefetch)
+    for key, needed in (("layer_swap", ("layers",)), ("op_swap", ("layers", "op_name"))):
+        for i, entry in enumerate(getattr(sw, key) or []):
+            for name in needed:
+                if not isinstance(entry, dict) or name not in entry:
+                    r.error(f"swap.{key}[{i}]", f"entry needs '{name}'", entry)
+
+
+def _check_ascending_layers(entries: list[str], limit: int, path: str, r: _Rules) -> None:
+    last = -1
+    for i, entry in enumerate(entries):
+        ids = parse_layer_range(entry)
+        if ids is None:
+            r.error(f"{path}[{i}]", f"{entry!r} is not 'n' or 'a-b'", entry)
+            return
+        if ids[0] <= last:
+            r.error(f"{path}[{i}]", f"ranges must be strictly ascending ({entry!r} after layer {last})", entry)
+            return
+        last = ids[-1]
+    if limit and last >= limit:
+        r.error(path, f"layer {last} does not exist (layers and MTP layers: 0..{limit - 1})", entries)
+
+
+def _check_profiler_monitor(c: Config, r: _Rules) -> None:
+    pr = c.profiler
+    if pr.start_step < 1 or pr.end_step < 1 or pr.start_step > pr.end_step:
+        r.error("profiler", f"need 1 ≤ start_step ≤ end_step, got {pr.start_step}..{pr.end_step}")
+    tb = c.monitor.tensorboard
+    for name in ("log_interval", "queue_size"):
+        if getattr(tb, name) <= 0:
+            r.warn(f"monitor.tensorboard.{name}", f"must be positive; 1 is used instead of {getattr(tb, name)}")
+    mm = c.monitor.moe_monitor
+    if mm.save_tokens_per_expert_interval is not None and mm.save_tokens_per_expert_interval <= 0:
+        r.error("monitor.moe_monitor.save_tokens_per_expert_interval", "must be a positive integer",
+                mm.save_tokens_per_expert_interval)
