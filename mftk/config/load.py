@@ -80,8 +80,9 @@ def build_config(raw: dict, lines: LineMap | None = None) -> tuple[S.Config | No
     model, found = build_model_section(model_raw)
     problems += found
     raw["model"] = model_raw
-    if config is None or model is None:
+    if config is None:
         return None, problems
+    # With a broken model section the other sections are still checked (model-specific rules skip).
     return attrs.evolve(config, model=model), problems
 
 

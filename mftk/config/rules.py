@@ -79,7 +79,7 @@ def _check_rampup(c: Config, r: _Rules) -> None:
     ramp = c.training.rampup_batch_size or []
     path = "training.rampup_batch_size"
     if len(ramp) != 3:
-        r.error(path, f"must be [start_gbs, increment, rampup_samples], got {len(ramp)} value(s)", ramp)
+        r.error(path, f"needs exactly 3 values [start_gbs, increment, rampup_samples], got {len(ramp)}", ramp)
         return
     start, inc, samples = ramp
     if start <= 0 or inc <= 0 or samples < 0:

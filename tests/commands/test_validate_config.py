@@ -1,0 +1,76 @@
+"""`mftk validate-config` end to end through the Typer app: exit codes, stdout and stderr apart."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from commands.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, ["validate-config", *args])
+
+
+def test_valid_template_summary():
+    r = run(str(ROOT / "templates/deepseek_v3_tiny.yaml"), "--no-check-files", "--world-size", "2")
+    assert r.exit_code == 0, r.output
+    assert "valid" in r.stdout
+    assert "accumulation steps" in r.stdout and "8 / (2·1) = 4" in r.stdout.replace("\n", " ").replace("  ", " ") \
+        or "= 4" in r.stdout
+    assert "active parameters" in r.stdout
+
+
+def test_invalid_config_exit_1_with_paths_on_stderr(tmp_path):
+    text = (ROOT / "templates/qwen3_tiny.yaml").read_text().replace("tensor_parallel: 1", "tensor_parallel: 2")
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    r = run(str(p), "--no-check-files", "--world-size", "2")
+    assert r.exit_code == 1
+    assert "parallelism.sequence_parallel" in r.stderr
+    assert r.stdout == ""
+    assert "Traceback" not in r.output
+
+
+def test_json_output_is_machine_readable(tmp_path):
+    r = run(str(ROOT / "templates/qwen3_tiny.yaml"), "--no-check-files", "--json")
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    assert data["valid"] is True
+    assert data["resolved"]["training"]["global_batch_size"] == 8
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training:\n  steps: -1\n")
+    r = run(str(bad), "--json")
+    assert r.exit_code == 1
+    data = json.loads(r.stdout)
+    assert data["valid"] is False
+    assert {"training.steps", "model"} <= {p["path"] for p in data["problems"]}
+
+
+def test_print_resolved_marks_defaults():
+    r = run(str(ROOT / "templates/qwen3_tiny.yaml"), "--no-check-files", "--print-resolved")
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    assert any(l.strip().startswith("no_save_optim: false") and "# default" in l for l in lines)
+    assert any(l.strip().startswith("global_batch_size: 8") and "# default" not in l for l in lines)
+
+
+def test_missing_file_and_directory_exit_2(tmp_path):
+    r = run(str(tmp_path / "missing.yaml"))
+    assert r.exit_code == 2 and "not found" in r.stderr
+    r = run(str(tmp_path))
+    assert r.exit_code == 2 and "directory" in r.stderr
+
+
+def test_missing_data_files_named(tmp_path):
+    text = (ROOT / "templates/qwen3_tiny.yaml").read_text().replace(
+        "examples/data/example_text_document", str(tmp_path / "nothing_here"))
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    r = run(str(p))
+    assert r.exit_code == 1
+    assert "nothing_here.bin" in r.stderr.replace("\n", "")

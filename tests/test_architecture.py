@@ -1,0 +1,88 @@
+"""Layering rules that keep `mftk --help` fast and the library silent."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN_IN_LIBRARY = {"typer", "rich", "click"}
+
+
+def _imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(module, line, at module level) for every import in a file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.append((node.module, node.lineno, id(node) in top))
+    return out
+
+
+def test_library_never_imports_cli_modules_prints_or_exits():
+    bad = []
+    for path in (ROOT / "mftk").rglob("*.py"):
+        if path.name == "__main__.py":
+            continue
+        for module, line, _ in _imports(path):
+            if module.split(".")[0] in FORBIDDEN_IN_LIBRARY or module.startswith("commands"):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"print", "exit"}:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} calls {node.func.id}()")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "exit"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "sys"):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} calls sys.exit()")
+    assert bad == []
+
+
+def test_mindspore_only_under_engine_and_engine_only_lazily():
+    bad = []
+    for path in list((ROOT / "mftk").rglob("*.py")) + list((ROOT / "commands").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        in_engine = rel.startswith("mftk/engine/")
+        for module, line, top_level in _imports(path):
+            if module.split(".")[0] == "mindspore" and not in_engine and top_level:
+                bad.append(f"{rel}:{line} imports mindspore at module level")
+            if module.startswith("mftk.engine") and not in_engine and top_level:
+                bad.append(f"{rel}:{line} imports the engine at module level")
+    assert bad == []
+
+
+def test_help_loads_no_heavy_module():
+    """Start-up time is measured in bench/cli_startup.py; here we pin its cause: no heavy imports."""
+    code = ("import sys; sys.argv=['mftk','--help']\n"
+            "from commands.app import app\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in HEAVY if m in sys.modules))")
+    heavy = ["mindspore", "numpy", "safetensors", "tokenizers", "matplotlib", "yaml", "cattrs"]
+    out = subprocess.run([sys.executable, "-c", f"HEAVY={heavy!r}\n" + code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    assert "LOADED []" in out, out
+
+
+def test_every_subcommand_help_works_without_mindspore():
+    from commands.app import COMMANDS
+
+    for _, cli_name, _ in COMMANDS:
+        code = (f"import sys; sys.argv=['mftk','{cli_name}','--help']\n"
+                "from commands.app import app\n"
+                "try:\n    app()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+                "print('MS', 'mindspore' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        assert "MS False" in out.stdout, cli_name
+
+
+def test_version():
+    from typer.testing import CliRunner
+
+    from commands.app import app
+    from mftk import __version__
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and __version__ in r.stdout
