@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # never break a path across lines
 
 
 def print_json(data: Any) -> None:

@@ -1,7 +1,6 @@
 """`mftk validate-config`: check a training YAML completely before anything expensive runs."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -83,20 +82,13 @@ def _render_summary(console, source: str, summary) -> None:
 
 
 def _print_hf_section(path: Path, json_out: bool) -> None:
-    import yaml
+    from commands._render import console, err_console, print_json
+    from mftk.config.hf import hf_to_model_section, model_section_yaml, read_hf_config
 
-    from commands._render import console, print_json
-    from mftk.config.hf import model_section_from_hf
-    from mftk.errors import DataFormatError, InputError
-
-    if not path.is_file():
-        raise InputError(message=f"not a file: {path}", path=str(path), hint="pass the model's config.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataFormatError(message=f"{path} is not valid JSON: {exc}", path=str(path)) from None
-    section = model_section_from_hf(data)
+    section, notes = hf_to_model_section(read_hf_config(path))
+    for p in notes:
+        err_console.print(f"[cyan]{p.severity}:[/] {p.render()}", highlight=False)
     if json_out:
         print_json({"model": section})
     else:
-        console.print(yaml.safe_dump({"model": section}, sort_keys=False), markup=False, highlight=False)
+        console.print(model_section_yaml(section), markup=False, highlight=False, end="")

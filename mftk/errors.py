@@ -31,7 +31,7 @@ class Problem:
     value: Any = None
     line: int | None = None
     hint: str = ""
-    severity: str = "error"  # "error" or "warning"
+    severity: str = "error"  # "error" (fails the config), "warning" or "note" (explains)
 
     def render(self) -> str:
         where = self.path or "<top level>"

@@ -87,7 +87,7 @@ def build_config(raw: dict, lines: LineMap | None = None) -> tuple[S.Config | No
 
 
 def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
-    from mftk.config.model import MODEL_CONFIGS, normalize_model_dict
+    from mftk.config.model import MODEL_CONFIGS, normalize_model_dict, yaml_key_for
 
     if model_raw is None:
         return None, [Problem(path="model", message="the model section is missing",
@@ -106,7 +106,9 @@ def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
     cleaned, problems = normalize_model_dict(dict(model_raw))
     model, found = structure(cleaned, MODEL_CONFIGS[model_type], root="model")
     for p in found:
-        p.path = p.path if p.path.startswith("model") else f"model.{p.path}"
+        # Report on the key the user typed (an alias such as num_layers), so the line number matches.
+        name = p.path.removeprefix("model.").split(".")[0].split("[")[0]
+        p.path = f"model.{yaml_key_for(model_raw, name)}" + p.path.removeprefix("model.")[len(name):]
     return model, problems + found
 
 

@@ -74,3 +74,33 @@ def test_missing_data_files_named(tmp_path):
     r = run(str(p))
     assert r.exit_code == 1
     assert "nothing_here.bin" in r.stderr.replace("\n", "")
+
+
+def test_model_from_hf_prints_a_section_that_validates(tmp_path):
+    import yaml
+
+    hf = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+          "torch_dtype": "bfloat16", "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    r = run("--model-from-hf", str(tmp_path / "config.json"))
+    assert r.exit_code == 0, r.output
+    section = yaml.safe_load(r.stdout)["model"]
+    assert section["num_hidden_layers"] == 2 and section["architectures"] == "Qwen3ForCausalLM"
+    config = yaml.safe_load((ROOT / "templates/qwen3_tiny.yaml").read_text())
+    config["model"] = {**section, "seq_length": 128}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(config))
+    assert run(str(p), "--no-check-files").exit_code == 0
+    r = run("--model-from-hf", str(tmp_path / "missing.json"))
+    assert r.exit_code == 2 and "no such file" in r.stderr
+
+
+def test_alias_key_error_points_at_what_the_user_typed(tmp_path):
+    text = (ROOT / "templates/qwen3_tiny.yaml").read_text().replace("num_hidden_layers: 2", "num_layers: two")
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    r = run(str(p), "--no-check-files")
+    assert r.exit_code == 1
+    assert "model.num_layers" in r.stderr

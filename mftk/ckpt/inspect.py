@@ -1,0 +1,321 @@
+"""What a checkpoint holds, from headers, ``common.json`` and ``metadata.json`` only.
+
+Tensor data is read only when asked (``read_tensors=True``: NaN/Inf counts and norms), so
+inspecting a large checkpoint costs a few small reads per file. Problems are collected, not
+raised, so one run lists everything wrong; the command decides the exit code.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from mftk.ckpt import safetensors_io as st
+from mftk.ckpt.common import CommonInfo, read_common
+from mftk.ckpt.extra_state import read_extra_state
+from mftk.ckpt.layout import Located, StepFiles, iteration_dirs, locate, scan_step_dir
+from mftk.ckpt.load import hf_weight_files, iter_global
+from mftk.ckpt.metadata import GlobalTensor, coverage_problems, read_metadata
+from mftk.errors import CheckpointError
+from mftk.progress import NULL_PROGRESS, Progress
+
+OPT_PREFIXES = ("adam_m.", "adam_v.", "main_param.", "muon_m.", "max_exp_avg_sq.")
+
+
+@attrs.frozen
+class TensorRow:
+    name: str
+    kind: str  # "model" or "optimizer"
+    dtype: str  # safetensors dtype (BF16, F32...)
+    shape: tuple[int, ...]  # global shape
+    nbytes: int  # one full copy
+    shards: int = 1
+    layout: str = "whole"  # e.g. "2x1 over 4 ranks"
+    norm: float | None = None  # with read_tensors
+    nan: int | None = None
+    inf: int | None = None
+
+
+@attrs.frozen
+class RankFiles:
+    rank: int
+    model: str | None
+    opt: str | None
+    state: str | None
+    bytes: int
+
+
+@attrs.frozen
+class Scenario:
+    number: int
+    name: str
+    supported: bool
+    reason: str
+
+
+@attrs.frozen
+class CheckpointReport:
+    path: str
+    kind: str  # "mf", "hf" or "file"
+    step_dir: str | None
+    step: int | None
+    common: dict[str, Any] | None
+    world: int
+    prefix: str | None
+    has_metadata: bool
+    has_extra_state: bool
+    ranks: list[RankFiles]
+    tensors: list[TensorRow]
+    model_parameters: int
+    optimizer_elements: int
+    bytes_by_dtype: dict[str, int]
+    file_bytes: int
+    scenarios: list[Scenario]
+    other_steps: list[int]  # iteration dirs next to this one
+    verified: bool
+    tensors_read: bool
+    problems: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def tensor_kind(name: str, file_kind: str = "model") -> str:
+    if file_kind == "opt" or name == "global_step" or name.startswith(OPT_PREFIXES):
+        return "optimizer"
+    return "model"
+
+
+def inspect_checkpoint(path: str | os.PathLike, *, verify: bool = False, read_tensors: bool = False,
+                       progress: Progress = NULL_PROGRESS) -> CheckpointReport:
+    """Summarise (and with ``verify`` check) a save root, step dir, HF dir or single file."""
+    loc = locate(path)
+    c = _Collector(loc)
+    if loc.kind == "file":
+        c.add_files([(loc.file, "model")])
+    elif loc.kind == "hf":
+        try:
+            c.add_files([(p, "model") for p in hf_weight_files(loc.step_dir)])
+        except CheckpointError as exc:
+            c.fail(exc)
+    else:
+        c.add_mf_dir(verify)
+    if read_tensors and not c.problems:
+        c.read_tensors(progress)
+    return c.report(verify, read_tensors)
+
+
+class _Collector:
+    def __init__(self, loc: Located) -> None:
+        self.loc = loc
+        self.problems: list[str] = []
+        self.rows: dict[str, TensorRow] = {}
+        self.headers: dict[Path, st.SafetensorsHeader] = {}
+        self.files: StepFiles | None = None
+        self.meta: dict[str, GlobalTensor] | None = None
+        self.common: CommonInfo | None = None
+        self.has_extra = False
+
+    def fail(self, exc: CheckpointError) -> None:
+        self.problems += [f"{exc.message}: {p}" for p in exc.problems] if exc.problems else [exc.message]
+
+    def header(self, p: Path) -> st.SafetensorsHeader | None:
+        if p not in self.headers:
+            try:
+                self.headers[p] = st.read_header(p)
+            except CheckpointError as exc:
+                self.fail(exc)
+                return None
+        return self.headers[p]
+
+    def add_files(self, files: list[tuple[Path, str]]) -> None:
+        """Tensors stored whole (single card, HF, one file): a name in two files is a problem."""
+        where: dict[str, str] = {}
+        for p, file_kind in files:
+            h = self.header(p)
+            for t in (h.tensors.values() if h else ()):
+                if t.name in where:
+                    self.problems.append(f"{t.name}: in both {where[t.name]} and {p.name}")
+                    continue
+                where[t.name] = p.name
+                self.rows[t.name] = TensorRow(name=t.name, kind=tensor_kind(t.name, file_kind), dtype=t.dtype,
+                                              shape=t.shape, nbytes=t.nbytes)
+
+    def add_mf_dir(self, verify: bool) -> None:
+        d = self.loc.step_dir
+        self.files = files = scan_step_dir(d)
+        self.problems += list(files.problems)
+        try:
+            self.common = read_common(d)
+        except CheckpointError as exc:
+            self.fail(exc)
+        self._check_rank_files(files)
+        try:
+            self.meta = read_metadata(d)
+        except CheckpointError as exc:
+            self.fail(exc)
+            return
+        if self.meta is None:
+            if files.world > 1:
+                self.problems.append(f"world size {files.world} but no metadata.json: shards cannot be placed")
+            self.add_files([(p, "model") for p in files.model.values()] + [(p, "opt") for p in files.opt.values()])
+        else:
+            self._add_sharded(d, verify)
+        self._check_extra_state(files)
+
+    def _check_rank_files(self, files: StepFiles) -> None:
+        if files.world == 0:
+            self.problems.append(f"{self.loc.step_dir}: no *-model-*.safetensors files")
+            return
+        self.problems += [f"rank {r}: model file missing" for r in files.missing_model_ranks]
+        if files.opt and files.missing_opt_ranks:
+            self.problems += [f"rank {r}: opt file missing (other ranks have one)" for r in files.missing_opt_ranks]
+
+    def _add_sharded(self, d: Path, verify: bool) -> None:
+        for name, t in self.meta.items():
+            if verify:
+                self.problems += coverage_problems(t)
+            dtype, file_kind = self._check_storage(d, t, verify)
+            holders = sorted({r for entries in t.storage.values() for e in entries for r in e.rank_group})
+            frag = "x".join(map(str, t.axis_fragmentations)) or "scalar"
+            self.rows[name] = TensorRow(
+                name=name, kind=tensor_kind(name, file_kind), dtype=dtype, shape=t.global_shape,
+                nbytes=math.prod(t.global_shape) * st.DTYPES.get(dtype, (0, None))[0], shards=t.shard_count,
+                layout="whole" if t.shard_count == 1 else f"{frag} over {len(holders)} ranks")
+
+    def _check_storage(self, d: Path, t: GlobalTensor, verify: bool) -> tuple[str, str]:
+        """Each shard's file exists and holds the tensor with the local shape; returns (dtype, file kind)."""
+        dtype, file_kind = _MS_DTYPES.get(t.dtype, t.dtype), "model"
+        local = dict(t.chunks)
+        for index, entries in sorted(t.storage.items()):
+            for e in entries[: None if verify else 1]:
+                p = d / e.file_name
+                file_kind = "opt" if "-opt-" in e.file_name else file_kind
+                if not p.is_file():
+                    self.problems.append(f"{t.name} shard {index}: file {e.file_name} does not exist")
+                    continue
+                h = self.header(p)
+                info = h.tensors.get(t.name) if h else None
+                if h and info is None:
+                    self.problems.append(f"{t.name} shard {index}: not in {e.file_name}")
+                elif info is not None:
+                    dtype = info.dtype
+                    if index in local and info.shape != local[index]:
+                        self.problems.append(f"{t.name} shard {index}: {e.file_name} holds {list(info.shape)}, "
+                                             f"metadata.json says {list(local[index])}")
+        return dtype, file_kind
+
+    def _check_extra_state(self, files: StepFiles) -> None:
+        self.has_extra = bool(files.state) and all(r in files.state for r in range(files.world))
+        for r in files.state:
+            try:
+                read_extra_state(self.loc.step_dir, r, files.world)
+            except CheckpointError as exc:
+                self.fail(exc)
+
+    def read_tensors(self, progress: Progress) -> None:
+        """Whole tensors one at a time: NaN/Inf counts and L2 norms (float64 accumulation)."""
+        progress.start("reading tensors", total=len(self.rows))
+        try:
+            for name, arr in iter_global(self.loc.given if self.loc.kind != "mf" else self.loc.step_dir):
+                if name not in self.rows:
+                    continue
+                a = arr.astype(np.float64, copy=False) if arr.dtype.kind in "fiub" else arr
+                finite = np.isfinite(a)
+                nan, inf = int(np.isnan(a).sum()), int((~finite).sum() - np.isnan(a).sum())
+                norm = float(np.sqrt(np.sum(np.square(a[finite]))))
+                self.rows[name] = attrs.evolve(self.rows[name], norm=norm, nan=nan, inf=inf)
+                if nan or inf:
+                    self.problems.append(f"{name}: {nan} NaN and {inf} Inf value(s)")
+                progress.advance(1)
+        except CheckpointError as exc:
+            self.fail(exc)
+        finally:
+            progress.done()
+
+    def report(self, verify: bool, read: bool) -> CheckpointReport:
+        rows = sorted(self.rows.values(), key=lambda r: (r.kind != "model", r.name))
+        by_dtype: dict[str, int] = {}
+        for r in rows:
+            by_dtype[r.dtype] = by_dtype.get(r.dtype, 0) + r.nbytes
+        files, loc = self.files, self.loc
+        step = loc.step if loc.step is not None else (self.common.global_step if self.common else None)
+        return CheckpointReport(
+            path=loc.given, kind=loc.kind, step_dir=str(loc.step_dir) if loc.step_dir else None, step=step,
+            common=attrs.asdict(self.common) if self.common else None, world=files.world if files else 1,
+            prefix=files.prefix if files else None, has_metadata=self.meta is not None, has_extra_state=self.has_extra,
+            ranks=self._ranks(), tensors=rows,
+            model_parameters=sum(math.prod(r.shape) for r in rows if r.kind == "model"),
+            optimizer_elements=sum(math.prod(r.shape) for r in rows if r.kind == "optimizer"),
+            bytes_by_dtype=by_dtype, file_bytes=sum(h.file_bytes for h in self.headers.values()),
+            scenarios=resume_scenarios(self), other_steps=self._other_steps(), verified=verify,
+            tensors_read=read, problems=self.problems)
+
+    def _ranks(self) -> list[RankFiles]:
+        f = self.files
+        if f is None:
+            return []
+        out = []
+        for r in range(f.world):
+            paths = [p for p in (f.model.get(r), f.opt.get(r), f.state.get(r)) if p is not None]
+            out.append(RankFiles(rank=r, model=_name(f.model.get(r)), opt=_name(f.opt.get(r)),
+                                 state=_name(f.state.get(r)), bytes=sum(p.stat().st_size for p in paths)))
+        return out
+
+    def _other_steps(self) -> list[int]:
+        d = self.loc.step_dir
+        if self.loc.kind != "mf" or d is None:
+            return []
+        return list(iteration_dirs(d.parent))
+
+
+def _name(p: Path | None) -> str | None:
+    return p.name if p else None
+
+
+_MS_DTYPES = {"Float32": "F32", "BFloat16": "BF16", "Float16": "F16", "Int32": "I32", "Int64": "I64",
+              "Float64": "F64", "Int8": "I8", "UInt8": "U8", "Bool": "BOOL", "Int16": "I16"}
+
+
+def resume_scenarios(c: _Collector) -> list[Scenario]:
+    """Which of the reference's four resume scenarios (§4.2) this checkpoint can serve, and why not."""
+    names = ["standard resume", "weights-only initialisation", "resume with a changed batch size", "balanced loading"]
+    if c.loc.kind == "file":
+        why = "a single file is not a checkpoint dir: pass its directory"
+        return [Scenario(i + 1, n, False, why) for i, n in enumerate(names)]
+    if c.loc.kind == "hf":
+        ok = not c.problems and bool(c.rows)
+        return [Scenario(1, names[0], False, "Hugging Face weights hold no optimizer state or step"),
+                Scenario(2, names[1], ok, "through the HF name mapping" if ok else "the weight files have problems"),
+                Scenario(3, names[2], False, "needs scenario 1"),
+                Scenario(4, names[3], ok, "each file read once, then broadcast" if ok else "needs scenario 2")]
+    f, common = c.files, c.common
+    broken = [p for p in c.problems if "opt file missing" not in p]
+    weights_ok = common is not None and f is not None and f.world > 0 and not broken
+    has_opt = f is not None and f.world > 0 and not f.missing_opt_ranks
+    full_ok = weights_ok and has_opt and common.global_step is not None
+    s1 = ("bit-exact continuation (mftk extra state present)" if c.has_extra
+          else "not bit-exact: no mftk extra state, RNG re-seeded") if full_ok else (
+        "no common.json or damaged files" if not weights_ok else
+        "no optimizer files (saved with no_save_optim)" if not has_opt else "global_step is null (step 0)")
+    s2 = "model weights into a fresh optimizer" if weights_ok else (
+        "common.json is required even for weights-only" if common is None else "model files have problems")
+    gbs_ok = full_ok and common.global_batch_size is not None and common.consumed_samples is not None
+    s3 = (f"step rescaled as int({common.global_step}·{common.global_batch_size}/new_gbs), "
+          f"consumed_samples {common.consumed_samples} kept") if gbs_ok else (
+        "needs scenario 1" if not full_ok else "global_batch_size or consumed_samples is null")
+    any_ok = weights_ok
+    if not any_ok:
+        s4 = "needs scenario 1 or 2"
+    elif f.world == 1:
+        s4 = "one rank's files: nothing to balance"
+    elif c.meta is not None:
+        s4 = f"{sum(len(t.chunks) for t in c.meta.values())} unique shards, each read once and broadcast"
+    else:
+        any_ok, s4 = False, "needs metadata.json to know the replicas"
+    return [Scenario(1, names[0], full_ok, s1), Scenario(2, names[1], weights_ok, s2),
+            Scenario(3, names[2], gbs_ok, s3), Scenario(4, names[3], any_ok, s4)]

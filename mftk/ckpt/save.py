@@ -1,0 +1,233 @@
+"""Crash-safe checkpoint writing in the reference layout.
+
+Order (a kill at any point leaves the previous checkpoint as the latest valid one):
+1. ``begin_save`` (rank 0): make ``<root>/.tmp-iteration_XXXXXXXX/``; no reader ever looks there.
+2. ``write_rank_files`` (every rank): model/opt safetensors and the extra-state JSON, each fsynced.
+3. ``finalize_save`` (rank 0, after a barrier): ``common.json``, ``metadata.json``; check every rank's
+   files are there; fsync the dir; rename it to ``iteration_XXXXXXXX``; fsync the root; only then
+   replace the tracker atomically; then apply ``save_max`` over every iteration dir on disk.
+Any OSError (disk full, permissions) removes the temp dir and raises ``CheckpointError``;
+unlike the reference, a failed save is never swallowed. ``save_checkpoint`` does all three
+for a single process.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import numpy as np  # noqa: F401 - in the Tensors alias
+
+from mftk.ckpt import extra_state, safetensors_io
+from mftk.ckpt.common import CommonInfo
+from mftk.ckpt.layout import (COMMON, METADATA, TMP_PREFIX, TRACKER, iteration_dir_name, iteration_dirs,
+                              read_tracker, scan_step_dir, shard_file_name, state_file_name)
+from mftk.ckpt.safetensors_io import Bf16
+from mftk.errors import CheckpointError
+
+DIR_MODE, FILE_MODE = 0o750, 0o640  # the reference's permissions (§3.1)
+Tensors = Mapping[str, "np.ndarray | Bf16"]
+
+
+@attrs.frozen
+class SavedCheckpoint:
+    step: int
+    path: str
+    files: tuple[str, ...]
+    bytes: int
+    removed: tuple[str, ...] = ()  # iteration dirs deleted by save_max
+    seconds: float = 0.0
+
+
+def temp_dir_for(root: str | os.PathLike, step: int) -> Path:
+    """Deterministic so every rank writes into the same temp dir without talking."""
+    return Path(root) / f"{TMP_PREFIX}{iteration_dir_name(step)}"
+
+
+def begin_save(root: str | os.PathLike, step: int) -> Path:
+    """Rank 0: a fresh, empty temp dir for ``step`` (a stale one from a killed save is removed)."""
+    tmp = temp_dir_for(root, step)
+    with _as_checkpoint_error(tmp, "prepare"):
+        Path(root).mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(mode=DIR_MODE)
+        os.chmod(tmp, DIR_MODE)
+    return tmp
+
+
+def write_rank_files(tmp_dir: str | os.PathLike, *, rank: int, world: int, step: int, model: Tensors,
+                     optimizer: Tensors | None = None, extra: dict[str, Any] | None = None,
+                     prefix: str | None = "checkpoint") -> int:
+    """Every rank: its model file, its opt file (unless ``optimizer`` is None) and its extra state."""
+    d = Path(tmp_dir)
+    jobs: list[tuple[Path, Any]] = [(d / shard_file_name("model", rank, world, prefix), model)]
+    if optimizer is not None:
+        jobs.append((d / shard_file_name("opt", rank, world, prefix), optimizer))
+    total = 0
+    for path, tensors in jobs:
+        with _as_checkpoint_error(path, "write"):
+            total += safetensors_io.write_file(path, tensors)
+            os.chmod(path, FILE_MODE)
+    if extra is not None:
+        total += _write_text(d / state_file_name(rank, world), extra_state.dumps(extra, step=step, rank=rank, world=world))
+    return total
+
+
+def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, world: int = 1,
+                  optimizer_saved: bool = True, metadata: dict[str, Any] | None = None,
+                  save_max: int | None = 5) -> SavedCheckpoint:
+    """Rank 0, after every rank wrote: publish the dir, then the tracker, then prune.
+
+    ``metadata`` (world > 1) comes from :func:`mftk.ckpt.metadata.build_metadata`.
+    """
+    root, tmp = Path(root), temp_dir_for(root, step)
+    final = root / iteration_dir_name(step)
+    try:
+        total = _write_text(tmp / COMMON, common.to_json())
+        if world > 1:
+            if metadata is None:
+                raise CheckpointError(message=f"saving with world {world} needs metadata.json", path=str(tmp))
+            total += _write_text(tmp / METADATA, json.dumps(metadata, ensure_ascii=False, indent=2))
+        _check_complete(tmp, world, optimizer_saved)
+        with _as_checkpoint_error(final, "publish"):
+            total += sum(f.stat().st_size for f in tmp.iterdir() if f.name not in (COMMON, METADATA))
+            _fsync_dir(tmp)
+            _replace_dir(tmp, final)
+            _fsync_dir(root)
+            write_tracker(root, step)
+    except BaseException:
+        abort_save(root, step)
+        raise
+    removed = apply_retention(root, save_max, keep={step})
+    files = tuple(sorted(f.name for f in final.iterdir()))
+    return SavedCheckpoint(step=step, path=str(final), files=files, bytes=total, removed=tuple(removed))
+
+
+def abort_save(root: str | os.PathLike, step: int) -> None:
+    """Remove a half-written temp dir; the published checkpoints and the tracker are untouched."""
+    shutil.rmtree(temp_dir_for(root, step), ignore_errors=True)
+
+
+def save_checkpoint(root: str | os.PathLike, *, step: int, common: CommonInfo, model: Tensors,
+                    optimizer: Tensors | None = None, extra: dict[str, Any] | None = None,
+                    prefix: str | None = "checkpoint", save_max: int | None = 5) -> SavedCheckpoint:
+    """Single process (world 1): the whole save. ``optimizer=None`` is ``no_save_optim``."""
+    t0 = time.perf_counter()
+    tmp = begin_save(root, step)
+    try:
+        write_rank_files(tmp, rank=0, world=1, step=step, model=model, optimizer=optimizer, extra=extra, prefix=prefix)
+    except BaseException:
+        abort_save(root, step)
+        raise
+    saved = finalize_save(root, step, common=common, world=1, optimizer_saved=optimizer is not None, save_max=save_max)
+    return attrs.evolve(saved, seconds=time.perf_counter() - t0)
+
+
+def write_tracker(root: str | os.PathLike, step: int) -> None:
+    """Atomic: temp file, fsync, rename, fsync the dir. Decimal, no trailing newline (§3.1)."""
+    root = Path(root)
+    tmp = root / f"{TMP_PREFIX}{TRACKER}"
+    _write_text(tmp, str(int(step)))
+    with _as_checkpoint_error(root / TRACKER, "update"):
+        os.replace(tmp, root / TRACKER)
+        _fsync_dir(root)
+
+
+def apply_retention(root: str | os.PathLike, save_max: int | None, keep: set[int] = frozenset()) -> list[str]:
+    """Keep the newest ``save_max`` iteration dirs on disk (from any run) plus ``keep`` and the tracker's.
+
+    ``save_max`` None or <= 0 keeps everything (the reference deletes every checkpoint right
+    after writing it when ``save_max <= 0``). A dir is renamed to a hidden name before it is
+    deleted, so a kill mid-delete never leaves a half-deleted dir that looks complete.
+    """
+    if not save_max or save_max <= 0:
+        return []
+    dirs = iteration_dirs(root)
+    protected = set(keep)
+    try:
+        if (t := read_tracker(root)) is not None:
+            protected.add(t)
+    except CheckpointError:
+        pass
+    removable = [s for s in dirs if s not in protected]
+    excess = len(dirs) - save_max
+    removed = []
+    for step in removable[:max(0, excess)]:
+        doomed = Path(root) / f"{TMP_PREFIX}deleting-{dirs[step].name}"
+        with _as_checkpoint_error(dirs[step], "remove old checkpoint"):
+            os.rename(dirs[step], doomed)
+            shutil.rmtree(doomed)
+        removed.append(str(dirs[step]))
+    return removed
+
+
+def _check_complete(tmp: Path, world: int, optimizer_saved: bool) -> None:
+    files = scan_step_dir(tmp)
+    problems = list(files.problems)
+    problems += [f"rank {r}: model file missing" for r in range(world) if r not in files.model]
+    if optimizer_saved:
+        problems += [f"rank {r}: opt file missing" for r in range(world) if r not in files.opt]
+    if files.world not in (0, world):
+        problems.append(f"files are for world {files.world}, expected {world}")
+    if problems:
+        raise CheckpointError(message=f"checkpoint in {tmp} is incomplete; not published", path=str(tmp),
+                              problems=problems, hint="a rank failed to write its files; see its log")
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename into place; an existing dir for the same step is moved aside first, then deleted."""
+    old = None
+    if final.exists():
+        old = final.with_name(f"{TMP_PREFIX}replaced-{final.name}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_text(path: Path, text: str) -> int:
+    data = text.encode("utf-8")
+    with _as_checkpoint_error(path, "write"):
+        with open(path, "wb") as fh:
+            safetensors_io.write_all(fh, data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(path, FILE_MODE)
+    return len(data)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _as_checkpoint_error:
+    """Turn an OSError into a CheckpointError naming the file, the action and the cause; remove a partial file."""
+
+    def __init__(self, path: Path, action: str) -> None:
+        self.path, self.action = Path(path), action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None or not isinstance(exc, OSError):
+            return False
+        if self.action == "write" and self.path.is_file():
+            self.path.unlink(missing_ok=True)
+        hint = ("free disk space (or point checkpoint.save_path elsewhere); the previous checkpoint is intact"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
+                "check that checkpoint.save_path is writable; the previous checkpoint is intact")
+        raise CheckpointError(message=f"cannot {self.action} {self.path}: {exc.strerror or exc}",
+                              path=str(self.path), hint=hint) from exc

@@ -1,0 +1,700 @@
+"""The typed `model:` section: one attrs class per model family.
+
+MindSpore Transformers keeps `model:` flat and HF-flavoured (`num_hidden_layers`, `n_routed_experts`)
+with `TransformerConfig` names (`num_layers`, `num_moe_experts`) accepted as aliases; it warns about
+keys it cannot map ("Unmapped Keys") and ignores them. We keep ONE name per quantity (the HF-style
+YAML key users write), rewrite aliases in `normalize_model_dict` with a note, and warn about the rest
+— so a YAML accepted there loads here and means the same thing.
+
+Defaults are the effective defaults the reference ends up with for the family:
+MF-injected defaults < HF signature defaults (models.md §1.3/§1.4). Values the reference derives
+in `__post_init__` are methods here (never fields a user could contradict). Model-internal rules
+(models.md §1.2, §1.7) are in `model_problems`; cross-section rules live in `rules.py`.
+"""
+import difflib
+import math
+from typing import Any
+
+import attrs
+
+from mftk.errors import Problem
+
+NOTE = "note"  # a rewrite that changes nothing the model computes (alias, deleted key, coercion)
+WARNING = "warning"
+ERROR = "error"
+
+DTYPES = ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+HIDDEN_ACTS = ("silu", "fusedswiglu", "gelu")
+SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
+AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
+
+
+def _f(default: Any, help: str) -> Any:
+    """A field with its one-line meaning kept in metadata (one place for default and docs)."""
+    return attrs.field(default=default, metadata={"help": help})
+
+
+def _g(s: float, m: float) -> float:
+    """YaRN magnitude term g(s, m) = 0.1·m·ln s + 1 (1 when s ≤ 1), models.md §2.4."""
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+@attrs.frozen
+class RopeParams:
+    """Rotary settings after `rope_scaling` has been expanded (models.md §1.7)."""
+
+    position_embedding_type: str
+    rotary_base: float
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    mscale: float
+    mscale_all_dim: float
+
+    @property
+    def rotary_mscale(self) -> float:
+        """YaRN angle multiplier g(factor, mscale)/g(factor, mscale_all_dim) (1.0 for plain RoPE)."""
+        if self.position_embedding_type != "yarn":
+            return 1.0
+        return _g(self.factor, self.mscale) / _g(self.factor, self.mscale_all_dim)
+
+
+@attrs.frozen(kw_only=True)
+class TransformerFields:
+    """`TransformerConfig` fields that both families share, with the same effective default."""
+
+    seq_length: int = _f(4096, "Training sequence length S: causal-mask size and FLOPs; must equal the dataset's.")
+    compute_dtype: str = _f("bfloat16", "Matmul/activation dtype and default storage dtype of Linear/experts.")
+    params_dtype: str = _f("float32", "Storage dtype where passed (Qwen3 linear_qkv / linear_proj only).")
+    embedding_params_dtype: str = _f("float32", "Word-embedding table storage dtype.")
+    layernorm_compute_dtype: str = _f("float32", "RMSNorm weight dtype (norm math is fp32).")
+    rotary_dtype: str = _f("float32", "Dtype of the RoPE math.")
+    hidden_act: str = _f("silu", "MLP activation: silu / fusedswiglu (same SwiGLU math) / gelu.")
+    initializer_range: float = _f(0.02, "Std of the normal init (the reference hard-codes 0.01; mftk honours this).")
+    rms_norm_eps: float = _f(1e-6, "Epsilon of every RMSNorm.")
+    rope_theta: float = _f(10000.0, "RoPE base θ.")
+    rope_scaling: dict | None = _f(None, "HF rope_scaling dict (type/factor/original_max_position_embeddings/...).")
+    attention_bias: bool = _f(False, "Bias on the QKV (MLA: down/up) projections.")
+    attention_dropout: float = _f(0.0, "Accepted; no effect (the attention kernel has no dropout).")
+    normalization: str = _f("RMSNorm", "Final norm type (layer norms are RMSNorm).")
+    fused_norm: bool = _f(True, "Must stay true (non-fused norms are rejected by the reference).")
+    add_bias_linear: bool = _f(False, "Biases on every Linear layer (must be false with MoE).")
+    gated_linear_unit: bool = _f(True, "Gated MLP (SwiGLU): fc1 is twice as wide.")
+    apply_residual_connection_post_layernorm: bool = _f(False, "Take residuals after the norm instead of before.")
+    position_embedding_type: str = _f("rope", "rope / yarn (MLA only) / none; rope_scaling.type overrides it.")
+    rotary_interleaved: bool = _f(False, "GPT-J style interleaved rotary pairs.")
+    apply_rope_fusion: bool = _f(False, "Ascend fused RoPE kernel; same math, no effect on CPU.")
+    tie_word_embeddings: bool = _f(False, "Share the embedding table with the LM head.")
+    ignore_token_id: int = _f(-100, "Labels equal to this are left out of the loss.")
+    is_dynamic: bool = _f(False, "Slice the causal mask for variable sequence lengths.")
+    use_flash_attention: bool = _f(True, "Accepted; the fused attention path is used either way.")
+    use_attn_mask_compression: bool = _f(False, "Compressed causal mask (Ascend FA sparse mode 2).")
+    use_eod_attn_mask_compression: bool = _f(False, "EOD-packed TND attention with actual_seq_len.")
+    track_max_attention_logit: bool = _f(False, "Keep per-head max attention logits (QK-clip / Muon).")
+    calculate_per_token_loss: bool = _f(False, "Return (sum, count) instead of the mean; unsupported by the trainer.")
+    chunk_loss_num: int = _f(0, "Compute the cross-entropy in this many sequence chunks (same value).")
+
+
+@attrs.frozen(kw_only=True)
+class Qwen3ModelConfig(TransformerFields):
+    """Qwen3 (dense GQA + qk-norm). Defaults: `Qwen3Config` signature + MF-injected (models.md §1.4)."""
+
+    model_type: str = _f("qwen3", "Selects the config class: qwen3.")
+    architectures: str = _f("Qwen3ForCausalLM", "Selects the model class (a string, not a list).")
+    vocab_size: int = _f(151936, "Vocabulary size V.")
+    hidden_size: int = _f(4096, "Hidden size H.")
+    intermediate_size: int = _f(22016, "Dense MLP width F (ffn_hidden_size).")
+    num_hidden_layers: int = _f(32, "Number of decoder layers L (num_layers).")
+    num_attention_heads: int = _f(32, "Query heads nh.")
+    num_key_value_heads: int | None = _f(32, "KV heads ng for GQA (num_query_groups); null means nh.")
+    head_dim: int | None = _f(128, "Head dim hd (kv_channels); nh·hd may differ from H; null means H // nh.")
+    max_position_embeddings: int = _f(32768, "Only used by learned position embeddings (unused here).")
+    hidden_dropout: float = _f(0.1, "Dropout on the embedding output and both residual branches (Qwen3 default 0.1!).")
+    pad_token_id: int = _f(151643, "Keys equal to this id are masked; default loss_mask drops it.")
+    bos_token_id: int | None = _f(None, "Accepted; unused in training.")
+    eos_token_id: int | None = _f(None, "Accepted; unused in training.")
+
+    # --- derived values (reference __post_init__) ---
+    def ffn_hidden_size(self) -> int:
+        return self.intermediate_size
+
+    def kv_channels(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // max(self.num_attention_heads, 1)
+
+    def num_query_groups(self) -> int:
+        return self.num_key_value_heads if self.num_key_value_heads is not None else self.num_attention_heads
+
+    def qk_layernorm(self) -> bool:
+        return True  # the pynative Qwen3 model always builds q/k norms
+
+    def is_moe(self) -> bool:
+        return False
+
+    def moe_layer_pattern(self) -> list[bool]:
+        return [False] * self.num_hidden_layers
+
+    def mtp_num_layers(self) -> int:
+        return 0
+
+    def rope_params(self) -> RopeParams:
+        return RopeParams(self.position_embedding_type, float(self.rope_theta), 1.0, self.max_position_embeddings,
+                          32.0, 1.0, 1.0, 1.0)
+
+
+@attrs.frozen(kw_only=True)
+class DeepseekV3ModelConfig(TransformerFields):
+    """DeepSeek-V3 (MLA + MoE + MTP). Defaults: `DeepseekV3Config` signature + MF-injected (models.md §1.3)."""
+
+    model_type: str = _f("deepseek_v3", "Selects the config class: deepseek_v3 (or deepseek_mtp).")
+    architectures: str = _f("DeepseekV3ForCausalLM", "Selects the model class (a string, not a list).")
+    vocab_size: int = _f(129280, "Vocabulary size V.")
+    hidden_size: int = _f(7168, "Hidden size H.")
+    intermediate_size: int = _f(18432, "Width F of the dense (first_k_dense_replace) MLP layers.")
+    moe_intermediate_size: int = _f(2048, "Width Fm of each routed expert (moe_ffn_hidden_size).")
+    num_hidden_layers: int = _f(61, "Number of decoder layers L (num_layers).")
+    num_nextn_predict_layers: int = _f(1, "MTP depth D (mtp_num_layers); 0 or 1.")
+    mtp_loss_scaling_factor: float | None = _f(None, "MTP loss weight λ; required when MTP is on.")
+    num_attention_heads: int = _f(128, "Attention heads nh.")
+    num_key_value_heads: int | None = _f(128, "Kept for config only; MLA does not use it.")
+    n_shared_experts: int = _f(1, "Shared experts (shared_expert_num); 0 turns them off.")
+    moe_shared_expert_intermediate_size: int | None = _f(None, "Shared-expert width Fs; null means Fm × n_shared_experts.")
+    use_shared_expert_gating: bool = _f(False, "Sigmoid gate on the shared-expert output.")
+    n_routed_experts: int = _f(256, "Routed experts E (num_moe_experts).")
+    num_experts_per_tok: int = _f(8, "Experts per token K (moe_router_topk).")
+    routed_scaling_factor: float = _f(2.5, "Multiplies the combine weights (moe_router_topk_scaling_factor).")
+    n_group: int | None = _f(8, "Expert groups for group-limited routing (moe_router_num_groups); null: off.")
+    topk_group: int | None = _f(4, "Groups kept per token (moe_router_group_topk).")
+    norm_topk_prob: bool = _f(True, "Renormalise the top-K weights to sum to 1.")
+    moe_layer_freq: int | list[int] = _f(1, "MoE pattern: int N → layer i is MoE iff i % N == 0; a list is literal.")
+    first_k_dense_replace: int | None = _f(3, "The first k layers are dense; the rest MoE.")
+    moe_router_score_function: str = _f("sigmoid", "Router scores: sigmoid / softmax / sqrtsoftplus.")
+    moe_router_enable_expert_bias: bool = _f(True, "Aux-loss-free balancing bias (sigmoid/sqrtsoftplus only).")
+    moe_router_bias_update_rate: float = _f(0.001, "Expert-bias step γ per global step.")
+    moe_router_load_balancing_type: str = _f("sub_seq_aux_loss", "aux_loss / seq_aux_loss / global_aux_loss (when coeff > 0).")
+    moe_aux_loss_coeff: float = _f(0.0, "Auxiliary balance-loss weight α (0: off).")
+    moe_router_force_expert_balance: bool = _f(False, "Debug: round-robin routing.")
+    moe_router_pre_softmax: bool = _f(False, "Only lifts the top-1 softmax routing check; no other effect.")
+    moe_router_dtype: str = _f("float32", "Router weight and logits dtype.")
+    moe_grouped_gemm: bool = _f(False, "Must be true: the reference's pynative MoE has only the grouped-GEMM path.")
+    moe_permute_fusion: bool = _f(False, "Ascend permute kernels; same result.")
+    moe_apply_probs_on_input: bool = _f(False, "Multiply routing probs before the experts (top-1 only).")
+    activation_func_clamp_value: float | None = _f(None, "Clamp value of the experts' SwiGLU (null: no clamp).")
+    multi_latent_attention: bool = _f(True, "Multi-latent attention (MLA).")
+    q_lora_rank: int | None = _f(1536, "Latent Q rank; null: no Q LoRA.")
+    kv_lora_rank: int = _f(512, "Latent KV rank.")
+    qk_nope_head_dim: int = _f(128, "No-rope part of the q/k head (qk_head_dim).")
+    qk_rope_head_dim: int = _f(64, "Rope part of the q/k head (qk_pos_emb_head_dim).")
+    v_head_dim: int = _f(128, "Value head dim.")
+    qk_layernorm: bool = _f(False, "Latent q/kv RMSNorms; set true for DeepSeek/HF parity.")
+    max_position_embeddings: int = _f(4096, "YaRN original context length (rope_scaling's original_... overrides).")
+    rotary_scaling_factor: float = _f(40.0, "YaRN factor; also enters the MLA softmax scale (always).")
+    beta_fast: float = _f(32.0, "YaRN ramp: fast boundary.")
+    beta_slow: float = _f(1.0, "YaRN ramp: slow boundary.")
+    mscale: float = _f(0.707, "YaRN magnitude term (also in the MLA softmax scale).")
+    mscale_all_dim: float = _f(0.707, "YaRN magnitude term of the denominator.")
+    rotary_percent: float = _f(1.0, "Fraction of the rope dims rotated.")
+    hidden_dropout: float = _f(0.0, "Dropout on the embedding output and both residual branches.")
+    pad_token_id: int = _f(0, "Keys equal to this id are masked (null means 0: DeepSeek's BOS).")
+    bos_token_id: int | None = _f(0, "Accepted; unused in training.")
+    eos_token_id: int | None = _f(1, "Accepted; unused in training.")
+
+    # --- derived values (reference __post_init__) ---
+    def ffn_hidden_size(self) -> int:
+        return self.intermediate_size
+
+    def kv_channels(self) -> int:
+        return self.hidden_size // max(self.num_attention_heads, 1)  # unused by MLA
+
+    def num_query_groups(self) -> int:
+        return self.num_key_value_heads if self.num_key_value_heads is not None else self.num_attention_heads
+
+    def q_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def is_moe(self) -> bool:
+        return any(self.moe_layer_pattern())
+
+    def moe_layer_pattern(self) -> list[bool]:
+        """Which decoder layers are MoE (models.md §1.7, §2.1)."""
+        L, freq, k = self.num_hidden_layers, self.moe_layer_freq, self.first_k_dense_replace
+        if isinstance(freq, list):
+            return [bool(x) for x in freq]
+        if k is not None and freq <= 1:
+            return [False] * min(k, L) + [True] * max(L - k, 0)
+        n = max(freq, 1)
+        return [i % n == 0 for i in range(L)]
+
+    def moe_shared_expert_intermediate_size_resolved(self) -> int:
+        """Fs: explicit value, else Fm × n_shared_experts; 0 when there are no shared experts."""
+        if self.n_shared_experts <= 0:
+            return 0
+        if self.moe_shared_expert_intermediate_size is not None:
+            return self.moe_shared_expert_intermediate_size
+        return self.moe_intermediate_size * self.n_shared_experts
+
+    def mtp_num_layers(self) -> int:
+        return self.num_nextn_predict_layers
+
+    def rope_params(self) -> RopeParams:
+        """Flat YaRN keys with an HF `rope_scaling` dict applied on top (models.md §1.7)."""
+        pet, factor, orig = self.position_embedding_type, float(self.rotary_scaling_factor), self.max_position_embeddings
+        extra = {"beta_fast": self.beta_fast, "beta_slow": self.beta_slow,
+                 "mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim}
+        rs = self.rope_scaling
+        if rs:
+            pet = rs.get("type", rs.get("rope_type", pet))
+            factor = float(rs.get("factor", factor))
+            orig = int(rs.get("original_max_position_embeddings", self.seq_length))
+            extra.update({k: float(rs[k]) for k in extra if k in rs})
+        return RopeParams(pet, float(self.rope_theta), factor, orig, **{k: float(v) for k, v in extra.items()})
+
+    def mla_softmax_scale(self) -> float:
+        """g(rotary_scaling_factor, mscale)² / √(nope + rope): applied whatever the RoPE type (gotcha #3)."""
+        rp = self.rope_params()
+        return _g(rp.factor, rp.mscale) ** 2 / math.sqrt(self.q_head_dim())
+
+
+ModelConfig = Qwen3ModelConfig | DeepseekV3ModelConfig
+
+MODEL_CONFIGS: dict[str, type] = {
+    "qwen3": Qwen3ModelConfig,
+    "deepseek_v3": DeepseekV3ModelConfig,
+    "deepseek_mtp": DeepseekV3ModelConfig,
+}
+
+ARCHITECTURES: dict[type, tuple[str, ...]] = {
+    Qwen3ModelConfig: ("Qwen3ForCausalLM",),
+    DeepseekV3ModelConfig: ("DeepseekV3ForCausalLM",),
+}
+
+# ---------------------------------------------------------------------------------------------
+# Key normalisation (aliases, deleted keys, inert keys, unknown keys)
+# ---------------------------------------------------------------------------------------------
+
+# TransformerConfig identity names → our (HF-style) field, per family.
+_COMMON_ALIASES = {
+    "num_layers": "num_hidden_layers",
+    "ffn_hidden_size": "intermediate_size",
+    "num_query_groups": "num_key_value_heads",
+    "layernorm_epsilon": "rms_norm_eps",
+    "rotary_base": "rope_theta",
+    "add_qkv_bias": "attention_bias",
+    "init_method_std": "initializer_range",
+}
+ALIASES: dict[type, dict[str, str]] = {
+    Qwen3ModelConfig: {**_COMMON_ALIASES, "kv_channels": "head_dim"},
+    DeepseekV3ModelConfig: {
+        **_COMMON_ALIASES,
+        "moe_ffn_hidden_size": "moe_intermediate_size",
+        "mtp_num_layers": "num_nextn_predict_layers",
+        "mtp_loss_factor": "mtp_loss_scaling_factor",
+        "shared_expert_num": "n_shared_experts",
+        "num_moe_experts": "n_routed_experts",
+        "moe_router_topk": "num_experts_per_tok",
+        "moe_router_topk_scaling_factor": "routed_scaling_factor",
+        "moe_router_num_groups": "n_group",
+        "moe_router_group_topk": "topk_group",
+        "qk_head_dim": "qk_nope_head_dim",
+        "qk_pos_emb_head_dim": "qk_rope_head_dim",
+    },
+}
+
+_DELETED_COMMON = ("auto_map", "torch_dtype", "use_cache", "transformers_version")
+DELETED: dict[type, tuple[str, ...]] = {
+    Qwen3ModelConfig: _DELETED_COMMON + ("max_window_layers", "sliding_window", "use_sliding_window", "layer_types"),
+    DeepseekV3ModelConfig: _DELETED_COMMON + ("ep_size", "scoring_func"),
+}
+
+# Accepted by the reference but without effect in the PyNative DSv3/Qwen3 path (models.md §1.5).
+INERT = frozenset("""
+batch_size parallel_config pet_config context_parallel_algo rotary_cos_format mla_qkv_concat
+use_contiguous_weight_layout_attention use_interleaved_weight_layout_mlp add_mlp_fc1_bias_linear
+add_mlp_fc2_bias_linear fp16_lm_cross_entropy untie_embeddings_and_output_weights mask_func_type
+comp_comm_parallel comp_comm_parallel_degree use_fused_ops_topkrouter topk_method npu_nums_per_device
+use_pad_tokens callback_moe_droprate moe_router_fusion use_eod_reset print_separate_loss sandwich_norm
+block_size num_blocks pre_process dispatch_global_max_bs attn_reduce_scatter attn_allgather attn_allreduce
+ffn_reduce_scatter ffn_allgather ffn_allreduce use_alltoall use_fused_mla quantization_config
+disable_lazy_inline coeff micro_batch_num seq_split_num gradient_aggregation_group offset ulysses_degree_in_cp
+vocab_emb_dp op_swap default_prefetch softmax_scale fp32_residual_connection activation_func
+nope_layer_interval partial_rotary_factor param_init_std_rules attention_softmax_in_fp32 softmax_compute_dtype
+bias_dropout_fusion moe_shared_expert_overlap moe_z_loss_coeff group_wise_a2a moe_expert_capacity_factor
+moe_token_drop_policy print_expert_load cp_comm_type window_size window_attn_skip_freq model_architecture
+num_encoder_layers num_decoder_layers use_rope_scaling rotary_seq_len_interpolation_factor rope_type
+original_max_position_embeddings use_attention_mask moe_n_hash_layers actual_vocab_size
+data_parallel model_parallel pipeline_stage pp_interleave_num use_seq_parallel context_parallel
+expert_parallel expert_model_parallel swap layer_swap bias_swiglu_fusion
+""".split())
+_INERT_PREFIXES = ("cpu_offloading", "expert_relocation")
+_INERT_SUFFIXES = ("_parallel_size",)
+# DSv3.2 / DSv4 features: accepted when off, rejected when switched on.
+_UNSUPPORTED_FEATURES = ("experimental_attention_variant", "enable_hyper_connections")
+_UNSUPPORTED_PREFIXES = ("dsa_", "csa_", "mhc_")
+_PARALLEL_ALIASES = frozenset("""data_parallel model_parallel pipeline_stage pp_interleave_num use_seq_parallel
+context_parallel expert_parallel expert_model_parallel context_parallel_algo ulysses_degree_in_cp""".split())
+_DSV3_ONLY = frozenset(attrs.fields_dict(DeepseekV3ModelConfig)) - frozenset(attrs.fields_dict(Qwen3ModelConfig))
+
+
+def _is_inert(key: str) -> bool:
+    return (key in INERT or key.startswith(_INERT_PREFIXES) or key.endswith(_INERT_SUFFIXES)
+            or "recompute" in key)
+
+
+def _float_fields(cls: type) -> set[str]:
+    return {a.name for a in attrs.fields(cls) if a.type in (float, float | None)}
+
+
+def family_of(raw: dict) -> type | None:
+    """The config class for a raw `model:` mapping, from its `model_type` (None when unknown)."""
+    mt = raw.get("model_type") if isinstance(raw, dict) else None
+    return MODEL_CONFIGS.get(mt) if isinstance(mt, str) else None
+
+
+def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
+    """Rewrite a raw YAML `model:` mapping to our field names; say what was changed and why.
+
+    Returns the dict to structure into `MODEL_CONFIGS[model_type]` plus problems: notes (alias
+    rewritten, deleted key dropped, string coerced), warnings (inert or unknown keys, as the
+    reference's "Unmapped Keys" warning) and errors (no/unknown model_type, conflicting aliases,
+    switched-on unsupported features).
+    """
+    problems: list[Problem] = []
+    if not isinstance(raw, dict):
+        return {}, [Problem(path="model", message="must be a mapping of model keys", value=raw,
+                            hint="write `model:` followed by indented `key: value` lines")]
+    cls = family_of(raw)
+    if cls is None:
+        mt = raw.get("model_type")
+        msg = "is required" if mt is None else f"unknown model_type {mt!r}"
+        problems.append(Problem(path="model.model_type", message=msg, value=mt,
+                                hint=f"one of: {', '.join(MODEL_CONFIGS)}" + _did_you_mean(mt, list(MODEL_CONFIGS))))
+        return {}, problems
+    fields = attrs.fields_dict(cls)
+    aliases, deleted = ALIASES[cls], DELETED[cls]
+    floats = _float_fields(cls)
+    out: dict[str, Any] = {}
+    source: dict[str, str] = {}  # our field → YAML key it came from
+    for key, value in raw.items():
+        path = f"model.{key}"
+        if not isinstance(key, str):
+            problems.append(Problem(path=path, message="model keys must be strings", value=key))
+            continue
+        target = key
+        if key in aliases:
+            target = aliases[key]
+            problems.append(Problem(path=path, severity=NOTE, value=value,
+                                    message=f"alias of `{target}`; read as model.{target}"))
+        elif key in fields:
+            pass
+        elif key in deleted:
+            problems.append(Problem(path=path, severity=NOTE, value=value, message=_deleted_message(key)))
+            continue
+        elif key in _UNSUPPORTED_FEATURES or key.startswith(_UNSUPPORTED_PREFIXES):
+            if value not in (None, False, 0, "", "none"):
+                problems.append(Problem(path=path, value=value, message="DeepSeek-V3.2/V4 feature; not supported",
+                                        hint="remove it or set it off"))
+            continue
+        elif cls is Qwen3ModelConfig and key == "qk_layernorm":
+            problems.append(Problem(path=path, value=value, severity=NOTE if value is True else WARNING,
+                                    message="Qwen3 always applies q/k RMSNorm (the reference ignores this key)"))
+            continue
+        elif cls is Qwen3ModelConfig and (key in _DSV3_ONLY or key in ALIASES[DeepseekV3ModelConfig]):
+            problems.append(Problem(path=path, severity=WARNING, value=value,
+                                    message="accepted, no effect for model_type qwen3 (dense GQA model); ignored"))
+            continue
+        elif _is_inert(key):
+            msg = "accepted, no effect in PyNative; ignored"
+            if key in _PARALLEL_ALIASES:
+                msg += " (parallel degrees come from the top-level `parallelism:` section)"
+            problems.append(Problem(path=path, severity=WARNING, value=value, message=msg))
+            continue
+        else:
+            problems.append(Problem(path=path, severity=WARNING, value=value,
+                                    message="unknown model key (unmapped); ignored",
+                                    hint=_did_you_mean(key, list(fields) + list(aliases)).lstrip("; ")))
+            continue
+        if target in out:
+            if out[target] != value:
+                problems.append(Problem(path=path, value=value,
+                                        message=f"`{key}` and `{source[target]}` name the same setting with "
+                                                f"different values ({value!r} vs {out[target]!r})",
+                                        hint=f"keep only `{target}`"))
+            continue
+        out[target], source[target] = value, key
+    if raw.get("bias_swiglu_fusion") is True and out.get("hidden_act") == "swiglu":
+        out["hidden_act"] = "fusedswiglu"  # the reference rewrites it the same way
+        problems.append(Problem(path=f"model.{source['hidden_act']}", severity=NOTE, value="swiglu",
+                                message="read as fusedswiglu because bias_swiglu_fusion is true (as the reference does)"))
+    _coerce(out, source, cls, floats, problems)
+    return out, problems
+
+
+def _coerce(out: dict, source: dict, cls: type, floats: set[str], problems: list[Problem]) -> None:
+    """Friendly fixes that cost nothing: YAML-1.1 float strings, nulls that mean 0, one-element lists."""
+    for name in list(out):
+        value, path = out[name], f"model.{source[name]}"
+        if name in floats and isinstance(value, str):
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue  # the converter reports the type error
+            problems.append(Problem(path=path, severity=NOTE, value=value,
+                                    message=f"string {value!r} read as the float {out[name]!r} (YAML 1.1 needs a dot)"))
+        elif name in ("hidden_dropout", "attention_dropout") and isinstance(value, int) and not isinstance(value, bool):
+            out[name] = float(value)
+            problems.append(Problem(path=path, severity=WARNING, value=value,
+                                    message=f"int {value} read as {float(value)}; MindSpore Transformers rejects an int here",
+                                    hint=f"write {float(value)}"))
+    if "pad_token_id" in out and out["pad_token_id"] is None:
+        out["pad_token_id"] = 0
+        problems.append(Problem(path=f"model.{source['pad_token_id']}", severity=NOTE, value=None,
+                                message="null pad_token_id means 0"))
+    if cls is DeepseekV3ModelConfig and "num_nextn_predict_layers" in out and out["num_nextn_predict_layers"] is None:
+        out["num_nextn_predict_layers"] = 0
+        problems.append(Problem(path=f"model.{source['num_nextn_predict_layers']}", severity=NOTE, value=None,
+                                message="null MTP depth means 0 (MTP off)"))
+    arch = out.get("architectures")
+    if isinstance(arch, list) and len(arch) == 1 and isinstance(arch[0], str):
+        out["architectures"] = arch[0]
+        problems.append(Problem(path="model.architectures", severity=WARNING, value=arch,
+                                message=f"a list (legacy graph-mode style); read as {arch[0]!r}",
+                                hint=f"write `architectures: {arch[0]}` — MindSpore Transformers PyNative rejects a list"))
+
+
+def _deleted_message(key: str) -> str:
+    if key == "scoring_func":
+        return "deleted by the reference and ignored; the router uses `moe_router_score_function`"
+    if key == "torch_dtype":
+        return "deleted by the reference and ignored; dtypes come from compute_dtype / params_dtype"
+    return "deleted by the reference and ignored"
+
+
+def _did_you_mean(key: Any, choices: list[str]) -> str:
+    if not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.75)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def yaml_key_for(raw: dict, name: str) -> str:
+    """The key the user actually wrote for field `name` (an alias, or the name itself).
+
+    Structuring errors are reported on our field names; this maps them back so the message
+    and the YAML line number point at what the user typed (`num_layers`, not `num_hidden_layers`).
+    """
+    cls = family_of(raw)
+    if cls is None or name in raw:
+        return name
+    for alias, target in ALIASES[cls].items():
+        if target == name and alias in raw:
+            return alias
+    return name
+
+
+def model_config_from_dict(raw: dict) -> tuple[ModelConfig | None, list[Problem]]:
+    """Normalise and build a model config without cattrs (tests, HF import); types are not coerced."""
+    data, problems = normalize_model_dict(raw)
+    if any(p.severity == ERROR for p in problems):
+        return None, problems
+    return MODEL_CONFIGS[raw["model_type"]](**data), problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Model-internal rules (models.md §1.2, §1.7)
+# ---------------------------------------------------------------------------------------------
+
+def model_problems(cfg: ModelConfig) -> list[Problem]:
+    """Every model-internal rule the reference enforces (or crashes on), with the arithmetic shown."""
+    ps: list[Problem] = []
+    _check_common(cfg, ps)
+    if isinstance(cfg, Qwen3ModelConfig):
+        _check_qwen3(cfg, ps)
+    else:
+        _check_dsv3(cfg, ps)
+    return ps
+
+
+def _err(ps: list[Problem], key: str, value: Any, message: str, hint: str = "", severity: str = ERROR) -> None:
+    ps.append(Problem(path=f"model.{key}", value=value, message=message, hint=hint, severity=severity))
+
+
+def _positive(cfg: Any, ps: list[Problem], names: tuple[str, ...]) -> None:
+    for n in names:
+        v = getattr(cfg, n)
+        if v is not None and v <= 0:
+            _err(ps, n, v, f"must be > 0, got {v}", "set a positive size")
+
+
+def _check_common(cfg: ModelConfig, ps: list[Problem]) -> None:
+    allowed = ARCHITECTURES[type(cfg)]
+    if cfg.architectures not in allowed:
+        _err(ps, "architectures", cfg.architectures, f"{cfg.architectures!r} is not a model class for "
+             f"model_type {cfg.model_type!r}", f"use {' or '.join(allowed)}")
+    _positive(cfg, ps, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "num_key_value_heads", "seq_length", "max_position_embeddings"))
+    if cfg.chunk_loss_num < 0:
+        _err(ps, "chunk_loss_num", cfg.chunk_loss_num, "must be >= 0", "0 disables chunking")
+    for n in ("compute_dtype", "params_dtype", "embedding_params_dtype", "layernorm_compute_dtype", "rotary_dtype"):
+        v = getattr(cfg, n)
+        if v not in DTYPES:
+            _err(ps, n, v, f"unknown dtype {v!r}", f"one of {', '.join(DTYPES)}" + _did_you_mean(v, list(DTYPES)))
+    if cfg.hidden_act not in HIDDEN_ACTS:
+        hint = "use silu (or fusedswiglu: the same SwiGLU)" if cfg.hidden_act == "swiglu" else \
+            f"one of {', '.join(HIDDEN_ACTS)}"
+        _err(ps, "hidden_act", cfg.hidden_act,
+             f"{cfg.hidden_act!r} is not a PyNative activation (only {', '.join(HIDDEN_ACTS)})", hint)
+    for n in ("hidden_dropout", "attention_dropout"):
+        v = getattr(cfg, n)
+        if not 0.0 <= v < 1.0:
+            _err(ps, n, v, f"dropout must be in [0, 1), got {v}", "e.g. 0.0 (off)")
+    if not cfg.fused_norm:
+        _err(ps, "fused_norm", False, "non-fused norms are rejected by the reference", "set fused_norm: true")
+    if cfg.normalization != "RMSNorm":
+        _err(ps, "normalization", cfg.normalization, "only RMSNorm is supported by these models",
+             "set normalization: RMSNorm")
+    if cfg.rms_norm_eps <= 0:
+        _err(ps, "rms_norm_eps", cfg.rms_norm_eps, f"must be > 0, got {cfg.rms_norm_eps}", "e.g. 1.0e-6")
+    if cfg.rope_theta <= 0:
+        _err(ps, "rope_theta", cfg.rope_theta, f"must be > 0, got {cfg.rope_theta}", "e.g. 10000.0 (Qwen3 checkpoints: 1000000.0)")
+    if cfg.initializer_range < 0:
+        _err(ps, "initializer_range", cfg.initializer_range, "a standard deviation must be >= 0", "e.g. 0.02")
+    if cfg.calculate_per_token_loss:
+        _err(ps, "calculate_per_token_loss", True, "not handled by the PyNative trainer (only the numerator "
+             "would be used)", "set calculate_per_token_loss: false")
+    if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, dict):
+        _err(ps, "rope_scaling", cfg.rope_scaling, "must be a mapping (HF rope_scaling) or null", "e.g. {type: yarn, factor: 40, original_max_position_embeddings: 4096}")
+
+
+def _check_qwen3(cfg: Qwen3ModelConfig, ps: list[Problem]) -> None:
+    nh, ng = cfg.num_attention_heads, cfg.num_query_groups()
+    if ng > 0 and nh > 0 and nh % ng:
+        _err(ps, "num_key_value_heads", ng, f"num_attention_heads % num_key_value_heads = {nh} % {ng} = {nh % ng}, "
+             "must be 0 (each KV head serves a whole group of query heads)", "pick a divisor of num_attention_heads")
+    hd = cfg.kv_channels()
+    if hd <= 0:
+        _err(ps, "head_dim", cfg.head_dim, f"head dim must be > 0, got {hd}", "e.g. 128")
+    elif cfg.position_embedding_type == "rope" and hd % 2:
+        _err(ps, "head_dim", hd, f"RoPE rotates pairs: head_dim must be even, got {hd}", f"use {hd + 1}")
+    if cfg.rope_scaling:
+        _err(ps, "rope_scaling", cfg.rope_scaling, "the reference's Qwen3 breaks with rope_scaling (yarn needs MLA "
+             "fields; other types silently disable RoPE)", "remove rope_scaling (null)")
+    if cfg.position_embedding_type not in ("rope", "none"):
+        _err(ps, "position_embedding_type", cfg.position_embedding_type,
+             "Qwen3 supports rope or none", "set position_embedding_type: rope")
+
+
+def _check_dsv3(cfg: DeepseekV3ModelConfig, ps: list[Problem]) -> None:
+    _positive(cfg, ps, ("moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "kv_lora_rank",
+                        "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                        "moe_shared_expert_intermediate_size"))
+    if cfg.qk_rope_head_dim > 0 and cfg.qk_rope_head_dim % 2:
+        _err(ps, "qk_rope_head_dim", cfg.qk_rope_head_dim, "RoPE rotates pairs: must be even", "e.g. 64")
+    if not cfg.multi_latent_attention:
+        _err(ps, "multi_latent_attention", False, "DeepSeek-V3 is built with MLA only",
+             "set multi_latent_attention: true")
+    _check_rope_dsv3(cfg, ps)
+    _check_moe_pattern(cfg, ps)
+    if cfg.is_moe():
+        _check_router(cfg, ps)
+        if cfg.add_bias_linear:
+            _err(ps, "add_bias_linear", True, "must be false with MoE (the reference asserts it)",
+                 "set add_bias_linear: false")
+        if not cfg.moe_grouped_gemm:
+            _err(ps, "moe_grouped_gemm", False, "the reference's PyNative MoE raises NotImplementedError "
+                 "without grouped GEMM", "set moe_grouped_gemm: true")
+    if cfg.n_shared_experts < 0:
+        _err(ps, "n_shared_experts", cfg.n_shared_experts, "must be >= 0", "0 turns shared experts off")
+    elif cfg.n_shared_experts == 0 and cfg.moe_shared_expert_intermediate_size:
+        _err(ps, "moe_shared_expert_intermediate_size", cfg.moe_shared_expert_intermediate_size,
+             "set while n_shared_experts is 0: there are no shared experts", "remove it or set n_shared_experts",
+             severity=WARNING)
+    D = cfg.num_nextn_predict_layers
+    if D < 0 or D > 1:
+        _err(ps, "num_nextn_predict_layers", D, f"MTP depth must be 0 or 1, got {D}", "0 turns MTP off")
+    elif D == 1 and cfg.mtp_loss_scaling_factor is None:
+        _err(ps, "mtp_loss_scaling_factor", None, "required when num_nextn_predict_layers = 1 (the reference "
+             "divides by it and crashes)", "set mtp_loss_scaling_factor: 0.3, or num_nextn_predict_layers: 0")
+    if cfg.mtp_loss_scaling_factor is not None and cfg.mtp_loss_scaling_factor < 0:
+        _err(ps, "mtp_loss_scaling_factor", cfg.mtp_loss_scaling_factor, "must be >= 0", "e.g. 0.3")
+    if not cfg.qk_layernorm:
+        _err(ps, "qk_layernorm", False, "without it the MLA latent norms are identities (differs from "
+             "DeepSeek-V3 / HF)", "set qk_layernorm: true for the published architecture", severity=WARNING)
+    if cfg.tie_word_embeddings:
+        _err(ps, "tie_word_embeddings", True, "the DeepSeek-V3 PyNative model never ties the LM head; ignored",
+             "set tie_word_embeddings: false", severity=WARNING)
+
+
+def _check_rope_dsv3(cfg: DeepseekV3ModelConfig, ps: list[Problem]) -> None:
+    rs = cfg.rope_scaling
+    if isinstance(rs, dict):
+        if "type" not in rs and "rope_type" not in rs:
+            _err(ps, "rope_scaling", rs, "needs a `type` (or `rope_type`) key", "add type: yarn")
+        for k in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "original_max_position_embeddings"):
+            if k in rs and (isinstance(rs[k], bool) or not isinstance(rs[k], (int, float))):
+                _err(ps, f"rope_scaling.{k}", rs[k], "must be a number", "write it without quotes, e.g. 40")
+                return
+    rp = cfg.rope_params()
+    if rp.position_embedding_type not in ("rope", "yarn", "none"):
+        key = "rope_scaling" if rs else "position_embedding_type"
+        _err(ps, key, rp.position_embedding_type, f"position embedding {rp.position_embedding_type!r} is not "
+             "supported for DeepSeek-V3", "use rope or yarn")
+    if rp.factor <= 0:
+        _err(ps, "rotary_scaling_factor", rp.factor, "YaRN factor must be > 0", "e.g. 40")
+    if not 0 < cfg.rotary_percent <= 1:
+        _err(ps, "rotary_percent", cfg.rotary_percent, "must be in (0, 1]", "1.0 rotates all rope dims")
+
+
+def _check_moe_pattern(cfg: DeepseekV3ModelConfig, ps: list[Problem]) -> None:
+    L, freq, k = cfg.num_hidden_layers, cfg.moe_layer_freq, cfg.first_k_dense_replace
+    if isinstance(freq, list):
+        if len(freq) != L:
+            _err(ps, "moe_layer_freq", freq, f"a list needs one entry per layer: len = {len(freq)}, "
+                 f"num_hidden_layers = {L}", "give one 0/1 per layer")
+        if any(x not in (0, 1) for x in freq):
+            _err(ps, "moe_layer_freq", freq, "list entries must be 0 (dense) or 1 (MoE)", "e.g. [0, 1, 1, 1]")
+    elif freq < 1:
+        _err(ps, "moe_layer_freq", freq, f"must be >= 1, got {freq}", "1 makes every layer MoE")
+    if k is not None:
+        if k < 0 or k > L:
+            _err(ps, "first_k_dense_replace", k, f"must be in [0, num_hidden_layers = {L}], got {k}", f"use at most {L}")
+        if isinstance(freq, int) and freq > 1:
+            _err(ps, "first_k_dense_replace", k, f"cannot be combined with moe_layer_freq = {freq} > 1",
+                 "use one of them, or a moe_layer_freq list")
+
+
+def _check_router(cfg: DeepseekV3ModelConfig, ps: list[Problem]) -> None:
+    E, K, G, TG = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+    if K > E > 0:
+        _err(ps, "num_experts_per_tok", K, f"top-K {K} exceeds n_routed_experts {E}", f"use at most {E}")
+    if cfg.moe_router_score_function not in SCORE_FUNCTIONS:
+        _err(ps, "moe_router_score_function", cfg.moe_router_score_function,
+             f"unknown score function {cfg.moe_router_score_function!r}", f"one of {', '.join(SCORE_FUNCTIONS)}")
+    elif cfg.moe_router_enable_expert_bias and cfg.moe_router_score_function == "softmax":
+        _err(ps, "moe_router_enable_expert_bias", True, "expert bias needs a sigmoid or sqrtsoftplus score function, "
+             "got softmax", "set moe_router_score_function: sigmoid, or moe_router_enable_expert_bias: false")
+    if K == 1 and cfg.moe_router_score_function == "softmax" and not cfg.moe_router_pre_softmax:
+        _err(ps, "num_experts_per_tok", 1, "top-1 softmax routing is rejected by the reference",
+             "set moe_router_pre_softmax: true, or use K > 1")
+    if G is not None and G > 0 and E > 0:
+        if TG is None or TG <= 0:
+            _err(ps, "topk_group", TG, f"required (> 0) when n_group = {G}", "set topk_group, or n_group: null to turn group routing off")
+        else:
+            if E % G:
+                _err(ps, "n_group", G, f"n_routed_experts % n_group = {E} % {G} = {E % G}, must be 0", "pick n_group dividing n_routed_experts")
+            elif E // G < 2:
+                _err(ps, "n_group", G, f"experts per group = {E} / {G} = {E // G}, must be >= 2 "
+                     "(group score is the sum of the top-2)", f"use n_group <= {E // 2}")
+            if TG > G:
+                _err(ps, "topk_group", TG, f"topk_group {TG} > n_group {G}", f"use at most {G}")
+            if K % TG:
+                _err(ps, "topk_group", TG, f"num_experts_per_tok % topk_group = {K} % {TG} = {K % TG}, must be 0", "pick topk_group dividing num_experts_per_tok")
+    if cfg.moe_aux_loss_coeff < 0:
+        _err(ps, "moe_aux_loss_coeff", cfg.moe_aux_loss_coeff, "must be >= 0", "0 turns the aux loss off")
+    elif cfg.moe_aux_loss_coeff > 0 and cfg.moe_router_load_balancing_type not in AUX_LOSS_TYPES:
+        _err(ps, "moe_router_load_balancing_type", cfg.moe_router_load_balancing_type,
+             f"must be one of {', '.join(AUX_LOSS_TYPES)} when moe_aux_loss_coeff = {cfg.moe_aux_loss_coeff} > 0 "
+             "(the reference raises 'Unknown aux_loss_type')", "e.g. seq_aux_loss (DeepSeek-V3)")
+    if cfg.moe_router_bias_update_rate < 0:
+        _err(ps, "moe_router_bias_update_rate", cfg.moe_router_bias_update_rate, "must be >= 0", "e.g. 0.001")
+    if cfg.moe_router_dtype not in DTYPES:
+        _err(ps, "moe_router_dtype", cfg.moe_router_dtype, f"unknown dtype {cfg.moe_router_dtype!r}", f"one of {', '.join(DTYPES)}")

@@ -1,0 +1,400 @@
+"""The training dataloader: config → blended GPT samples → this rank's batches.
+
+``build_train_dataset`` reads the ``train_dataset.dataloader`` section (BlendedMegatronDatasetDataLoader)
+and returns a ``TrainData`` whose ``loader`` yields numpy batches. Sharding reproduces
+MindSpore's ``DistributedSampler`` as MindSpore Transformers uses it (reference
+megatron-data.md §4.6): only the first ⌊sizes[0]/gbs⌋·gbs blended samples are used, and
+data-parallel rank k reads samples k, k+dp, k+2dp, …, so global step j consumes exactly
+samples [j·gbs, (j+1)·gbs) across the ranks. Resume maps ``consumed_samples`` to
+``consumed_samples // (dp·local_batch_size)`` micro-batches already read by each rank.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Iterator, Sequence
+
+import attrs
+import numpy as np
+
+from mftk.data import blend
+from mftk.data.cache import IndexCache, default_cache_dir, gpt_description
+from mftk.data.gpt_dataset import SampleOptions, build_gpt_dataset, mock_dataset
+from mftk.errors import ConfigError, InputError, Problem
+from mftk.progress import NULL_PROGRESS, Progress
+
+_LOADER = "train_dataset.dataloader"
+_CFG = f"{_LOADER}.config"
+SUPPORTED_TYPE = "BlendedMegatronDatasetDataLoader"
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """A key of a dict or an attribute of an object (config model or plain namespace); None → default."""
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        value = obj.get(key, None)
+    else:
+        value = getattr(obj, key, None)
+        if value is None:  # attrs sections that allow extra keys may keep them in a dict
+            extra = getattr(obj, "__extra__", None) or getattr(obj, "extra", None)
+            if isinstance(extra, Mapping):
+                value = extra.get(key)
+    return default if value is None else value
+
+
+def _error(path: str, message: str, value: Any = None, hint: str = "") -> ConfigError:
+    return ConfigError(message=f"{path}: {message}",
+                       problems=[Problem(path=path, message=message, value=value, hint=hint)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding and resume (pure functions)
+# ---------------------------------------------------------------------------------------------
+def shard_indices(num_samples: int, dp_size: int, dp_rank: int) -> np.ndarray:
+    """Blended indices read by shard ``dp_rank``: rank, rank+dp, …, ceil(N/dp) of them, wrapping mod N."""
+    total = -(-num_samples // dp_size) * dp_size
+    return (np.arange(dp_rank, total, dp_size, dtype=np.int64) % num_samples) if num_samples else \
+        np.zeros(0, np.int64)
+
+
+def skip_batches(consumed_samples: int, dp_size: int, local_batch_size: int) -> int:
+    """Micro-batches each rank has already read after ``consumed_samples`` (the reference's resume rule)."""
+    return consumed_samples // (dp_size * local_batch_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loader
+# ---------------------------------------------------------------------------------------------
+@attrs.define
+class DataLoader:
+    """This rank's micro-batches of ``local_batch_size`` samples, as numpy dicts.
+
+    ``sample_ids`` are the blended indices this rank reads in order, already truncated to
+    the samples the run uses. ``len(loader)`` is micro-batches per epoch (the reference's
+    ``epoch_step``); iteration past the end starts the next epoch from batch 0.
+    """
+
+    dataset: Any  # BlendedDataset or SingleDataset
+    sample_ids: np.ndarray
+    local_batch_size: int
+    dp_size: int
+    dp_rank: int
+    drop_remainder: bool = True
+    compressed_eod_mask: bool = False
+
+    def __len__(self) -> int:
+        n = len(self.sample_ids)
+        return n // self.local_batch_size if self.drop_remainder else -(-n // self.local_batch_size)
+
+    def batch_ids(self, batch: int) -> np.ndarray:
+        """Blended sample indices of micro-batch ``batch`` of this rank (within one epoch)."""
+        if not 0 <= batch < len(self):
+            raise IndexError(f"batch {batch} out of range for {len(self)} batches per epoch")
+        b = self.local_batch_size
+        return self.sample_ids[batch * b:(batch + 1) * b]
+
+    def batch(self, batch: int) -> dict[str, np.ndarray]:
+        return collate([self.dataset[int(i)] for i in self.batch_ids(batch)], self.compressed_eod_mask)
+
+    def start_batch(self, consumed_samples: int) -> int:
+        """Position (micro-batch within the epoch) to resume from after ``consumed_samples``."""
+        skip = skip_batches(consumed_samples, self.dp_size, self.local_batch_size)
+        return skip % len(self) if len(self) else 0
+
+    def iter_batches(self, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        """Batches from micro-batch ``start`` on, forever (each epoch restarts at batch 0)."""
+        if not len(self):
+            return
+        b = start
+        while True:
+            yield self.batch(b)
+            b = (b + 1) % len(self)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for b in range(len(self)):
+            yield self.batch(b)
+
+
+def collate(samples: Sequence[dict[str, np.ndarray]], compressed_eod_mask: bool = False) -> dict[str, np.ndarray]:
+    """Stack samples along a new axis 0; ``actual_seq_len`` becomes cumulative over the batch (TND packing)."""
+    out = {k: np.stack([s[k] for s in samples]) for k in samples[0]}
+    if compressed_eod_mask and "actual_seq_len" in out:
+        lens = out["actual_seq_len"].astype(np.int64)
+        offsets = np.concatenate(([0], np.cumsum(lens[:-1, -1])))
+        out["actual_seq_len"] = (lens + offsets[:, None]).astype(np.int32)
+    return out
+
+
+@attrs.frozen
+class SourceInfo:
+    """One prefix of the blend, as built."""
+
+    prefix: str
+    weight: float
+    num_samples: int | None
+    split_range: tuple[int, int]
+    length: int
+    epochs: int
+    cache: str
+
+
+@attrs.frozen
+class TrainData:
+    """What ``build_train_dataset`` built: the loader plus a report for humans."""
+
+    loader: DataLoader
+    dataset: Any
+    sources: list[SourceInfo]
+    train_samples: int
+    warnings: list[str]
+    notes: list[str]
+
+
+def _sample_options(cfg: Any) -> SampleOptions:
+    seq = _get(cfg, "seq_length")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
+        raise _error(f"{_CFG}.seq_length", f"must be a positive integer, got {seq!r}", seq)
+    pad_length = _get(cfg, "eod_pad_length", _get(cfg, "compressed_eod_mask_length", 128))
+    return SampleOptions(
+        seq_length=seq, eod=int(_get(cfg, "eod", -1)), pad=int(_get(cfg, "pad", -1)),
+        eod_mask_loss=bool(_get(cfg, "eod_mask_loss", False)),
+        reset_position_ids=bool(_get(cfg, "reset_position_ids", False)),
+        reset_attention_mask=bool(_get(cfg, "reset_attention_mask", False)),
+        create_attention_mask=bool(_get(cfg, "create_attention_mask", True)),
+        create_compressed_eod_mask=bool(_get(cfg, "create_compressed_eod_mask", False)),
+        eod_pad_length=int(pad_length),
+        add_extra_token=bool(_get(cfg, "add_extra_token_to_sequence", True)))
+
+
+def _train_size(dataloader: Any, global_batch_size: int) -> int:
+    sizes = _get(dataloader, "sizes")
+    if not sizes:
+        raise _error(f"{_LOADER}.sizes", "is required: [train_samples, 0, 0]", sizes,
+                     "e.g. sizes: [steps * global_batch_size, 0, 0]")
+    train = sizes[0]
+    if isinstance(train, bool) or not isinstance(train, int) or train <= 0:
+        raise _error(f"{_LOADER}.sizes", f"sizes[0] must be a positive integer, got {train!r}", sizes)
+    if train < global_batch_size:
+        raise _error(f"{_LOADER}.sizes", f"sizes[0]={train} is smaller than global_batch_size="
+                     f"{global_batch_size}, so not one step of data would be used", sizes,
+                     f"set sizes[0] to at least {global_batch_size} (steps * global_batch_size)")
+    return train
+
+
+def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_size: int, dp_size: int = 1,
+                        dp_rank: int = 0, drop_remainder: bool = True, cache_dir: str | None = None,
+                        max_epochs: int | None = None, use_cache: bool = True, open_dataset: Any = None,
+                        progress: Progress = NULL_PROGRESS) -> TrainData:
+    """Build the training samples MindSpore Transformers would build, and this rank's loader.
+
+    ``dataloader`` is the ``train_dataset.dataloader`` section: a dict or an object with
+    attributes (the config model). Keys read there: ``type`` (BlendedMegatronDatasetDataLoader
+    when given), ``datasets_type`` ("GPTDataset" when given), ``sizes`` (required; sizes[0]
+    is the train sample count), ``shuffle`` (False). From its ``config`` sub-section (or the
+    section itself when it has none): ``data_path`` or ``train_data_path``, ``split``,
+    ``seed`` (1234), ``seq_length`` (required), ``eod``/``pad`` (−1), ``eod_mask_loss``,
+    ``reset_position_ids``, ``reset_attention_mask`` (False), ``create_attention_mask`` (True),
+    ``create_compressed_eod_mask`` (False), ``eod_pad_length`` / ``compressed_eod_mask_length``
+    (128), ``add_extra_token_to_sequence`` (True), ``path_to_cache``, ``mock`` (False).
+
+    ``cache_dir`` overrides where indices are cached when ``path_to_cache`` is unset (default
+    ``<prefix>/cache/GPTDataset_indices``). ``max_epochs`` turns "sizes needs more passes over a
+    dataset than this" into a ConfigError (it is otherwise a warning). ``open_dataset(prefix)``
+    replaces ``IndexedDataset`` (tests); with it, indices are cached only under an explicit
+    directory. ``use_cache=False`` never reads or writes a cache.
+    """
+    loader_type = _get(dataloader, "type")
+    if loader_type is not None and loader_type != SUPPORTED_TYPE:
+        raise _error(f"{_LOADER}.type", f"{loader_type!r} is not a GPT dataloader", loader_type,
+                     f"use {SUPPORTED_TYPE}")
+    ds_type = _get(dataloader, "datasets_type", "GPTDataset")
+    if ds_type != "GPTDataset":
+        raise _error(f"{_LOADER}.datasets_type", f"{ds_type!r} is not supported", ds_type, "use GPTDataset")
+    for name, value in (("global_batch_size", global_batch_size), ("local_batch_size", local_batch_size),
+                        ("dp_size", dp_size)):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+    if not 0 <= dp_rank < dp_size:
+        raise ValueError(f"dp_rank {dp_rank} out of range for dp_size {dp_size}")
+    cfg = _get(dataloader, "config", dataloader)
+    options = _sample_options(cfg)
+    train = _train_size(dataloader, global_batch_size)
+    seed = int(_get(cfg, "seed", 1234))
+    warnings: list[str] = []
+    notes: list[str] = []
+
+    dataset, sources = _build_blend(cfg, train, options, seed, warnings, notes, cache_dir=cache_dir,
+                                    max_epochs=max_epochs, use_cache=use_cache, open_dataset=open_dataset,
+                                    progress=progress)
+    used = min(train // global_batch_size * global_batch_size, len(dataset))
+    if used < train // global_batch_size * global_batch_size:
+        warnings.append(f"only {len(dataset)} samples available, fewer than sizes[0]={train}; "
+                        f"the run uses {used // global_batch_size} steps of data per epoch")
+    order = np.arange(used, dtype=np.int64)
+    if _get(dataloader, "shuffle", False):
+        # MindSpore shuffles with its own RNG, which numpy cannot reproduce; ours is seeded but different.
+        order = np.random.RandomState(seed).permutation(used).astype(np.int64)
+        warnings.append(f"{_LOADER}.shuffle: true reorders samples with mftk's own seeded shuffle, which "
+                        "differs from MindSpore's; keep it false to match MindSpore Transformers")
+    sample_ids = order[shard_indices(used, dp_size, dp_rank)] if used else order
+    loader = DataLoader(dataset=dataset, sample_ids=sample_ids, local_batch_size=local_batch_size,
+                        dp_size=dp_size, dp_rank=dp_rank, drop_remainder=drop_remainder,
+                        compressed_eod_mask=options.create_compressed_eod_mask)
+    return TrainData(loader=loader, dataset=dataset, sources=sources, train_samples=train,
+                     warnings=warnings, notes=notes)
+
+
+def _build_blend(cfg: Any, train: int, options: SampleOptions, seed: int, warnings: list[str],
+                 notes: list[str], *, cache_dir: str | None, max_epochs: int | None, use_cache: bool,
+                 open_dataset: Any, progress: Progress) -> tuple[Any, list[SourceInfo]]:
+    """The blended train dataset (reference §4.4 cases A, B, C, D)."""
+    mock = bool(_get(cfg, "mock", False))
+    data_path = _get(cfg, "data_path")
+    per_split = _get(cfg, "train_data_path")
+    if data_path is not None and per_split is not None:
+        raise _error(f"{_CFG}.train_data_path", "cannot be combined with data_path", per_split,
+                     "use data_path + split, or train_data_path alone")
+    if mock:
+        if data_path is not None or per_split is not None:
+            raise _error(f"{_CFG}.mock", "is true but data_path is also set", True,
+                         "remove mock: true to train on the data, or remove data_path")
+        low = mock_dataset(options.seq_length, seed, eod=options.eod)
+        gpt = build_gpt_dataset(low, (0, len(low)), train, options, seed, name="mock", progress=progress)
+        return blend.SingleDataset(gpt), [SourceInfo("mock", 1.0, train, (0, len(low)), len(gpt),
+                                                     gpt.indices.epochs, "")]
+    if data_path is None and per_split is None:
+        raise _error(f"{_CFG}.data_path", "is required (mftk never switches to random data silently)", None,
+                     "list the preprocessed prefixes, e.g. data_path: ['data/wiki_text_document'], "
+                     "or set mock: true to train on random tokens")
+    key = "data_path" if data_path is not None else "train_data_path"
+    prefixes, weights = blend.parse_data_path(data_path if data_path is not None else per_split, key=key)
+    if data_path is not None:
+        split_str = str(_get(cfg, "split")) if _get(cfg, "split") is not None else None
+        shares = blend.parse_split(split_str)
+    else:
+        split_str, shares = None, [1.0, 0.0, 0.0]
+    if shares[0] <= 0:
+        raise _error(f"{_CFG}.split", f"gives the training split no data ({split_str!r})", split_str)
+    matrix = blend.split_matrix(shares)
+
+    files = open_dataset is None  # default cache next to the data only for real files
+    if open_dataset is None:
+        from mftk.data.indexed import IndexedDataset as open_dataset  # noqa: N813
+    path_to_cache = _get(cfg, "path_to_cache", cache_dir)
+
+    single = len(prefixes) == 1 and (weights is None or data_path is None)
+    if single:
+        counts: list[int | None] = [train]
+        norm_weights = [1.0]
+    elif weights is not None:
+        norm_weights = blend.normalize(weights)
+        counts = [s[0] for s in blend.sizes_per_dataset(norm_weights, [train])]
+    else:
+        counts, norm_weights = [None] * len(prefixes), []
+
+    datasets, sources = [], []
+    for prefix, count in zip(prefixes, counts):
+        low = open_dataset(prefix)
+        rng = blend.split_ranges(shares, len(low.sequence_lengths))[0]
+        if rng is None or rng[1] <= rng[0]:
+            raise _error(f"{_CFG}.split", f"gives {prefix} an empty training range ({len(low)} sequences)",
+                         split_str)
+        cache = None
+        if use_cache and (path_to_cache is not None or files):
+            directory = path_to_cache if path_to_cache is not None else default_cache_dir(prefix)
+            cache = IndexCache(directory, gpt_description(
+                prefix, count, "train", seed, options.seq_length, split_str if split_str is not None else "1,0,0",
+                matrix, extra=options.extra))
+        gpt = build_gpt_dataset(low, rng, count, options, seed, name=prefix, cache=cache, progress=progress)
+        if cache is not None:
+            notes.extend(cache.notes)
+            warnings.extend(n for n in cache.notes if n.endswith("rebuilt") or "cannot write" in n)
+        _check_epochs(gpt, prefix, count, options, max_epochs, warnings)
+        datasets.append(gpt)
+        sources.append(SourceInfo(prefix, 0.0, count, rng, len(gpt), gpt.indices.epochs,
+                                  str(cache.path("*")) if cache is not None else ""))
+
+    if single:
+        dataset: Any = blend.SingleDataset(datasets[0])
+    elif weights is not None:
+        dataset = blend.BlendedDataset(datasets, norm_weights, sum(c for c in counts if c is not None))
+    else:
+        lengths = [len(d) for d in datasets]
+        empty = [p for p, n in zip(prefixes, lengths) if n == 0]
+        if empty:
+            raise _error(f"{_CFG}.data_path", f"{', '.join(empty)} yields no sample of seq_length="
+                         f"{options.seq_length}, so its blend weight would be 0", prefixes)
+        dataset = blend.BlendedDataset(datasets, None, min(train, sum(lengths)))
+    sources = [attrs.evolve(s, weight=w) for s, w in zip(sources, dataset.weights)]
+    for d, (src, gpt) in enumerate(zip(sources, datasets)):
+        used = int(np.count_nonzero(np.asarray(getattr(dataset, "dataset_index", np.zeros(len(dataset)))) == d))
+        if used > len(gpt):
+            raise _error(f"{_LOADER}.sizes", f"the blend needs {used} samples of {src.prefix}, which has "
+                         f"only {len(gpt)}", train)
+    return dataset, sources
+
+
+def _check_epochs(gpt: Any, prefix: str, count: int | None, options: SampleOptions, max_epochs: int | None,
+                  warnings: list[str]) -> None:
+    """Say when sizes asks for more samples than one pass over a prefix gives (documents repeat)."""
+    epochs = gpt.indices.epochs
+    if epochs <= 1:
+        return
+    per_epoch = (gpt.indices.tokens_per_epoch - options.extra) // options.seq_length
+    message = (f"{prefix}: {count} samples requested but one pass gives {per_epoch}; "
+               f"{epochs} epochs will be used, so every document repeats up to {epochs} times")
+    if max_epochs is not None and epochs > max_epochs:
+        raise _error(f"{_LOADER}.sizes", message, count,
+                     "lower sizes[0] (steps * global_batch_size) or add data")
+    warnings.append(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the model will see
+# ---------------------------------------------------------------------------------------------
+@attrs.frozen
+class SampleRecord:
+    """One sample as a rank's loader yields it, with where it came from in the blend."""
+
+    position: int
+    blended_index: int
+    dataset: int
+    dataset_sample: int
+    prefix: str
+    input_ids: list[int]
+    labels: list[int]
+    loss_mask: list[int]
+    position_ids: list[int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "dataset_sample": self.dataset_sample, "input_ids": self.input_ids,
+                "labels": self.labels, "loss_mask": self.loss_mask, "position_ids": self.position_ids}
+
+
+def show_samples(data: TrainData, n: int, *, start: int = 0) -> list[SampleRecord]:
+    """The first ``n`` samples the loader of ``data`` yields from sample position ``start`` of its epoch.
+
+    Build ``data`` with ``build_train_dataset(..., dp_rank=R)`` to see rank R's samples.
+    """
+    loader = data.loader
+    ids = loader.sample_ids[: len(loader) * loader.local_batch_size] if loader.drop_remainder else loader.sample_ids
+    if start < 0 or (len(ids) and start >= len(ids)):
+        raise InputError(message=f"start position {start} is outside the {len(ids)} samples rank "
+                         f"{loader.dp_rank} reads per epoch", hint=f"use a start in 0..{max(len(ids) - 1, 0)}")
+    out = []
+    for pos in range(start, min(start + n, len(ids))):
+        k = int(ids[pos])
+        d, j = data.dataset.source(k)
+        s = data.dataset[k]
+        out.append(SampleRecord(position=pos, blended_index=k, dataset=d, dataset_sample=j,
+                                prefix=data.sources[d].prefix, input_ids=s["input_ids"].tolist(),
+                                labels=s["labels"].tolist(), loss_mask=s["loss_mask"].tolist(),
+                                position_ids=s["position_ids"].tolist()))
+    return out
+
+
+def steps_per_epoch(data: TrainData, global_batch_size: int) -> int:
+    """Optimizer steps one pass of the loader covers (micro-batches · dp · lbs / gbs)."""
+    loader = data.loader
+    return math.floor(len(loader) * loader.dp_size * loader.local_batch_size / global_batch_size)

@@ -1,0 +1,1 @@
+"""Parallel-layout arithmetic, memory and FLOPs estimates (pure Python; no MindSpore)."""

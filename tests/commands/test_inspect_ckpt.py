@@ -1,0 +1,86 @@
+import json
+import struct
+
+from typer.testing import CliRunner
+
+from commands.app import app
+from tests.ckpt.handmade import f32, mf_step_dir, write
+
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, ["inspect-ckpt", *map(str, args)], env={"COLUMNS": "200"})
+
+
+def test_table_output(tmp_path):
+    mf_step_dir(tmp_path, step=4)
+    res = _run(tmp_path)
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert "step 4  consumed_samples 8  global_batch_size 2" in out
+    assert "checkpoint-opt-0000000-0000001.safetensors" in out and "adam_v.w" in out
+    assert "model parameters 6  optimizer elements 9" in out
+    assert "standard resume" in out and "not bit-exact" in out
+
+
+def test_json_output_and_verify(tmp_path):
+    mf_step_dir(tmp_path, step=4)
+    res = _run(tmp_path / "iteration_00000004", "--json", "--verify", "--tensors")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["step"] == 4 and data["verified"] and data["problems"] == []
+    assert [s["supported"] for s in data["scenarios"]] == [True, True, True, True]
+    assert {t["name"]: t["norm"] for t in data["tensors"]}["w"] == 30 ** 0.5
+
+
+def test_hostile_file_exits_1_with_problems_on_stderr(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    res = _run(p)
+    assert res.exit_code == 1
+    assert "runs past the end of the file" in res.stderr and "Traceback" not in res.output
+
+
+def test_metadata_path_escape_rejected(tmp_path):
+    d = mf_step_dir(tmp_path)
+    (tmp_path / "secret.safetensors").write_bytes(b"x")
+    meta = {"state_dict_metadata": {"w": {"properties": {"dtype": "Float32"}, "global_shape": [2, 2],
+                                          "axis_fragmentations": [1, 1], "layout": None,
+                                          "chunk": [{"global_offset": [0], "local_shape": [2, 2]}]}},
+            "storage_data": {"('w', (0,))": [{"file_name": "../secret.safetensors", "storage_rank": 0,
+                                              "rank_group": [0]}]}}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    res = _run(d, "--verify")
+    assert res.exit_code == 1 and "never followed" in res.stderr
+
+
+def test_missing_path_exits_2(tmp_path):
+    res = _run(tmp_path / "nope")
+    assert res.exit_code == 2 and "does not exist" in res.stderr
+
+
+def test_nan_found_with_tensors_exits_1(tmp_path):
+    write(tmp_path / "m.safetensors", [("w", "F32", [2], f32(1, float("nan")))])
+    assert _run(tmp_path / "m.safetensors").exit_code == 0
+    res = _run(tmp_path / "m.safetensors", "--verify", "--tensors")
+    assert res.exit_code == 1 and "w: 1 NaN and 0 Inf" in res.stderr
+
+
+def test_diff(tmp_path):
+    mf_step_dir(tmp_path / "a", step=4)
+    mf_step_dir(tmp_path / "b", step=6)
+    res = _run(tmp_path / "a", "--diff", tmp_path / "b", "--tensors", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["step_a"] == 4 and data["step_b"] == 6 and data["added"] == [] and data["reshaped"] == []
+    assert {c["name"]: c["rel_change"] for c in data["changes"]}["w"] == 0.0
+    assert not data["identical"]  # global_step 4 -> 6 in the opt file
+    res = _run(tmp_path / "a", "--diff", tmp_path / "b")
+    assert res.exit_code == 0 and "global_step: 4 -> 6" in res.stdout
+
+
+def test_export_hf_not_built(tmp_path):
+    mf_step_dir(tmp_path)
+    res = _run(tmp_path, "--export-hf", tmp_path / "out")
+    assert res.exit_code == 2 and "not built yet" in res.stderr
