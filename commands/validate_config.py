@@ -14,6 +14,7 @@ EPILOG = """[bold]Examples[/]
   mftk validate-config my.yaml --world-size 8 --set training.global_batch_size=64
   mftk validate-config my.yaml --print-resolved      [dim]# full YAML, defaults marked[/]
   mftk validate-config --model-from-hf config.json   [dim]# HF config.json -> model: section[/]
+  mftk validate-config my.yaml --show-samples 2 --rank 1 --world-size 2 --tokenizer tok.json
 
 Exit codes: 0 valid, 1 invalid config, 2 usage or file error."""
 
@@ -26,6 +27,10 @@ def validate_config(
     json_out: JsonOpt = False,
     overrides: SetOpt = None,
     model_from_hf: Annotated[Optional[Path], typer.Option("--model-from-hf", help="Print the model: section for a Hugging Face config.json and exit.")] = None,
+    show_samples: Annotated[Optional[int], typer.Option("--show-samples", min=1, help="Show the first N samples a rank's loader yields.", rich_help_panel="Samples")] = None,
+    rank: Annotated[int, typer.Option("--rank", min=0, help="With --show-samples: which rank's loader.", rich_help_panel="Samples")] = 0,
+    start: Annotated[int, typer.Option("--start", min=0, help="With --show-samples: first sample position of the rank's epoch.", rich_help_panel="Samples")] = 0,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="With --show-samples: decode tokens with this tokenizer.json.", rich_help_panel="Samples")] = None,
 ) -> None:
     """Check a training YAML: every problem at once, with its YAML path, the arithmetic and a fix."""
     from commands._render import console, err_console, print_json
@@ -45,6 +50,9 @@ def validate_config(
             print_json({"valid": False, "source": str(config), "problems": [_problem_dict(p) for p in exc.problems]})
             raise typer.Exit(1)
         raise
+    if show_samples is not None:
+        _show_samples(loaded.config, world, rank, show_samples, start, tokenizer, json_out)
+        return
     from mftk.config.report import resolved, resolved_yaml, summarize
 
     summary = summarize(loaded, world)
@@ -59,6 +67,26 @@ def validate_config(
         console.print(resolved_yaml(loaded), markup=False, highlight=False)
         return
     _render_summary(console, str(config), summary)
+
+
+def _show_samples(config, world: int, rank: int, n: int, start: int, tokenizer, json_out: bool) -> None:
+    from commands._render import RichProgress, console, err_console, print_json
+    from mftk.data.preview import preview_samples
+
+    result = preview_samples(config, world_size=world, rank=rank, n=n, start=start,
+                             tokenizer=str(tokenizer) if tokenizer else None, progress=RichProgress())
+    for w in result["warnings"]:
+        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    if json_out:
+        print_json({"samples": result["samples"]})
+        return
+    console.print(f"rank {rank} reads data shard {result['dp_rank']} of {result['dp_size']}")
+    for s in result["samples"]:
+        console.print(f"[bold]position {s['position']}[/]: blended sample {s['blended_index']} = dataset "
+                      f"{s['dataset']} ({s['prefix']}) sample {s['dataset_sample']}", highlight=False)
+        console.print(f"  input_ids[:16] {s['input_ids'][:16]} …  loss tokens {sum(s['loss_mask'])}", highlight=False)
+        if "text" in s:
+            console.print(f"  text: {s['text'][:200]!r}", highlight=False, markup=False)
 
 
 def _problem_dict(p) -> dict:

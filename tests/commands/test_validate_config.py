@@ -104,3 +104,23 @@ def test_alias_key_error_points_at_what_the_user_typed(tmp_path):
     r = run(str(p), "--no-check-files")
     assert r.exit_code == 1
     assert "model.num_layers" in r.stderr
+
+
+def test_show_samples_json_matches_the_loader_for_each_rank():
+    from mftk.config.load import load_config
+    from mftk.data.loader import build_train_dataset
+
+    config = str(ROOT / "templates/qwen3_tiny.yaml")
+    r = run(config, "--show-samples", "3", "--rank", "1", "--world-size", "2", "--json")
+    assert r.exit_code == 0, r.output
+    samples = json.loads(r.stdout)["samples"]
+    assert len(samples) == 3 and {"dataset", "dataset_sample", "input_ids", "labels", "loss_mask",
+                                  "position_ids"} <= set(samples[0])
+    # independent: the full blend in order; DP rank 1 of 2 reads blended samples 1, 3, 5
+    cfg = load_config(config).config
+    full = build_train_dataset(cfg.train_dataset.dataloader, global_batch_size=8, local_batch_size=1)
+    for i, s in enumerate(samples):
+        assert s["input_ids"] == full.dataset[2 * i + 1]["input_ids"].tolist()
+        assert s["labels"][:-1] == s["input_ids"][1:]
+    r = run(config, "--show-samples", "1", "--rank", "2", "--world-size", "2")
+    assert r.exit_code == 2 and "outside the world" in r.stderr
