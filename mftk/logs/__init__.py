@@ -1,0 +1,1 @@
+"""Training logs: the MF step line (`format`), readers (`parse`), summary, anomalies, exports, plots."""

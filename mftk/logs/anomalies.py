@@ -1,0 +1,235 @@
+"""Trouble found in a run's records, each with the steps (and ranks) where it happened.
+
+Spikes and slow steps are judged against a rolling median of the previous `window` steps, which
+a single outlier cannot drag (unlike a mean) and which follows the normal downward loss trend.
+Consecutive steps with the same trouble are reported once, with `last_step` and `count`.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from typing import Any, Iterable
+
+import attrs
+
+from mftk.logs.parse import Run
+
+KINDS = ("nan", "spike", "grad_spike", "straggler", "lr_jump", "divergence", "resume")
+
+
+@attrs.define
+class Thresholds:
+    """Detection knobs; ratios are against the rolling median of the previous `window` steps."""
+
+    spike: float = 1.25  # loss > 1.25 x median
+    grad_spike: float = 4.0  # grad_norm > 4 x median
+    straggler: float = 2.0  # per_step_time > 2 x median (in time, or vs. the other ranks)
+    lr_jump: float = 0.5  # |Δlr| > 50% of the lr, against both flat and linear extrapolation
+    divergence_rtol: float = 1e-3  # ranks' losses at one step differ by more than this (relative)
+    window: int = 50
+    min_history: int = 5
+    skip_warmup: int = 1  # steps excluded from the step-time checks
+
+
+@attrs.define
+class Anomaly:
+    kind: str
+    step: int
+    field: str
+    message: str
+    ranks: list[int] = attrs.field(factory=list)
+    value: float | None = None
+    reference: float | None = None
+    last_step: int | None = None
+    count: int = 1
+
+
+class _RollingMedian:
+    """Median of the last `window` values pushed, kept as a sorted list (O(window) per push)."""
+
+    def __init__(self, window: int) -> None:
+        self._window = window
+        self._fifo: list[float] = []
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+    def median(self) -> float:
+        n = len(self._sorted)
+        mid = n // 2
+        return self._sorted[mid] if n % 2 else (self._sorted[mid - 1] + self._sorted[mid]) / 2
+
+    def push(self, value: float) -> None:
+        self._fifo.append(value)
+        bisect.insort(self._sorted, value)
+        if len(self._fifo) > self._window:
+            old = self._fifo.pop(0)
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[Anomaly]:
+    """Every anomaly of every kind in `run`, merged over consecutive steps, sorted by step."""
+    t = thresholds or Thresholds()
+    found: list[Anomaly] = []
+    found += _resumes(run)
+    series = {rank: run.series(rank) for rank in run.ranks}
+    for rank, recs in series.items():
+        found += _non_finite(rank, recs)
+        found += _spikes(rank, recs, "loss", "spike", t.spike, t)
+        found += _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t)
+        found += _slow_steps(rank, recs, t)
+        found += _lr_jumps(rank, recs, t)
+    found += _rank_checks(series, t)
+    return _merge(found)
+
+
+def _resumes(run: Run) -> list[Anomaly]:
+    out, last = [], {}
+    for r in run.records:
+        prev = last.get(r["rank"])
+        if prev is not None and r["step"] <= prev:
+            out.append(Anomaly(kind="resume", step=r["step"], field="step", ranks=[r["rank"]], value=r["step"],
+                               reference=prev, message=f"step went back from {prev} to {r['step']}: a resumed run; "
+                                                       f"its lines replace the earlier steps {r['step']}..{prev}"))
+        last[r["rank"]] = r["step"]
+    return out
+
+
+def _non_finite(rank: int, recs: list[dict[str, Any]]) -> list[Anomaly]:
+    out = []
+    for r in recs:
+        for key, value in r.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                word = "NaN" if math.isnan(value) else "Inf"
+                out.append(Anomaly(kind="nan", step=r["step"], field=key, ranks=[rank], value=None,
+                                   message=f"{key} is {word}"))
+    return out
+
+
+def _spikes(rank: int, recs: list[dict[str, Any]], key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
+    out, window = [], _RollingMedian(t.window)
+    for r in recs:
+        value = r.get(key)
+        if not _finite(value):
+            continue
+        if len(window) >= t.min_history:
+            med = window.median()
+            if med > 0 and value > ratio * med:
+                out.append(Anomaly(kind=kind, step=r["step"], field=key, ranks=[rank], value=value, reference=med,
+                                   message=f"{key} {value:.4g} is {value / med:.2f}x the median {med:.4g} "
+                                           f"of the previous {len(window)} steps"))
+                continue  # keep the spike out of the baseline
+        window.push(float(value))
+    return out
+
+
+def _slow_steps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
+    out, window = [], _RollingMedian(t.window)
+    for r in recs[t.skip_warmup:]:
+        value = r.get("per_step_time")
+        if not _finite(value):
+            continue
+        if len(window) >= t.min_history:
+            med = window.median()
+            if med > 0 and value > t.straggler * med:
+                out.append(Anomaly(kind="straggler", step=r["step"], field="per_step_time", ranks=[rank],
+                                   value=value, reference=med,
+                                   message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms"))
+                continue
+        window.push(float(value))
+    return out
+
+
+def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
+    """Flag lr changes that neither a flat nor a linear continuation explains (warm-up ends are fine)."""
+    out = []
+    for a, b, c in zip(recs, recs[1:], recs[2:]):
+        if not (c["step"] == b["step"] + 1 == a["step"] + 2):
+            continue
+        la, lb, lc = a.get("lr"), b.get("lr"), c.get("lr")
+        if not (_finite(la) and _finite(lb) and _finite(lc)):
+            continue
+        scale = max(abs(lb), abs(lc))
+        if scale == 0:
+            continue
+        flat, linear = abs(lc - lb), abs(lc - (2 * lb - la))
+        if flat > t.lr_jump * scale and linear > t.lr_jump * scale:
+            out.append(Anomaly(kind="lr_jump", step=c["step"], field="lr", ranks=[rank], value=lc, reference=lb,
+                               message=f"lr jumped from {lb:.3e} to {lc:.3e}"))
+    return out
+
+
+def _rank_checks(series: dict[int, list[dict[str, Any]]], t: Thresholds) -> list[Anomaly]:
+    """Across ranks at one step: losses that disagree (DP divergence) and one rank far slower."""
+    if len(series) < 2:
+        return []
+    losses: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    times: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for rank, recs in series.items():
+        for r in recs:
+            if _finite(r.get("loss")):
+                losses[r["step"]].append((rank, float(r["loss"])))
+            if _finite(r.get("per_step_time")):
+                times[r["step"]].append((rank, float(r["per_step_time"])))
+    out = []
+    for step, values in losses.items():
+        if len(values) < 2:
+            continue
+        med = _median([v for _, v in values])
+        rank, worst = max(values, key=lambda rv: abs(rv[1] - med))
+        if abs(worst - med) > t.divergence_rtol * max(1.0, abs(med)):
+            others = [v for r, v in values if r != rank]
+            out.append(Anomaly(kind="divergence", step=step, field="loss", ranks=[rank], value=worst, reference=med,
+                               message=f"rank {rank} loss {worst:.6f} differs from the other ranks' "
+                                       f"{_median(others):.6f} (data-parallel ranks should agree)"))
+    for step, values in times.items():
+        if len(values) < 2:
+            continue
+        for rank, value in values:
+            others = _median([v for r, v in values if r != rank])
+            if others > 0 and value > t.straggler * others:
+                out.append(Anomaly(kind="straggler", step=step, field="per_step_time", ranks=[rank], value=value,
+                                   reference=others, message=f"rank {rank} took {value:g} ms, "
+                                                             f"{value / others:.1f}x the other ranks' {others:g} ms"))
+    return out
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def _merge(found: Iterable[Anomaly]) -> list[Anomaly]:
+    """Collapse consecutive steps per (kind, field, rank); then join ranks with the same finding."""
+    groups: dict[tuple, list[Anomaly]] = defaultdict(list)
+    for a in found:
+        groups[(a.kind, a.field, a.message if a.kind == "resume" else "", tuple(a.ranks))].append(a)
+    runs: list[Anomaly] = []
+    for items in groups.values():
+        items.sort(key=lambda a: a.step)
+        current = None
+        for a in items:
+            if current is not None and a.kind != "resume" and a.step == (current.last_step or current.step) + 1:
+                current.last_step, current.count = a.step, current.count + 1
+                continue
+            current = attrs.evolve(a)
+            runs.append(current)
+    joined: dict[tuple, Anomaly] = {}
+    for a in runs:
+        key = (a.kind, a.field, a.step, a.last_step, a.count, a.message if a.kind in ("nan", "resume") else "")
+        if key in joined:
+            joined[key].ranks = sorted(set(joined[key].ranks) | set(a.ranks))
+        else:
+            joined[key] = a
+    out = sorted(joined.values(), key=lambda a: (a.step, KINDS.index(a.kind), a.ranks))
+    for a in out:
+        if a.count > 1:
+            a.message += f" (steps {a.step}..{a.last_step}, {a.count} steps)"
+    return out

@@ -1,0 +1,190 @@
+"""`parse-log` as one library call: read runs, summarize, find anomalies, write exports and plots.
+
+The command renders the returned `LogReport`; `--fail-on` is decided here (`matched`) and
+turned into `AnomaliesFound` by `LogReport.raise_for_anomalies`, after the table is shown.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from mftk.errors import AnomaliesFound, InputError
+from mftk.logs import export
+from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
+from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps
+from mftk.logs.summary import Summary, summarize
+
+
+@attrs.define
+class ParseOptions:
+    """Everything `parse-log` can be asked; defaults are the documented ones."""
+
+    fmt: str = "auto"
+    compare: bool = False
+    skip_warmup: int = 1
+    peak_tflops: float | None = None
+    seq_length: int | None = None
+    world_size: int | None = None
+    metrics: list[str] | None = None
+    fail_on: list[str] = attrs.field(factory=list)
+    thresholds: Thresholds = attrs.field(factory=Thresholds)
+    x: str = "step"
+    csv: Path | None = None
+    json: Path | None = None
+    jsonl: Path | None = None
+    plot: Path | None = None
+
+
+@attrs.define
+class RunReport:
+    name: str
+    run: Run
+    series: list[dict[str, Any]]  # the primary rank, one record per step
+    summary: Summary
+    anomalies: list[Anomaly]
+
+    def all_steps(self) -> list[dict[str, Any]]:
+        """Every rank's records (resumed steps de-duplicated), sorted by step then rank."""
+        rows = [r for rank in self.run.ranks for r in self.run.series(rank)]
+        return sorted(rows, key=lambda r: (r["step"], r["rank"]))
+
+    def to_json(self, metrics: list[str] | None = None) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "steps": export.steps_json(self.all_steps(), metrics),
+            "summary": export.attrs_json(self.summary),
+            "anomalies": [export.attrs_json(a) for a in self.anomalies],
+            "files": [attrs.asdict(f) for f in self.run.files],
+            "warnings": self.run.warnings,
+        }
+
+
+@attrs.define
+class LogReport:
+    runs: list[RunReport]
+    options: ParseOptions
+    matched: list[str] = attrs.field(factory=list)  # --fail-on kinds that were found
+    written: list[str] = attrs.field(factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """One run: {"steps", "summary", "anomalies", ...}; several (--compare): {"runs": [...]}."""
+        runs = [r.to_json(self.options.metrics) for r in self.runs]
+        return runs[0] if len(runs) == 1 else {"runs": runs}
+
+    def raise_for_anomalies(self) -> None:
+        if self.matched:
+            steps = sorted({a.step for r in self.runs for a in r.anomalies if a.kind in self.matched})
+            shown = ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
+            raise AnomaliesFound(message=f"anomalies found: {', '.join(self.matched)} (steps {shown})",
+                                 kinds=list(self.matched),
+                                 hint="see the anomaly list above; drop the kind from --fail-on to accept it")
+
+
+def check_options(options: ParseOptions) -> None:
+    """Reject unknown --fail-on kinds before reading anything."""
+    unknown = [k for k in options.fail_on if k not in KINDS and k != "all"]
+    if unknown:
+        raise InputError(message=f"unknown --fail-on kind(s): {', '.join(unknown)}",
+                         hint=f"choose from: all, {', '.join(KINDS)}")
+    if options.skip_warmup < 0:
+        raise InputError(message=f"--skip-warmup must be >= 0, got {options.skip_warmup}")
+
+
+def _check_metrics(runs: list[Run], metrics: list[str] | None) -> None:
+    if not metrics:
+        return
+    present = {k for run in runs for r in run.records[:1000] for k in r}
+    unknown = [m for m in metrics if m not in present]
+    if unknown:
+        raise InputError(message=f"--metrics: {', '.join(unknown)} not in the log",
+                         hint=f"fields in the log: {', '.join(sorted(present))}")
+
+
+def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
+    """Summaries and anomalies for parsed runs (no files written)."""
+    _check_metrics(runs, options.metrics)
+    thresholds = attrs.evolve(options.thresholds, skip_warmup=options.skip_warmup)
+    reports = []
+    for run in runs:
+        primary = run.primary_rank
+        series = run.series(primary)
+        summary = summarize(series, ranks=run.ranks, primary_rank=primary, skip_warmup=options.skip_warmup,
+                            seq_length=options.seq_length, world_size=options.world_size,
+                            peak_tflops=options.peak_tflops)
+        reports.append(RunReport(name=run.name, run=run, series=series, summary=summary,
+                                 anomalies=find_anomalies(run, thresholds=thresholds)))
+    wanted = KINDS if "all" in options.fail_on else options.fail_on
+    found = {a.kind for r in reports for a in r.anomalies}
+    return LogReport(runs=reports, options=options, matched=[k for k in KINDS if k in wanted and k in found])
+
+
+def write_outputs(report: LogReport) -> None:
+    """CSV / JSON / JSONL of every rank's steps, and the PNG; each file written atomically."""
+    o = report.options
+    rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)]
+    if o.csv:
+        export.write_atomic(o.csv, export.to_csv(rows, o.metrics))
+        report.written.append(str(o.csv))
+    if o.jsonl:
+        export.write_atomic(o.jsonl, export.to_jsonl(rows, o.metrics))
+        report.written.append(str(o.jsonl))
+    if o.json:
+        export.write_atomic(o.json, export.to_json(report.to_json()))
+        report.written.append(str(o.json))
+    if o.plot:
+        from mftk.logs.plot import plot_runs
+
+        runs = [(r.name, r.series, sorted({a.step for a in r.anomalies if a.kind in ("nan", "spike")}))
+                for r in report.runs]
+        plot_runs(runs, o.plot, x=o.x, metrics=o.metrics, seq_length=o.seq_length)
+        report.written.append(str(o.plot))
+
+
+def _tagged(r: RunReport, several: bool) -> list[dict[str, Any]]:
+    rows = r.all_steps()
+    return [{"run": r.name, **row} for row in rows] if several else rows
+
+
+def parse_log(logs: list[Path], options: ParseOptions | None = None) -> LogReport:
+    """Parse LOG... (one run, ranks merged; or one run per LOG with `compare`), analyze, export."""
+    options = options or ParseOptions()
+    check_options(options)
+    groups = [[log] for log in logs] if options.compare else [list(logs)]
+    runs = [parse_run(g, fmt=options.fmt, name=", ".join(map(str, g))) for g in groups]
+    report = analyze(runs, options)
+    write_outputs(report)
+    return report
+
+
+def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
+               on_update: Callable[[LogReport], None], poll_s: float = 1.0, max_updates: int | None = None,
+               timeout_s: float | None = None, sleep: Callable[[float], None] = time.sleep) -> LogReport | None:
+    """Re-read growing logs every `poll_s` and call `on_update` with a fresh report when steps arrive.
+
+    Stops after `max_updates` updates or `timeout_s` seconds (None: until interrupted); then
+    writes the requested exports from the last report and returns it (None if no step came).
+    """
+    options = options or ParseOptions(fmt="auto")
+    check_options(options)
+    readers = open_readers(list(logs), fmt=options.fmt)
+    name = ", ".join(map(str, logs))
+    records: list[dict[str, Any]] = []
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    report, updates = None, 0
+    while True:
+        new = [rec for reader in readers for rec in reader.read_new(final=False)]
+        if new:
+            records.extend(new)
+            report = analyze([collect(readers, name, records)], options)
+            on_update(report)
+            updates += 1
+        if (max_updates is not None and updates >= max_updates) or (deadline and time.monotonic() >= deadline):
+            break
+        sleep(poll_s)
+    if report is None:
+        require_steps(collect(readers, name, records))
+    write_outputs(report)
+    return report

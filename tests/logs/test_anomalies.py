@@ -1,0 +1,104 @@
+"""Anomalies: each kind found at the right steps and ranks, and nothing on a clean run."""
+import math
+
+from mftk.logs.anomalies import Thresholds, _RollingMedian, find_anomalies
+from mftk.logs.parse import Run
+
+
+def run_of(rows, rank=0):
+    return Run(name="t", files=[], records=[{"rank": rank, **r} for r in rows])
+
+
+def clean(n=100, **extra):
+    return [{"step": s, "loss": 10.0 - s * 0.01, "grad_norm": 1.0, "per_step_time": 5000 if s == 1 else 700,
+             "lr": 1e-4 * min(1.0, s / 10), **extra} for s in range(1, n + 1)]
+
+
+def kinds(anoms):
+    return [(a.kind, a.step, a.field) for a in anoms]
+
+
+def test_clean_run_has_no_anomalies():
+    assert find_anomalies(run_of(clean())) == []  # warm-up lr ramp and slow first step are normal
+
+
+def test_nan_and_inf_at_the_right_steps():
+    rows = clean()
+    rows[39]["loss"] = math.nan  # step 40
+    rows[59]["grad_norm"] = math.inf  # step 60
+    found = find_anomalies(run_of(rows))
+    assert kinds(found) == [("nan", 40, "loss"), ("nan", 60, "grad_norm")]
+    assert found[1].message == "grad_norm is Inf"
+
+
+def test_consecutive_nans_collapse_to_one_with_count():
+    rows = clean()
+    for r in rows[49:54]:
+        r["loss"] = math.nan
+    (a,) = find_anomalies(run_of(rows))
+    assert (a.step, a.last_step, a.count) == (50, 54, 5)
+
+
+def test_loss_and_grad_spikes_against_rolling_median():
+    rows = clean()
+    rows[69]["loss"] *= 1.5  # step 70: 1.5x > 1.25x
+    rows[79]["loss"] *= 1.2  # step 80: below the default threshold
+    rows[84]["grad_norm"] = 9.0  # step 85: 9x > 4x
+    found = find_anomalies(run_of(rows))
+    assert kinds(found) == [("spike", 70, "loss"), ("grad_spike", 85, "grad_norm")]
+    assert math.isclose(found[0].reference, 10.0 - 0.01 * 44.5)  # median of steps 20..69
+    assert kinds(find_anomalies(run_of(rows), thresholds=Thresholds(spike=1.1))) [:2] == [
+        ("spike", 70, "loss"), ("spike", 80, "loss")]
+
+
+def test_slow_step_but_not_warmup():
+    rows = clean()
+    rows[29]["per_step_time"] = 2000  # step 30
+    assert kinds(find_anomalies(run_of(rows))) == [("straggler", 30, "per_step_time")]
+
+
+def test_lr_discontinuity():
+    rows = clean()
+    for r in rows[49:]:
+        r["lr"] = 1e-5  # step decay x0.1 at step 50
+    assert kinds(find_anomalies(run_of(rows))) == [("lr_jump", 50, "lr")]
+
+
+def test_resume_step_goes_back():
+    rows = clean(30) + clean(30)[19:]  # steps 1..30, then 20..30 again
+    (a,) = find_anomalies(run_of(rows))
+    assert (a.kind, a.step, a.reference) == ("resume", 20, 30)
+
+
+def test_rank_divergence_and_rank_straggler():
+    records = [{"rank": rank, **r} for rank in range(4) for r in clean(20)]
+    for r in records:
+        if r["rank"] == 2 and r["step"] == 12:
+            r["loss"] += 0.5
+        if r["rank"] == 3 and r["step"] == 15:
+            r["per_step_time"] = 2500
+    found = find_anomalies(Run(name="t", files=[], records=records))
+    assert [(a.kind, a.step, a.ranks) for a in found] == [("divergence", 12, [2]), ("straggler", 15, [3])]
+
+
+def test_same_nan_on_all_ranks_is_reported_once():
+    records = [{"rank": rank, **r} for rank in range(8) for r in clean(20)]
+    for r in records:
+        if r["step"] == 9:
+            r["loss"] = math.nan
+    (a,) = find_anomalies(Run(name="t", files=[], records=records))
+    assert a.kind == "nan" and a.step == 9 and a.ranks == list(range(8))
+
+
+def test_rolling_median_matches_sorted_window():
+    import random
+    rng = random.Random(0)
+    rm, values = _RollingMedian(7), []
+    for _ in range(200):
+        v = rng.random()
+        rm.push(v)
+        values.append(v)
+        window = sorted(values[-7:])
+        n = len(window)
+        expected = window[n // 2] if n % 2 else (window[n // 2 - 1] + window[n // 2]) / 2
+        assert rm.median() == expected
