@@ -1,12 +1,116 @@
-"""`mftk preprocess` (not built yet: its issue replaces this placeholder)."""
+"""`mftk preprocess`: JSON/JSONL corpora to Megatron .bin/.idx (or merge existing pairs)."""
 from __future__ import annotations
 
-from mftk.errors import NotBuiltError
+from pathlib import Path
+from typing import Annotated, Optional
 
-CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+import typer
+
+from commands._options import JsonOpt
+
+EPILOG = """Examples:
+
+  mftk preprocess --input corpus.jsonl.gz --tokenizer tokenizer.json --output-prefix data/wiki --append-eod
+
+  mftk preprocess --input wiki='wiki/*.jsonl' --input code=code.jsonl --weights 0.7,0.3 \\
+      --tokenizer tok/ --output-prefix data/mix --append-eod --on-error skip
+
+  mftk preprocess --merge --input data/a_text_document --input data/b_text_document --output-prefix data/ab_text_document
+"""
 
 
-def preprocess() -> None:
-    """Not built yet in this version of mftk."""
-    raise NotBuiltError(message="'mftk preprocess' is not built yet in this version of mftk.",
-                        hint="see the README for the commands available now")
+def preprocess(
+    input: Annotated[list[str], typer.Option("--input", "-i", help="JSONL / JSON array file, gzip allowed; globs "
+                                             "allowed (quote them). NAME=PATH puts it in input group NAME "
+                                             "(one output prefix per group). Repeatable.", show_default=False)],
+    output_prefix: Annotated[str, typer.Option("--output-prefix", "-o", help="Outputs are <prefix>[_<NAME>]_<key>"
+                                               "_document.{bin,idx}; with --merge, the exact output prefix.",
+                                               show_default=False)],
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", "-t", help="Hugging Face tokenizer.json "
+                                                      "or the directory holding it (never downloaded).")] = None,
+    json_keys: Annotated[Optional[list[str]], typer.Option("--json-keys", help="JSON key(s) holding the text "
+                                                           "(repeatable; default text).")] = None,
+    append_eod: Annotated[bool, typer.Option("--append-eod", help="Append the EOD id after each non-empty "
+                                             "document (almost always wanted).")] = False,
+    eod_token: Annotated[Optional[str], typer.Option("--eod-token", help="Token used as EOD (default: "
+                                                     "tokenizer_config eos_token, else <|endoftext|> or </s>).")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", "-w", min=1, help="Tokenizer threads "
+                                                   "(default: all cores).")] = None,
+    compat: Annotated[str, typer.Option("--compat", help="megatron: uint16 below vocab 65500, empty docs dropped; "
+                                        "mindformers: int32, empty text kept as a zero-length sequence.")] = "megatron",
+    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad line; skip: list it in "
+                                          "<prefix>.rejects.jsonl and go on.")] = "fail",
+    max_errors: Annotated[Optional[int], typer.Option("--max-errors", min=0, help="With --on-error skip: stop "
+                                                      "after this many bad lines.")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", help="Comma-separated weight per input group for "
+                                                   "the printed data_path (default: proportional to tokens).")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Concatenate the existing prefixes given as --input.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last completed "
+                                         "input file.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools)."""
+    import attrs
+
+    from commands._render import RichProgress, console, err_console, print_json
+    from mftk.data.preprocess import preprocess as run
+    from mftk.errors import InputError
+
+    parsed_weights = None
+    if weights:
+        try:
+            parsed_weights = [float(w) for w in weights.split(",")]
+        except ValueError:
+            raise InputError(message=f"--weights {weights!r}: expected numbers separated by commas") from None
+    summary = run(input, output_prefix, tokenizer, json_keys=json_keys or ["text"], append_eod=append_eod,
+                  eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
+                  weights=parsed_weights, resume=resume, merge_only=merge, progress=RichProgress(err_console))
+    if json_out:
+        data = attrs.asdict(summary)
+        data["data_path"] = summary.data_path_block()
+        print_json(data)
+        return
+    _render(summary, console)
+
+
+def _render(summary, console) -> None:
+    from rich.table import Table
+
+    table = Table(title="mftk preprocess", title_justify="left")
+    for col in ("output", "docs", "sequences", "tokens", "empty docs", "skipped lines", ".bin", ".idx"):
+        table.add_column(col, justify="left" if col == "output" else "right", overflow="fold",
+                         min_width=len(col) if col != "output" else 20)
+    for s in summary.sources:
+        for i, o in enumerate(s.outputs):
+            table.add_row(o.prefix, f"{o.documents:,}", f"{o.sequences:,}", f"{o.tokens:,}",
+                          f"{s.empty_documents:,}" if i == 0 else "", f"{s.rejected:,}" if i == 0 else "",
+                          _size(o.bin_bytes), _size(o.idx_bytes))
+    console.print(table)
+    eod = f"{summary.eod_id} ({summary.eod_token})" if summary.eod_id is not None else "none"
+    facts = [f"dtype {summary.dtype}"]
+    if summary.tokenizer:
+        facts += [f"compat {summary.compat}", f"vocab {summary.vocab_size:,}", f"EOD id {eod}"
+                  + ("" if summary.append_eod else " (not appended)")]
+    tokens_per_s = summary.tokens / summary.wall_s if summary.wall_s else 0
+    facts.append(f"wall {summary.wall_s:.2f} s ({tokens_per_s:,.0f} tokens/s)")
+    console.print("  ".join(facts), highlight=False)
+    for s in summary.sources:
+        if s.rejects_path:
+            console.print(f"[yellow]{s.rejected} bad line(s) skipped, listed in {s.rejects_path}[/]")
+        if s.special_tokens_in_text:
+            console.print(f"[yellow]note:[/] the EOD token appeared {s.special_tokens_in_text} time(s) inside the "
+                          "text itself and was encoded as the special token (as the reference tools do)")
+        if s.resumed_files:
+            console.print(f"resumed: {s.resumed_files} input file(s) were already done")
+    if summary.tokenizer and summary.eod_id is not None:
+        console.print(f"set [bold]eod: {summary.eod_id}[/] in the training YAML", highlight=False)
+    console.print("train_dataset.data_loader.config:", highlight=False)
+    console.print(summary.data_path_block(), highlight=False, markup=False, soft_wrap=True)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

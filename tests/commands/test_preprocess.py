@@ -1,0 +1,71 @@
+"""`mftk preprocess` through the CLI: exit codes, stdout (table, data_path block, JSON), stderr."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from commands.app import app
+from tests.data.conftest import make_tokenizer, read_pair
+
+runner = CliRunner()
+
+
+def flat(text):
+    """Rich wraps long error lines at the terminal width; compare with whitespace collapsed."""
+    return " ".join(text.split())
+
+
+def _setup(tmp_path):
+    make_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "a.jsonl").write_text('{"text": "hello fox"}\n{"text": "lazy dog"}\n')
+    (tmp_path / "b.jsonl").write_text('{"text": "quick"}\nnot json\n')
+    return tmp_path
+
+
+def test_table_and_data_path(tmp_path):
+    d = _setup(tmp_path)
+    r = runner.invoke(app, ["preprocess", "-i", str(d / "a.jsonl"), "-o", str(d / "out"), "-t", str(d),
+                            "--append-eod"])
+    assert r.exit_code == 0, r.output
+    assert "eod: 0" in r.stdout and "data_path:" in r.stdout and f"'{d}/out_text_document'" in r.stdout
+    assert "uint16" in r.stdout
+    code, seqs, docs = read_pair(d / "out_text_document")
+    assert code == 8 and len(seqs) == 2 and seqs[0][-1] == 0 and docs == [0, 1, 2]
+
+
+def test_bad_line_exit_1_and_skip(tmp_path):
+    d = _setup(tmp_path)
+    r = runner.invoke(app, ["preprocess", "-i", str(d / "b.jsonl"), "-o", str(d / "out"), "-t", str(d)])
+    assert r.exit_code == 1
+    assert f"{d / 'b.jsonl'}:2" in flat(r.stderr) and "invalid JSON" in flat(r.stderr) and "--on-error skip" in flat(r.stderr)
+    assert r.stdout == ""
+    r = runner.invoke(app, ["preprocess", "-i", str(d / "b.jsonl"), "-o", str(d / "out"), "-t", str(d),
+                            "--on-error", "skip", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["sources"][0]["rejected"] == 1
+    assert data["sources"][0]["rejects_path"] == f"{d}/out.rejects.jsonl"
+
+
+def test_multi_source_and_merge(tmp_path):
+    d = _setup(tmp_path)
+    r = runner.invoke(app, ["preprocess", "-i", f"x={d / 'a.jsonl'}", "-i", f"y={d / 'a.jsonl'}", "-o",
+                            str(d / "m"), "-t", str(d / "tokenizer.json"), "--weights", "0.3,0.7"])
+    assert r.exit_code == 0, r.output
+    assert f"  - '0.3'\n  - '{d}/m_x_text_document'\n  - '0.7'\n  - '{d}/m_y_text_document'" in r.stdout
+    r = runner.invoke(app, ["preprocess", "--merge", "-i", str(d / "m_x_text_document"), "-i",
+                            str(d / "m_y_text_document"), "-o", str(d / "merged")])
+    assert r.exit_code == 0, r.output
+    assert len(read_pair(d / "merged")[1]) == 4
+
+
+def test_missing_input_and_tokenizer_exit_2(tmp_path):
+    d = _setup(tmp_path)
+    r = runner.invoke(app, ["preprocess", "-i", str(d / "nope.jsonl"), "-o", str(d / "o"), "-t", str(d)])
+    assert r.exit_code == 2 and "no such input file" in flat(r.stderr)
+    r = runner.invoke(app, ["preprocess", "-i", str(d / "a.jsonl"), "-o", str(d / "o"), "-t", str(d / "x.json")])
+    assert r.exit_code == 2 and "no such tokenizer file" in flat(r.stderr)
+    r = runner.invoke(app, ["preprocess", "-i", str(d / "a.jsonl"), "-o", str(d / "o"), "-t", str(d),
+                            "--weights", "a,b"])
+    assert r.exit_code == 2 and "--weights" in flat(r.stderr)
