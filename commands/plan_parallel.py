@@ -1,12 +1,99 @@
-"""`mftk plan-parallel` (not built yet: its issue replaces this placeholder)."""
+"""`mftk plan-parallel`: every DP/FSDP/TP/PP/CP/EP layout for N devices, ranked, with memory per stage."""
 from __future__ import annotations
 
-from mftk.errors import NotBuiltError
+from typing import Annotated, Optional
 
-CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+import typer
+
+from commands._options import ConfigArg, JsonOpt
+
+EPILOG = """[bold]Examples[/]
+
+  mftk plan-parallel templates/qwen3_0.6b.yaml --world-size 8
+  mftk plan-parallel templates/deepseek_v3_1b.yaml --world-size 16 --nodes 2 --device-memory 32GiB
+  mftk plan-parallel my.yaml --world-size 8 --check          [dim]# the YAML's own layout; exit 1 if it does not fit[/]
+  mftk plan-parallel my.yaml --world-size 8 --explain dps4.tp2 [dim]# formula and inputs of every term[/]
+  mftk plan-parallel my.yaml --world-size 64 --device-tflops 300 --link-gbps 400 --json | jq '.layouts[0]'
+
+Exit codes: 0 plan found (with --check: valid and fits), 1 invalid config, no layout, or --check failed,
+2 usage error (bad --device-memory, --nodes, --explain)."""
 
 
-def plan_parallel() -> None:
-    """Not built yet in this version of mftk."""
-    raise NotBuiltError(message="'mftk plan-parallel' is not built yet in this version of mftk.",
-                        hint="see the README for the commands available now")
+def plan_parallel(
+    config: ConfigArg,
+    world_size: Annotated[int, typer.Option("--world-size", "-n", min=1, help="Devices to plan for.")],
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the devices span (keeps TP inside a node).")] = None,
+    device_memory: Annotated[str, typer.Option("--device-memory", help="Memory per device, e.g. 64GiB, 80GB.")] = "64GiB",
+    top: Annotated[int, typer.Option("--top", min=1, help="Layouts shown in the table.")] = 10,
+    json_out: JsonOpt = False,
+    check: Annotated[bool, typer.Option("--check", help="Evaluate only the YAML's own layout; exit 1 if invalid or too big.")] = False,
+    explain: Annotated[Optional[str], typer.Option("--explain", help="Explain one layout term by term, e.g. dps4.tp2.")] = None,
+    device_tflops: Annotated[Optional[float], typer.Option("--device-tflops", help="Sustained TFLOP/s per device (step time).")] = None,
+    link_gbps: Annotated[Optional[float], typer.Option("--link-gbps", help="Link bandwidth in Gbit/s (step time).")] = None,
+) -> None:
+    """Search every parallel layout for N devices, reject invalid ones with the rule, estimate memory per device."""
+    from commands._render import console, err_console, print_json
+    from mftk.plan.report import plan_parallel as run_plan
+
+    report = run_plan(config, world_size=world_size, nodes=nodes, device_memory=device_memory, check=check,
+                      explain=explain, device_tflops=device_tflops, link_gbps=link_gbps)
+    if json_out:
+        print_json(report.to_dict(top=top))
+    else:
+        for note in report.notes:
+            err_console.print(f"[yellow]warning:[/] {note}", highlight=False)
+        _render(console, report, top)
+    if check and not report.check_ok:
+        raise typer.Exit(1)
+
+
+def _render(console, report, top: int) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from mftk.plan.memory import human
+
+    title = (f"{report.model} · world {report.world}" + (f" on {report.nodes} nodes" if report.nodes else "")
+             + f" · {human(report.device_memory_bytes)}/device · {len(report.ranked)} valid of {report.candidates}")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="layout = dp_replicate·dp_shard·cp·tp·pp·ep(·v); sizes K/M/G = KiB/MiB/GiB; "
+                          "states = weights+grads+optimizer+FSDP gather", caption_justify="left")
+    for col in ("layout", "fits", "peak@st", "states", "acts", "logits", "bub", "comm", "step"):
+        table.add_column(col, justify="left" if col in ("layout", "fits") else "right", no_wrap=True,
+                         min_width=14 if col == "layout" else None)
+    for r in report.ranked[:top]:
+        e, st = r.estimate, r.estimate.peak
+        states = sum(st.term(n).value for n in ("weights", "gradients", "optimizer", "fsdp gathered"))
+        logits = next((t.value for t in st.terms if t.name == "logits + loss"), 0.0)
+        table.add_row(_short_label(e.layout), "[green]yes[/]" if r.fits else "[red]no[/]",
+                      f"{_short(e.peak_bytes)}@{st.stage}", _short(states), _short(st.term("activations").value),
+                      _short(logits), f"{e.bubble.value:.0%}", _short(e.comm_bytes),
+                      f"{e.step_time.value:.3g}s" if e.step_time else "-")
+    console.print(table)
+    if report.rejected:
+        from collections import Counter
+
+        counts = Counter(r.rule for c in report.rejected for r in c.rejections)
+        console.print("rejected: " + ", ".join(f"{rule} ×{n}" for rule, n in counts.most_common()), highlight=False)
+        if report.check:
+            for r in report.rejected[0].rejections:
+                console.print(f"  [red]•[/] {r.rule}: {r.message}", highlight=False)
+    if report.yaml_block:
+        which = "this layout" if report.check else "best layout that fits" if report.best and report.best.fits \
+            else "best layout (does not fit)"
+        console.print(f"\n[bold]{which}:[/]")
+        console.print(report.yaml_block, markup=False, highlight=False)
+    if report.explained:
+        console.print(report.explained, markup=False, highlight=False)
+
+
+def _short(n: float) -> str:
+    for unit, size in (("G", 1024 ** 3), ("M", 1024 ** 2), ("K", 1024)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}B"
+
+
+def _short_label(lay) -> str:
+    text = f"{lay.dp_replicate}·{lay.dp_shard}·{lay.cp}·{lay.tp}·{lay.pp}·{lay.ep}"
+    return text + (f"·v{lay.interleave}" if lay.interleave > 1 else "")

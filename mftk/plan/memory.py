@@ -1,0 +1,484 @@
+"""Per-stage memory, FLOPs, bubble, communication and step time of one parallel layout.
+
+The model follows the respected estimators collected in peers.md §4: model states as Megatron and
+ZeRO count them (§4.1, bf16 → 18 bytes/param, fp32 → 16), parameters placed on stages the way
+Megatron's `theoretical_memory_usage` does (§4.2), activations from Korthikanti et al. (§4.3) but
+written as an explicit inventory of the tensors each of *our* layers keeps for backward (so GQA,
+qk-norm, SwiGLU, MLA and top-k MoE are counted as built, not as a GPT-2 block), and in-flight
+micro-batches per schedule (§4.4). Every number is a `Term` that can `explain()` its formula and
+inputs, because a memory estimate nobody can audit is not trusted.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+from mftk.config.rules import parse_layer_range
+from mftk.errors import InputError
+from mftk.plan import flops as F
+from mftk.plan.layout import Layout
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+GiB = 1024 ** 3
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+          "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 1024, "mib": 1024 ** 2, "gib": GiB, "tib": 1024 ** 4}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str) -> int:
+    """'64GiB' / '80GB' / '65536 MiB' / '1e9'-free plain byte counts -> bytes; InputError otherwise."""
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise InputError(message=f"cannot read device memory {text!r}",
+                         hint="write a positive size with a unit, e.g. 64GiB, 80GB, 24576MiB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def human(n: float) -> str:
+    """Bytes with a binary unit that keeps three significant figures (tiny models stay readable)."""
+    for unit, size in (("GiB", GiB), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+@attrs.frozen
+class Term:
+    """One estimated quantity with the formula and inputs that produced it."""
+
+    name: str
+    value: float
+    formula: str
+    inputs: dict[str, Any] = attrs.field(factory=dict)
+    unit: str = "B"
+
+    def explain(self) -> str:
+        shown = human(self.value) if self.unit == "B" else f"{self.value:.4g} {self.unit}"
+        args = ", ".join(f"{k}={v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k}={v}"
+                         for k, v in self.inputs.items())
+        return f"{self.name} = {self.formula} = {shown}\n    inputs: {args}"
+
+
+@attrs.frozen(kw_only=True)
+class PlanInputs:
+    """What the estimate reads from a config, apart from the layout itself."""
+
+    model: Any
+    local_batch_size: int
+    global_batch_size: int
+    schedule: str = "1f1b"              # 1f1b / gpipe / interleaved_1f1b
+    recompute: str = "none"             # none / selective / full
+    reshard_policy: str = "default"     # FSDP reshard_after_forward_policy
+    layers_per_stage: Any = "auto"
+    cp_method: str = "colossal"
+    sequence_parallel: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Assumptions:
+    """Knobs of the model that are not in the YAML; defaults are the documented choices."""
+
+    fused_attention: bool | None = None  # None: model.use_flash_attention (CPU runs: False)
+    attention_score_copies: int = 2      # unfused attention keeps scores and probabilities (S×S per head)
+    gather_buffers: int = 2              # FSDP: gathered layer + prefetched next layer (peers.md §4.1)
+    moe_imbalance: float = 1.0           # routed tokens per rank relative to perfectly balanced
+    overhead_bytes: float = 0.0          # constant per device (workspaces, allocator); calibrated, not guessed
+
+
+@attrs.frozen
+class StageMemory:
+    stage: int
+    layers: tuple[int, ...]
+    terms: tuple[Term, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(t.value for t in self.terms)
+
+    def term(self, name: str) -> Term:
+        return next(t for t in self.terms if t.name == name)
+
+
+@attrs.frozen
+class LayoutEstimate:
+    layout: Layout
+    micro_batches: int
+    stages: tuple[StageMemory, ...]
+    flops: Term
+    bubble: Term
+    comm: tuple[Term, ...]
+    step_time: Term | None
+
+    @property
+    def peak(self) -> StageMemory:
+        return max(self.stages, key=lambda s: s.total)
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.peak.total
+
+    @property
+    def comm_bytes(self) -> float:
+        return sum(t.value for t in self.comm)
+
+    def explain(self) -> str:
+        lines = [f"layout: {self.layout.describe()}  (micro-batches per step m = {self.micro_batches})"]
+        for st in self.stages:
+            lines.append(f"-- stage {st.stage}: layers {_ranges(st.layers)}; total {human(st.total)}")
+            lines += ["  " + t.explain() for t in st.terms]
+        lines.append("-- step")
+        lines += ["  " + t.explain() for t in (self.flops, self.bubble, *self.comm)]
+        if self.step_time is not None:
+            lines.append("  " + self.step_time.explain())
+        return "\n".join(lines)
+
+
+def _ranges(ids: tuple[int, ...]) -> str:
+    if not ids:
+        return "none"
+    out, start, prev = [], ids[0], ids[0]
+    for i in ids[1:] + (None,):
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
+
+
+# ----------------------------------------------------------------------------- stage assignment
+
+def stage_layers(num_layers: int, pp: int, interleave: int, spec: Any = "auto") -> list[list[int]] | None:
+    """Decoder layer ids held by each pipeline rank; None when the split is impossible.
+
+    'auto' puts chunk c of rank r at virtual stage c·pp + r, L/(pp·v) layers each (reference §1.3);
+    an explicit list (one string per rank, `v` comma-separated chunks) is taken literally.
+    """
+    if isinstance(spec, list) and len(spec) == pp:
+        out = []
+        for stage in spec:
+            chunks = str(stage).split(",")
+            ids = [parse_layer_range(c) for c in chunks]
+            if len(chunks) != interleave or any(x is None for x in ids):
+                return None
+            out.append(sorted(i for x in ids for i in x))
+        return out if sorted(i for s in out for i in s) == list(range(num_layers)) else None
+    if num_layers % (pp * interleave):
+        return None
+    n = num_layers // (pp * interleave)
+    return [[i for c in range(interleave) for i in range((c * pp + r) * n, (c * pp + r + 1) * n)] for r in range(pp)]
+
+
+# ----------------------------------------------------------------------------- parameters
+
+@attrs.frozen
+class _LayerParams:
+    tp_split: int      # divided by TP (attention heads, MLP, shared experts)
+    replicated: int    # same on every TP rank (norms, router, MLA down-projection)
+    experts: int       # all routed experts of the layer (divided by EP)
+
+
+def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
+    H = cfg.hidden_size
+    attn = F.attention_params(cfg)
+    if F._is_mla(cfg):
+        q_rank = cfg.q_lora_rank or 0
+        down = (q_rank if q_rank else cfg.num_attention_heads * cfg.q_head_dim()) + cfg.kv_lora_rank + cfg.qk_rope_head_dim
+        attn_rep = down * H + ((q_rank if q_rank else 0) + cfg.kv_lora_rank if cfg.qk_layernorm else 0)
+    else:
+        attn_rep = 2 * cfg.kv_channels()
+    rep = attn_rep + 2 * H
+    split = attn - attn_rep
+    if not moe:
+        return _LayerParams(split + F.dense_mlp_params(cfg, cfg.ffn_hidden_size()), rep, 0)
+    total, _ = F.moe_params(cfg)
+    Fm = cfg.moe_intermediate_size
+    experts = cfg.n_routed_experts * ((2 * Fm if cfg.gated_linear_unit else Fm) * H + Fm * H)
+    Fs = cfg.moe_shared_expert_intermediate_size_resolved()
+    shared = F.dense_mlp_params(cfg, Fs) if Fs else 0
+    return _LayerParams(split + shared, rep + total - experts - shared, experts)
+
+
+def _bytes(dtype: str) -> int:
+    return DTYPE_BYTES.get(str(dtype).lower(), 4)
+
+
+# ----------------------------------------------------------------------------- activations
+
+def activation_inventory(cfg: Any, moe: bool, *, seq_per_rank: int, fused: bool, selective: bool,
+                         score_copies: int = 2, imbalance: float = 1.0) -> dict[str, float]:
+    """Bytes kept for backward per token of one layer, before TP/SP division (Korthikanti-style).
+
+    Each entry is a tensor the layer saves: norm inputs and outputs (the next matmul's input), the
+    projections' outputs as the following op needs them, the attention core, the MLP or the routed
+    experts (K copies of each token), dropout masks (1 byte).
+    """
+    a = _bytes(cfg.compute_dtype)
+    H, nh = cfg.hidden_size, cfg.num_attention_heads
+    inv: dict[str, float] = {"norms (2 inputs + 2 outputs)": 4 * H * a}
+    if F._is_mla(cfg):
+        ql, kl, r = (cfg.q_lora_rank or 0), cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        dq, dv = cfg.q_head_dim(), cfg.v_head_dim
+        inv["MLA latents (norm in/out)"] = (2 * ql + 2 * kl + r) * a
+        inv["q, k, v for attention"] = nh * (2 * dq + dv) * a
+        out_dim = nh * dv
+    else:
+        hd, ng = cfg.kv_channels(), cfg.num_query_groups()
+        q, kv = nh * hd, ng * hd
+        inv["q/k-norm inputs"] = (q + kv) * a
+        inv["q, k, v for attention"] = (q + 2 * kv) * a
+        out_dim = q
+    if fused:
+        inv["attention output + logsumexp"] = out_dim * a + nh * 4
+    else:
+        inv["attention output"] = out_dim * a
+        if not selective:
+            inv["attention scores/probs (S per head)"] = score_copies * nh * seq_per_rank * a
+    if moe:
+        E, K, Fm = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+        Fs = cfg.moe_shared_expert_intermediate_size_resolved()
+        inv["router logits + scores (fp32)"] = 2 * E * 4
+        inv["routed experts (K tokens: in, fc1, act, out)"] = imbalance * K * (2 * H + 3 * Fm) * a
+        if Fs:
+            inv["shared expert (fc1, act)"] = 3 * Fs * a
+    else:
+        inv["MLP (fc1 out, act out)"] = 3 * cfg.ffn_hidden_size() * a
+    if cfg.hidden_dropout > 0:
+        inv["dropout masks"] = 2 * H
+    return inv
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+def in_flight(schedule: str, pp: int, stage: int, m: int, interleave: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak (peers.md §4.4)."""
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    base = float(min(pp - stage, m))
+    if interleave > 1:
+        base *= 1 + (pp - 1) / (pp * interleave)
+    return base
+
+
+def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assumptions(), *,
+             device_tflops: float | None = None, link_gbps: float | None = None) -> LayoutEstimate:
+    """Memory per pipeline stage plus FLOPs, bubble, communication and step time for one valid layout."""
+    cfg, lay = inputs.model, layout
+    m = max(inputs.global_batch_size // (lay.dp * inputs.local_batch_size), 1)
+    stages = stage_layers(cfg.num_hidden_layers, lay.pp, lay.interleave, inputs.layers_per_stage)
+    if stages is None:
+        raise ValueError(f"layers cannot be split over pp={lay.pp}, interleave={lay.interleave}")
+    recompute = inputs.recompute if lay.world > 1 else "none"  # the reference applies recompute only when world > 1
+    out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
+    flops = _flops_term(cfg, inputs)
+    bubble = _bubble_term(inputs.schedule, lay, m)
+    comm = _comm_terms(cfg, lay, inputs, out, m)
+    step = _step_time(flops, bubble, comm, lay, recompute, device_tflops, link_gbps)
+    return LayoutEstimate(layout=lay, micro_batches=m, stages=out, flops=flops, bubble=bubble, comm=comm,
+                          step_time=step)
+
+
+def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last: bool) -> dict[str, float]:
+    pattern = cfg.moe_layer_pattern()
+    tp, ep = lay.tp, lay.ep
+    dense = rep = experts = 0.0
+    largest = 0.0
+    for i in ids:
+        lp = _layer_params(cfg, pattern[i])
+        dense += lp.tp_split / tp
+        rep += lp.replicated
+        experts += lp.experts / ep
+        largest = max(largest, lp.tp_split / tp + lp.replicated + lp.experts / ep)
+    emb = cfg.vocab_size * cfg.hidden_size / tp
+    embedding = emb if first else 0.0
+    tied = bool(cfg.tie_word_embeddings) and not F._is_mla(cfg)
+    output = emb if last and not (tied and first) else 0.0
+    if last:
+        rep += cfg.hidden_size  # final norm
+        D = cfg.mtp_num_layers()
+        if D:
+            mtp = _layer_params(cfg, bool(pattern) and pattern[-1])
+            dense += D * (mtp.tp_split / tp + 2 * cfg.hidden_size * cfg.hidden_size / tp)
+            rep += D * (mtp.replicated + 3 * cfg.hidden_size)
+            experts += D * mtp.experts / ep
+    largest = max(largest, embedding, output)
+    return {"dense": dense + rep, "experts": experts, "embedding": embedding, "output": output, "largest": largest}
+
+
+def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, ids: list[int], m: int,
+           recompute: str) -> StageMemory:
+    first, last = stage == 0, stage == lay.pp - 1
+    n = _stage_param_counts(cfg, lay, ids, first, last)
+    p, e = _bytes(cfg.compute_dtype), _bytes(cfg.embedding_params_dtype)
+    fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    body, experts = n["dense"], n["experts"]
+    table = n["embedding"] + n["output"]
+    ins = {"dense_params": int(body), "expert_params": int(experts), "embedding_output_params": int(table),
+           "fsdp = dp_shard·cp": fsdp, "efsdp = dp_shard·cp·tp/ep": efsdp}
+    terms = [
+        Term("weights", (body * p + table * e) / fsdp + experts * p / efsdp,
+             "(dense·p + emb·p_emb)/fsdp + experts·p/efsdp", {**ins, "p": p, "p_emb": e}),
+        Term("gradients", 4 * ((body + table) / fsdp + experts / efsdp),
+             "4·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered]", ins),
+    ]
+    master = 4 if p < 4 else 0
+    low = body + table * (e < 4)
+    terms.append(Term("optimizer", 8 * ((body + table) / fsdp + experts / efsdp) + master * (low / fsdp + experts / efsdp),
+                      "Adam m,v 8·N/shard + fp32 master 4·N_lowp/shard (only when params are not fp32)",
+                      {**ins, "master_bytes": master}))
+    terms.append(_gathered_term(n, lay, inputs, asm, p, fsdp, efsdp))
+    terms += _activation_terms(cfg, lay, inputs, asm, stage, ids, m, recompute, first, last)
+    if asm.overhead_bytes:
+        terms.append(Term("overhead", asm.overhead_bytes, "constant (calibrated)", {}))
+    return StageMemory(stage=stage, layers=tuple(ids), terms=tuple(terms))
+
+
+def _gathered_term(n, lay: Layout, inputs: PlanInputs, asm: Assumptions, p: int, fsdp: int, efsdp: int) -> Term:
+    if fsdp == 1 and efsdp == 1:
+        return Term("fsdp gathered", 0.0, "0 (no FSDP sharding: parameters are resident)", {})
+    policy = inputs.reshard_policy
+    keeps_all = policy == "never" or (policy == "default" and lay.pp > 1)
+    if keeps_all:
+        total = n["dense"] + n["experts"] + n["embedding"] + n["output"]
+        return Term("fsdp gathered", total * p, "p·N_stage (reshard_after_forward off: unsharded params stay)",
+                    {"N_stage": int(total), "p": p, "reshard_after_forward_policy": policy, "pp": lay.pp})
+    largest = n["largest"]
+    return Term("fsdp gathered", (asm.gather_buffers * p + 4) * largest,
+                "(buffers·p + 4)·largest_unit  [gathered + prefetched unit, its unsharded fp32 grad]",
+                {"largest_unit": int(largest), "buffers": asm.gather_buffers, "p": p})
+
+
+def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, ids: list[int], m: int,
+                      recompute: str, first: bool, last: bool) -> list[Term]:
+    a = _bytes(cfg.compute_dtype)
+    S = cfg.seq_length
+    tokens = inputs.local_batch_size * S / lay.cp          # tokens of one micro-batch on one rank (before SP)
+    sp = lay.tp if inputs.sequence_parallel or lay.tp > 1 else 1
+    fused = cfg.use_flash_attention if asm.fused_attention is None else asm.fused_attention
+    pattern = cfg.moe_layer_pattern()
+    k = in_flight(inputs.schedule, lay.pp, stage, m, lay.interleave)
+    per_layer = {}
+    for moe in {bool(pattern[i]) for i in ids}:
+        inv = activation_inventory(cfg, moe, seq_per_rank=S // lay.cp, fused=fused,
+                                   selective=recompute == "selective", score_copies=asm.attention_score_copies,
+                                   imbalance=asm.moe_imbalance)
+        per_layer[moe] = sum(inv.values())
+    n_moe = sum(1 for i in ids if pattern[i])
+    n_dense = len(ids) - n_moe
+    ins = {"tokens = b·S/cp": tokens, "sp_div": sp, "in_flight": round(k, 3), "layers": len(ids),
+           "moe_layers": n_moe, "recompute": recompute, "fused_attention": fused}
+    terms = []
+    if recompute == "full":
+        keep = len(ids) * cfg.hidden_size * a
+        one = max(per_layer.values(), default=0)
+        value = tokens / sp * (k * keep + one)
+        terms.append(Term("activations", value, "tokens/sp·(in_flight·layers·H·a + one layer's inventory)",
+                          {**ins, "H": cfg.hidden_size, "a": a, "layer_bytes_per_token": one}))
+    else:
+        per_mb = n_dense * per_layer.get(False, 0) + n_moe * per_layer.get(True, 0)
+        formula = "in_flight·tokens/sp·(dense_layers·B_dense + moe_layers·B_moe)"
+        terms.append(Term("activations", k * tokens / sp * per_mb, formula,
+                          {**ins, "B_dense": per_layer.get(False, 0), "B_moe": per_layer.get(True, 0)}))
+    if first:
+        drop = cfg.hidden_size / sp if cfg.hidden_dropout > 0 else 0
+        terms.append(Term("embedding acts", k * tokens * (16 + drop), "in_flight·tokens·(16 ids/labels + dropout mask)",
+                          {"tokens": tokens, "in_flight": k}))
+    if last:
+        terms.append(_logits_term(cfg, lay, inputs, asm, tokens, sp, k, fused, recompute))
+    return terms
+
+
+def _logits_term(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, tokens: float, sp: int, k: float,
+                 fused: bool, recompute: str) -> Term:
+    a, H, V = _bytes(cfg.compute_dtype), cfg.hidden_size, cfg.vocab_size
+    heads = 1 + cfg.mtp_num_layers()
+    per_token = heads * (2 * H * a / sp + V * 4 / lay.tp)   # final-norm in/out; fp32 logits kept by the CE
+    grad = V * 4 / lay.tp
+    value = tokens * (k_last(inputs, lay, k) * per_token + grad)
+    extra = 0.0
+    if cfg.mtp_num_layers():
+        moe = bool(cfg.moe_layer_pattern()) and cfg.moe_layer_pattern()[-1]
+        inv = activation_inventory(cfg, moe, seq_per_rank=cfg.seq_length // lay.cp, fused=fused,
+                                   selective=recompute == "selective", score_copies=asm.attention_score_copies)
+        extra = tokens / sp * cfg.mtp_num_layers() * (sum(inv.values()) + 4 * H * a)
+        value += k_last(inputs, lay, k) * extra
+    return Term("logits + loss", value,
+                "tokens·(in_flight·heads·(2H·a/sp + 4V/tp) + 4V/tp [logit grad]) + MTP layer acts",
+                {"tokens": tokens, "heads (1+MTP)": heads, "H": H, "V": V, "a": a, "tp": lay.tp,
+                 "mtp_layer_bytes": round(extra)})
+
+
+def k_last(inputs: PlanInputs, lay: Layout, k: float) -> float:
+    """Micro-batches with live logits on the last stage: 1 under 1F1B (fwd is followed by its bwd)."""
+    return k if inputs.schedule == "gpipe" else 1.0
+
+
+def _flops_term(cfg, inputs: PlanInputs) -> Term:
+    value = F.flops_per_step(cfg, global_batch_size=inputs.global_batch_size)
+    return Term("flops per step", value, "models.md §5 (the training log's formula)",
+                {"global_batch_size": inputs.global_batch_size, "seq_length": cfg.seq_length}, unit="FLOP")
+
+
+def _bubble_term(schedule: str, lay: Layout, m: int) -> Term:
+    v = lay.interleave if schedule != "gpipe" else 1
+    value = (lay.pp - 1) / (v * m)
+    return Term("bubble", value, "(pp − 1)/(v·m)", {"pp": lay.pp, "v": v, "m": m}, unit="of ideal time")
+
+
+def _comm_terms(cfg, lay: Layout, inputs: PlanInputs, stages, m: int) -> tuple[Term, ...]:
+    """Bytes sent per rank per step, by mesh dimension (ring collectives: (n−1)/n of the buffer)."""
+    a, p = _bytes(cfg.compute_dtype), _bytes(cfg.compute_dtype)
+    H, S, b = cfg.hidden_size, cfg.seq_length, inputs.local_batch_size
+    peak = max(stages, key=lambda s: s.total)
+    n = _stage_param_counts(cfg, lay, list(peak.layers), peak.stage == 0, peak.stage == lay.pp - 1)
+    dense, experts = n["dense"] + n["embedding"] + n["output"], n["experts"]
+    fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    ring = lambda k: (k - 1) / k if k > 1 else 0.0  # noqa: E731
+    gathers = 1 if inputs.reshard_policy == "never" or (inputs.reshard_policy == "default" and lay.pp > 1) else 2
+    fs = m * (gathers * p + 4) * (dense * ring(fsdp) + experts * ring(efsdp))
+    out = [Term("comm fsdp", fs, "m·(gathers·p + 4)·(N_dense·(F−1)/F + N_exp·(Fe−1)/Fe)",
+                {"m": m, "gathers": gathers, "N_dense": int(dense), "N_exp": int(experts), "F": fsdp, "Fe": efsdp})]
+    R = lay.dp_replicate
+    out.append(Term("comm dp_replicate", 2 * ring(R) * 4 * (dense / fsdp + experts / efsdp),
+                    "2·(R−1)/R·4·(N_dense/F + N_exp/Fe)  [all-reduce of fp32 grad shards]", {"R": R}))
+    tokens = b * S / lay.cp
+    L_stage = len(peak.layers)
+    out.append(Term("comm tp", m * L_stage * 8 * ring(lay.tp) * tokens * H * a,
+                    "m·layers·8·(tp−1)/tp·tokens·H·a  [SP all-gather/reduce-scatter ×2, fwd+bwd]",
+                    {"m": m, "layers": L_stage, "tp": lay.tp, "tokens": tokens, "H": H, "a": a}))
+    kv = 2 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim if F._is_mla(cfg) else cfg.num_query_groups() * cfg.kv_channels())
+    out.append(Term("comm cp", m * L_stage * 3 * (lay.cp - 1) * tokens * kv * a / lay.tp,
+                    "m·layers·3·(cp−1)·tokens·kv_width·a/tp  [ring K/V pass fwd, K/V + grads bwd]",
+                    {"cp": lay.cp, "kv_width": kv}))
+    out.append(Term("comm pp", (2 * m * lay.interleave * tokens * H * a / lay.tp) if lay.pp > 1 else 0.0,
+                    "2·m·v·tokens·H·a/tp  [activation send fwd, grad send bwd]", {"pp": lay.pp, "v": lay.interleave}))
+    n_moe = sum(1 for i in peak.layers if cfg.moe_layer_pattern()[i])
+    K = getattr(cfg, "num_experts_per_tok", 0)
+    out.append(Term("comm ep", m * n_moe * 4 * ring(lay.ep) * tokens / lay.tp * K * H * a,
+                    "m·moe_layers·4·(ep−1)/ep·tokens/tp·K·H·a  [all-to-all dispatch+combine, fwd+bwd]",
+                    {"ep": lay.ep, "moe_layers": n_moe, "K": K}))
+    return tuple(out)
+
+
+def _step_time(flops: Term, bubble: Term, comm, lay: Layout, recompute: str, tflops: float | None,
+               gbps: float | None) -> Term | None:
+    if not tflops:
+        return None
+    factor = {"full": 4 / 3, "selective": 1.03}.get(recompute, 1.0)
+    compute = flops.value * factor / (lay.world * tflops * 1e12) * (1 + bubble.value)
+    comm_bytes = sum(t.value for t in comm)
+    comm_s = comm_bytes / (gbps * 1e9 / 8) if gbps else 0.0
+    return Term("step time", compute + comm_s,
+                "flops·recompute/(world·TFLOPs)·(1 + bubble) + comm_bytes/(Gbps/8)  [no overlap: upper bound]",
+                {"recompute_factor": round(factor, 3), "device_tflops": tflops, "link_gbps": gbps,
+                 "compute_s": round(compute, 4), "comm_s": round(comm_s, 4)}, unit="s")

@@ -1,0 +1,236 @@
+"""`plan-parallel` as one library call: load the YAML, search or check, estimate, rank, explain.
+
+Returns a `PlanReport` that the command renders as a table or JSON; nothing here prints.
+The YAML is loaded with its own parallel degrees reset to 1 for the search (its layout is what we
+are replacing), so a config written for 8 devices can be planned for 64 without first being edited.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from mftk.config.load import LoadedConfig, build_config, load_data
+from mftk.config.yamlio import parse_yaml, read_config_file
+from mftk.errors import InputError, PlanError
+from mftk.plan import search as S
+from mftk.plan.layout import Layout, layout_from_config
+from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, parse_bytes
+
+SHAPE_KEYS = ("vocab_size", "seq_length", "hidden_size", "num_hidden_layers", "num_attention_heads")
+_RESET = {"tensor_parallel": 1, "pipeline_parallel": 1, "context_parallel": 1, "expert_parallel": 1,
+          "pipeline_parallel_interleave_num": 1, "data_parallel_shard": -1,
+          "pipeline_parallel_layers_per_stage": "auto", "ulysses_degree_in_cp": None}
+
+
+@attrs.frozen
+class Ranked:
+    estimate: LayoutEstimate
+    fits: bool
+
+
+@attrs.frozen(kw_only=True)
+class PlanReport:
+    source: str
+    world: int
+    nodes: int | None
+    device_memory_bytes: int
+    model: str
+    candidates: int
+    ranked: tuple[Ranked, ...]
+    rejected: tuple[S.Candidate, ...]
+    check: bool = False
+    check_ok: bool | None = None
+    yaml_block: str = ""
+    explained: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Ranked | None:
+        return self.ranked[0] if self.ranked else None
+
+    def to_dict(self, top: int | None = None) -> dict:
+        return {
+            "source": self.source, "world_size": self.world, "nodes": self.nodes,
+            "device_memory_bytes": self.device_memory_bytes, "model": self.model,
+            "candidates": self.candidates, "valid": len(self.ranked), "rejected_count": len(self.rejected),
+            "check": self.check, "check_ok": self.check_ok,
+            "layouts": [_ranked_dict(r) for r in self.ranked[:top]],
+            "rejected": [{"layout": attrs.asdict(c.layout),
+                          "rules": [{"rule": r.rule, "message": r.message} for r in c.rejections]}
+                         for c in self.rejected],
+            "yaml": self.yaml_block, "explain": self.explained, "notes": list(self.notes),
+        }
+
+
+def _ranked_dict(r: Ranked) -> dict:
+    e = r.estimate
+    return {
+        "layout": attrs.asdict(e.layout), "label": label(e.layout), "fits": r.fits,
+        "peak_bytes": round(e.peak_bytes), "peak_stage": e.peak.stage, "micro_batches": e.micro_batches,
+        "stages": [{"stage": s.stage, "layers": list(s.layers), "total_bytes": round(s.total),
+                    "terms": {t.name: round(t.value) for t in s.terms}} for s in e.stages],
+        "flops_per_step": e.flops.value, "bubble": e.bubble.value,
+        "comm_bytes": {t.name.removeprefix("comm "): round(t.value) for t in e.comm},
+        "step_time_s": e.step_time.value if e.step_time else None,
+    }
+
+
+def label(lay: Layout) -> str:
+    """Compact layout name, also accepted by --explain: dpr1.dps4.cp1.tp2.pp1.ep1(.v2)."""
+    text = f"dpr{lay.dp_replicate}.dps{lay.dp_shard}.cp{lay.cp}.tp{lay.tp}.pp{lay.pp}.ep{lay.ep}"
+    return text + (f".v{lay.interleave}" if lay.interleave > 1 else "")
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_for_plan(path: str | Path, *, world: int, check: bool) -> tuple[LoadedConfig, Any]:
+    """The validated config (degrees reset for a search) and the YAML's own parallelism section."""
+    source = str(path)
+    data, lines = parse_yaml(read_config_file(path), source)
+    if not isinstance(data, dict):
+        load_data(data, lines=lines, source=source)  # raises the loader's own error
+    original, _ = build_config(copy.deepcopy(data), lines)
+    if check:
+        loaded = load_data(data, lines=lines, source=source, world_size=world, check_files=False)
+    else:
+        reset = copy.deepcopy(data)
+        par = dict(reset.get("parallelism") or {})
+        par.update(_RESET)
+        if str(par.get("pipeline_parallel_schedule", "")).lower() == "interleaved_1f1b":
+            par["pipeline_parallel_schedule"] = "1f1b"
+        if str(par.get("context_parallel_method", "")).lower() in ("ulysses", "hybrid"):
+            par["context_parallel_method"] = "colossal"
+        reset["parallelism"] = par
+        loaded = load_data(reset, lines=lines, source=source, world_size=1, check_files=False)
+    missing = [k for k in SHAPE_KEYS if k not in (data.get("model") or {})]
+    if missing:
+        raise PlanError(message=f"{source}: model section is missing {', '.join(missing)}",
+                        rule="model_fields", values={"missing": missing},
+                        hint="a plan from the family defaults would describe a different model; "
+                             "write these keys in model: (see templates/)")
+    return loaded, (original.parallelism if original is not None else loaded.config.parallelism)
+
+
+def plan_inputs(config, parallelism) -> PlanInputs:
+    mode = str(config.recompute.mode).lower()
+    recompute = {"full": "full", "select": "selective", "selective": "selective"}.get(mode, "none")
+    schedule = (parallelism.pipeline_parallel_schedule or "1f1b").lower()
+    return PlanInputs(model=config.model, local_batch_size=config.training.local_batch_size,
+                      global_batch_size=config.training.global_batch_size, schedule=schedule,
+                      recompute=recompute, reshard_policy=parallelism.reshard_after_forward_policy,
+                      layers_per_stage=parallelism.pipeline_parallel_layers_per_stage,
+                      cp_method=parallelism.context_parallel_method, sequence_parallel=parallelism.sequence_parallel)
+
+
+def _nodes_ok(world: int, nodes: int | None) -> None:
+    if nodes is not None and (nodes < 1 or world % nodes):
+        raise InputError(message=f"--nodes {nodes} does not split world size {world} evenly",
+                         hint=f"pass a node count that divides {world}, e.g. "
+                              f"{', '.join(str(d) for d in S.divisors(world)[:6])}")
+
+
+# ----------------------------------------------------------------------------- the command's function
+
+def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None, device_memory: str = "64GiB",
+                  check: bool = False, explain: str | None = None, device_tflops: float | None = None,
+                  link_gbps: float | None = None, assumptions: Assumptions = Assumptions()) -> PlanReport:
+    """Search (or, with check, evaluate the YAML's own) layouts for `world_size` devices."""
+    if world_size < 1:
+        raise PlanError(message=f"world size must be ≥ 1, got {world_size}", rule="world_size",
+                        values={"world_size": world_size}, hint="pass --world-size N with N devices")
+    memory = parse_bytes(device_memory)
+    _nodes_ok(world_size, nodes)
+    loaded, parallelism = load_for_plan(path, world=world_size, check=check)
+    inputs = plan_inputs(loaded.config, parallelism)
+    if not check:  # the plan's YAML block turns sequence_parallel on wherever tp > 1
+        inputs = attrs.evolve(inputs, sequence_parallel=True)
+    notes = [p.render() for p in loaded.notes if p.severity == "warning"]
+    if inputs.recompute != "none" and world_size == 1:
+        notes.append("recompute is ignored at world size 1 (the reference applies it only when world > 1)")
+    kw = dict(device_tflops=device_tflops, link_gbps=link_gbps)
+    if check:
+        lay = layout_from_config(loaded.config.parallelism, world_size)
+        candidates = [S.Candidate(lay, tuple(S.check_layout(lay, inputs, nodes=nodes)))]
+    else:
+        inter = 1 if inputs.schedule == "gpipe" else max(2, parallelism.pipeline_parallel_interleave_num)
+        candidates = S.search(world_size, inputs, nodes=nodes, max_interleave=inter)
+    valid = [c for c in candidates if c.valid]
+    rejected = tuple(c for c in candidates if not c.valid)
+    ranked = tuple(sorted((Ranked(e, e.peak_bytes <= memory) for e in
+                           (estimate(c.layout, inputs, assumptions, **kw) for c in valid)), key=_rank_key))
+    if not ranked and not check:
+        raise PlanError(message=f"no valid layout for world size {world_size} "
+                        f"({len(candidates)} candidates, all rejected):\n  " + "\n  ".join(S.why_none(candidates)),
+                        rule="no_layout", values={"world_size": world_size},
+                        hint="change the world size, or the batch/sequence/heads that the rules above name")
+    explained = _explain(explain, world_size, inputs, nodes, assumptions, kw) if explain else None
+    chosen = next((r for r in ranked if r.fits), ranked[0] if ranked else None)
+    return PlanReport(source=str(path), world=world_size, nodes=nodes, device_memory_bytes=memory,
+                      model=_model_summary(loaded.config.model), candidates=len(candidates), ranked=ranked,
+                      rejected=rejected, check=check,
+                      check_ok=(bool(ranked) and ranked[0].fits) if check else None,
+                      yaml_block=parallelism_yaml(chosen.estimate.layout, inputs) if chosen else "",
+                      explained=explained, notes=tuple(notes))
+
+
+def _rank_key(r: Ranked) -> tuple:
+    e = r.estimate
+    time = e.step_time.value if e.step_time else 0.0
+    return (not r.fits, time, e.bubble.value, e.comm_bytes, e.peak_bytes)
+
+
+def _model_summary(cfg) -> str:
+    from mftk.plan.flops import param_counts
+
+    total, active = param_counts(cfg)
+    text = f"{cfg.model_type} L={cfg.num_hidden_layers} H={cfg.hidden_size} S={cfg.seq_length}, {total / 1e9:.3g}B params"
+    return text + (f" ({active / 1e9:.3g}B active)" if active != total else "")
+
+
+def parallelism_yaml(lay: Layout, inputs: PlanInputs) -> str:
+    """The `parallelism:` block that selects this layout (data_parallel_shard per the reference's §2.2)."""
+    rows = [("data_parallel_shard", -1 if lay.dp_replicate == 1 else lay.dp_shard),
+            ("tensor_parallel", lay.tp), ("context_parallel", lay.cp), ("pipeline_parallel", lay.pp),
+            ("expert_parallel", lay.ep), ("sequence_parallel", "true" if lay.tp > 1 else "false")]
+    if lay.pp > 1:
+        schedule = "interleaved_1f1b" if lay.interleave > 1 else ("gpipe" if inputs.schedule == "gpipe" else "1f1b")
+        rows += [("pipeline_parallel_schedule", schedule), ("pipeline_parallel_interleave_num", lay.interleave)]
+    return "parallelism:\n" + "".join(f"  {k}: {v}\n" for k, v in rows)
+
+
+_KEYS = {"dpr": "dp_replicate", "dp_replicate": "dp_replicate", "dps": "dp_shard", "dp_shard": "dp_shard",
+         "fsdp": "dp_shard", "dp": "dp_shard", "cp": "cp", "tp": "tp", "pp": "pp", "ep": "ep", "v": "interleave",
+         "interleave": "interleave"}
+_PAIR = re.compile(r"([a-z_]+?)\s*=?\s*(\d+)")
+
+
+def parse_layout(text: str, world: int) -> Layout:
+    """'dps4.tp2' / 'tp=2,pp=2' / 'dpr1.dps4.cp1.tp2.pp1.ep1' -> Layout; dp_shard fills the rest when omitted."""
+    pairs = _PAIR.findall(text.lower().replace(" ", ""))
+    leftover = _PAIR.sub("", text.lower()).strip(" .,×x*")
+    degrees: dict[str, int] = {}
+    for key, value in pairs:
+        if key not in _KEYS or leftover:
+            raise InputError(message=f"cannot read layout {text!r}",
+                             hint="write degrees like dps4.tp2 or tp=2,pp=2 (keys: dpr, dps, cp, tp, pp, ep, v)")
+        degrees[_KEYS[key]] = int(value)
+    if not pairs:
+        raise InputError(message=f"cannot read layout {text!r}", hint="write degrees like dps4.tp2 or tp=2,pp=2")
+    if "dp_shard" not in degrees:
+        rest = 1
+        for k in ("dp_replicate", "cp", "tp", "pp"):
+            rest *= degrees.get(k, 1)
+        degrees["dp_shard"] = max(world // rest, 1)
+    return Layout(world=world, **degrees)
+
+
+def _explain(text: str, world: int, inputs: PlanInputs, nodes, assumptions, kw) -> str:
+    lay = parse_layout(text, world)
+    bad = S.check_layout(lay, inputs, nodes=nodes)
+    if bad:
+        return f"layout {label(lay)} is invalid:\n" + "\n".join(f"  {r.rule}: {r.message}" for r in bad)
+    return estimate(lay, inputs, assumptions, **kw).explain()

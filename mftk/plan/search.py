@@ -1,0 +1,147 @@
+"""Every factorisation of a world size into a parallel layout, each judged by the layout rules.
+
+The mesh is (pp, dp_replicate, dp_shard, cp, tp) as in the reference's §2.2, with expert
+parallelism laid over dp_shard·cp·tp and pipeline interleave as a per-layout choice. Nothing is
+filtered silently: a layout that breaks a rule comes back with the rule's name and the arithmetic,
+so "why is there no layout for 7 devices?" has an answer per dimension.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import attrs
+
+from mftk.plan.layout import Layout
+from mftk.plan.memory import PlanInputs, stage_layers
+
+# rule name -> (mesh dimension it constrains, what it says)
+RULES: dict[str, tuple[str, str]] = {
+    "tp_heads": ("tp", "num_attention_heads divisible by tp"),
+    "tp_kv_heads": ("tp", "num_key_value_heads divisible by tp (GQA)"),
+    "tp_needs_sp": ("tp", "tp > 1 needs parallelism.sequence_parallel: true"),
+    "tp_in_node": ("tp", "a tp group stays inside one node (--nodes)"),
+    "pp_layers": ("pp", "num_hidden_layers split over pp·interleave ('auto') or an explicit per-stage list"),
+    "ep_experts": ("ep", "n_routed_experts divisible by ep"),
+    "ep_dense": ("ep", "ep > 1 needs routed experts"),
+    "ep_domain": ("ep", "ep divides dp_shard·cp·tp"),
+    "cp_seq": ("cp", "seq_length divisible by cp (2·cp for colossal's load-balanced causal split)"),
+    "batch": ("dp", "global_batch_size divisible by local_batch_size·dp"),
+    "product": ("world", "dp_replicate·dp_shard·cp·tp·pp equals the world size"),
+}
+
+
+@attrs.frozen
+class Rejection:
+    rule: str
+    message: str
+
+    @property
+    def dimension(self) -> str:
+        return RULES[self.rule][0]
+
+
+@attrs.frozen
+class Candidate:
+    layout: Layout
+    rejections: tuple[Rejection, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.rejections
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def factorisations(n: int, k: int) -> Iterator[tuple[int, ...]]:
+    """Ordered k-tuples of positive integers whose product is n."""
+    if k == 1:
+        yield (n,)
+        return
+    for d in divisors(n):
+        for rest in factorisations(n // d, k - 1):
+            yield (d, *rest)
+
+
+def candidate_layouts(world: int, *, moe: bool, max_interleave: int = 1) -> Iterator[Layout]:
+    """(dp_replicate, dp_shard, cp, tp, pp) × ep | dp_shard·cp·tp (MoE only) × interleave ≤ max (pp > 1 only)."""
+    for rep, shard, cp, tp, pp in factorisations(world, 5):
+        eps = divisors(shard * cp * tp) if moe else [1]
+        inters = range(1, max_interleave + 1) if pp > 1 else [1]
+        for ep in eps:
+            for v in inters:
+                yield Layout(world=world, dp_replicate=rep, dp_shard=shard, cp=cp, tp=tp, pp=pp, ep=ep, interleave=v)
+
+
+def check_layout(layout: Layout, inputs: PlanInputs, *, nodes: int | None = None) -> list[Rejection]:
+    """Every rule the layout breaks for this model and batch (empty: valid)."""
+    cfg, lay, out = inputs.model, layout, []
+
+    def reject(rule: str, message: str) -> None:
+        out.append(Rejection(rule, message))
+
+    if lay.product != lay.world:
+        reject("product", f"{lay.dp_replicate}·{lay.dp_shard}·{lay.cp}·{lay.tp}·{lay.pp} = {lay.product} ≠ {lay.world}")
+    nh = cfg.num_attention_heads
+    if nh % lay.tp:
+        reject("tp_heads", f"num_attention_heads % tp = {nh} % {lay.tp} = {nh % lay.tp}")
+    mla = bool(getattr(cfg, "multi_latent_attention", False)) and hasattr(cfg, "kv_lora_rank")
+    ng = cfg.num_query_groups()
+    if not mla and ng % lay.tp:
+        reject("tp_kv_heads", f"num_key_value_heads % tp = {ng} % {lay.tp} = {ng % lay.tp}")
+    if lay.tp > 1 and not inputs.sequence_parallel:
+        reject("tp_needs_sp", f"tp={lay.tp} but sequence_parallel is false")
+    if nodes:
+        per_node = lay.world // nodes
+        if per_node % lay.tp:
+            reject("tp_in_node", f"{per_node} devices per node % tp = {per_node} % {lay.tp} = {per_node % lay.tp}: "
+                   "a tp group would span nodes")
+    L = cfg.num_hidden_layers
+    if lay.pp > 1 or lay.interleave > 1:
+        if stage_layers(L, lay.pp, lay.interleave, inputs.layers_per_stage) is None:
+            spec = inputs.layers_per_stage
+            if isinstance(spec, list) and len(spec) == lay.pp:
+                reject("pp_layers", f"pipeline_parallel_layers_per_stage {spec} does not cover layers 0..{L - 1} "
+                       f"in {lay.interleave} chunk(s) per stage")
+            else:
+                reject("pp_layers", f"num_hidden_layers % (pp·interleave) = {L} % ({lay.pp}·{lay.interleave}) = "
+                       f"{L % (lay.pp * lay.interleave)}")
+    experts = getattr(cfg, "n_routed_experts", 0) if cfg.is_moe() else 0
+    if lay.ep > 1 and not experts:
+        reject("ep_dense", f"ep={lay.ep} but the model has no routed experts")
+    elif lay.ep > 1 and experts % lay.ep:
+        reject("ep_experts", f"n_routed_experts % ep = {experts} % {lay.ep} = {experts % lay.ep}")
+    domain = lay.dp_shard * lay.cp * lay.tp
+    if domain % lay.ep:
+        reject("ep_domain", f"dp_shard·cp·tp % ep = {domain} % {lay.ep} = {domain % lay.ep}")
+    S = cfg.seq_length
+    if lay.cp > 1:
+        factor = 2 * lay.cp if inputs.cp_method.lower() == "colossal" else lay.cp
+        if S % factor:
+            what = f"2·cp = {factor}" if factor != lay.cp else f"cp = {factor}"
+            reject("cp_seq", f"seq_length % ({what}) = {S} % {factor} = {S % factor}")
+    base = inputs.local_batch_size * lay.dp
+    gbs = inputs.global_batch_size
+    if gbs % base or gbs < base:
+        reject("batch", f"global_batch_size % (local_batch_size·dp) = {gbs} % ({inputs.local_batch_size}·{lay.dp}) = "
+               f"{gbs % base}" + (f" (and {gbs} < {base})" if gbs < base else ""))
+    return out
+
+
+def search(world: int, inputs: PlanInputs, *, nodes: int | None = None, max_interleave: int = 1) -> list[Candidate]:
+    """All candidate layouts for `world` ranks with their rejections (valid ones have none)."""
+    moe = inputs.model.is_moe()
+    return [Candidate(lay, tuple(check_layout(lay, inputs, nodes=nodes)))
+            for lay in candidate_layouts(world, moe=moe, max_interleave=max_interleave)]
+
+
+def why_none(candidates: list[Candidate]) -> list[str]:
+    """One line per rule that rejected something: how often, and the first arithmetic seen."""
+    seen: dict[str, tuple[int, str]] = {}
+    for c in candidates:
+        for r in c.rejections:
+            count, first = seen.get(r.rule, (0, r.message))
+            seen[r.rule] = (count + 1, first)
+    return [f"{RULES[rule][0]}: {RULES[rule][1]} — e.g. {first} ({count} layout(s))"
+            for rule, (count, first) in sorted(seen.items(), key=lambda kv: RULES[kv[0]][0])]

@@ -1,0 +1,128 @@
+"""`mftk plan-parallel` through the CLI: table, JSON, --check, --explain and every bad-input path."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from commands.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN = str(ROOT / "templates/qwen3_tiny.yaml")
+DSV3 = str(ROOT / "templates/deepseek_v3_tiny.yaml")
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, ["plan-parallel", *args])
+
+
+def variant(tmp_path, base, **sections):
+    data = yaml.safe_load(Path(base).read_text())
+    for key, value in sections.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = {**(data.get(key) or {}), **value} if isinstance(value, dict) else value
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_table_and_yaml_block():
+    r = run(QWEN, "--world-size", "8", "--top", "3")
+    assert r.exit_code == 0, r.output
+    assert "valid of" in r.stdout and "peak@st" in r.stdout
+    assert "parallelism:\n  data_parallel_shard:" in r.stdout
+    assert "rejected:" in r.stdout
+
+
+def test_json_counts_and_fields():
+    r = run(DSV3, "--world-size", "4", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    # brute force for world 4, MoE, interleave ≤ 2: see tests/plan/test_search.py::brute_count
+    from tests.plan.test_search import brute_count
+
+    assert out["candidates"] == brute_count(4, True, 2)
+    assert out["valid"] + out["rejected_count"] == out["candidates"]
+    top = out["layouts"][0]
+    assert {"peak_bytes", "stages", "bubble", "comm_bytes", "flops_per_step"} <= set(top)
+    assert top["stages"][0]["terms"]["weights"] > 0
+    assert all(r["rules"] for r in out["rejected"])
+
+
+def test_check_fits_and_does_not_fit():
+    assert run(QWEN, "--world-size", "2", "--check").exit_code == 0
+    r = run(QWEN, "--world-size", "2", "--check", "--device-memory", "1MiB")
+    assert r.exit_code == 1
+    assert "no" in r.stdout
+
+
+def test_check_rejects_tp_across_nodes(tmp_path):
+    cfg = variant(tmp_path, QWEN, parallelism={"tensor_parallel": 2, "sequence_parallel": True})
+    r = run(cfg, "--world-size", "8", "--nodes", "8", "--check")            # one device per node, tp=2
+    assert r.exit_code == 1
+    assert "tp_in_node" in r.stdout
+
+
+def test_check_invalid_config_layout(tmp_path):
+    cfg = variant(tmp_path, QWEN, parallelism={"tensor_parallel": 2})           # SP missing
+    r = run(cfg, "--world-size", "2", "--check")
+    assert r.exit_code == 1
+    assert "sequence_parallel" in r.stderr
+
+
+def test_explain_prints_formulas():
+    r = run(QWEN, "--world-size", "4", "--explain", "dps2.tp2")
+    assert r.exit_code == 0, r.output
+    assert "weights = " in r.stdout and "inputs:" in r.stdout and "activations = " in r.stdout
+
+
+def test_step_time_with_tflops():
+    r = run(QWEN, "--world-size", "2", "--json", "--device-tflops", "10", "--link-gbps", "100")
+    assert json.loads(r.stdout)["layouts"][0]["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("args,code,text", [
+    (["--world-size", "0"], 2, ""),
+    (["--world-size", "8", "--device-memory", "lots"], 2, "cannot read device memory"),
+    (["--world-size", "8", "--nodes", "3"], 2, "does not split world size 8"),
+    (["--world-size", "8", "--explain", "banana"], 2, "cannot read layout"),
+])
+def test_bad_arguments(args, code, text):
+    r = run(QWEN, *args)
+    assert r.exit_code == code
+    assert text in r.output
+
+
+def test_prime_world_says_why_each_dimension_failed():
+    r = run(QWEN, "--world-size", "7")
+    assert r.exit_code == 1
+    for line in ("tp: num_attention_heads", "pp: num_hidden_layers", "cp: seq_length", "dp: global_batch_size"):
+        assert line in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_model_missing_shape_fields(tmp_path):
+    data = yaml.safe_load(Path(QWEN).read_text())
+    data["model"] = {"model_type": "qwen3", "architectures": "Qwen3ForCausalLM", "vocab_size": 4096, "seq_length": 128}
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = run(str(path), "--world-size", "2")
+    assert r.exit_code == 1
+    assert "missing hidden_size, num_hidden_layers, num_attention_heads" in r.stderr
+
+
+def test_model_section_missing(tmp_path):
+    r = run(variant(tmp_path, QWEN, model=None), "--world-size", "2")
+    assert r.exit_code == 1
+    assert "model section is missing" in r.stderr
+
+
+@pytest.mark.parametrize("template", ["qwen3_0.6b", "deepseek_v3_1b"])
+def test_published_size_templates_plan(template):
+    r = run(str(ROOT / f"templates/{template}.yaml"), "--world-size", "8", "--json", "--top", "1")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["valid"] > 0
