@@ -1,12 +1,87 @@
-"""`mftk resume` (not built yet: its issue replaces this placeholder)."""
+"""`mftk resume`: continue (or initialise) training from a checkpoint; the same loop as `mftk train`."""
 from __future__ import annotations
 
-from mftk.errors import NotBuiltError
+from pathlib import Path
+from typing import Annotated, Optional
 
-CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+import typer
+
+from commands._options import ConfigArg, JsonOpt, NprocOpt, OutputDirOpt, SetOpt
+
+EPILOG = """Examples:
+
+  mftk resume templates/qwen3_tiny.yaml                      # from checkpoint.load_path or save_path
+
+  mftk resume my.yaml --from ./ckpt/iteration_00000010 --set training.steps=40
+
+  mftk resume my.yaml --from ./hf_weights --weights-only     # step 0, fresh optimizer
+
+  mftk resume my.yaml --dry-run                              # what would load, without loading
+
+training.steps stays the absolute target step. A changed global_batch_size rescales the step
+to int(step·old/new) and keeps consumed_samples.
+"""
+
+FromOpt = Annotated[Optional[Path], typer.Option(
+    "--from", help="Save root (latest via the tracker), an iteration_XXXXXXXX dir, or a Hugging Face weights dir.")]
+WeightsOnlyOpt = Annotated[bool, typer.Option(
+    "--weights-only", help="Load weights only: step 0, fresh optimizer (no_load_optim: true).")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show what would be loaded and where training continues; load nothing.")]
 
 
-def resume() -> None:
-    """Not built yet in this version of mftk."""
-    raise NotBuiltError(message="'mftk resume' is not built yet in this version of mftk.",
-                        hint="see the README for the commands available now")
+def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOpt = False, dry_run: DryRunOpt = False,
+           overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
+           json_out: JsonOpt = False) -> None:
+    """Resume training from a checkpoint (bit-exact with mftk's own checkpoints)."""
+    from commands.train import run_command
+
+    source = from_ or _default_source(config, overrides)
+    result = run_command(config, overrides, output_dir, nproc, resume_from=source, weights_only=weights_only,
+                         dry_run=dry_run)
+    if dry_run:
+        plan = result.resume
+        _render_plan(plan, result.total_steps, json_out)
+        if plan.missing or plan.unexpected or plan.mismatched:
+            from mftk.errors import CheckpointError
+
+            raise CheckpointError(message=f"{plan.step_dir} does not fit the model; a resume would be refused",
+                                  path=plan.step_dir, hint="check that the model: section matches the checkpoint")
+
+
+def _default_source(config: Path, overrides: Optional[list[str]]) -> Optional[Path]:
+    """``checkpoint.load_path``, else ``checkpoint.save_path`` (a run continuing itself)."""
+    from mftk.config.load import load_config
+    from mftk.errors import InputError
+
+    ck = load_config(config, overrides=overrides or [], check_files=False).config.checkpoint
+    path = ck.load_path or ck.save_path
+    if not path:
+        raise InputError(message="nothing to resume from: no --from, checkpoint.load_path or checkpoint.save_path",
+                         hint="pass --from PATH")
+    return Path(path)
+
+
+def _render_plan(plan, total_steps: int, json_out: bool) -> None:
+    import attrs
+
+    from commands._render import console, print_json
+
+    if json_out:
+        print_json(attrs.asdict(plan))
+        return
+    from rich.table import Table
+
+    scenario = {1: "standard resume", 2: "weights-only init", 3: "changed global batch size"}[plan.scenario]
+    t = Table(title=f"resume plan: scenario {plan.scenario} ({scenario})", show_header=False)
+    rows = [("source", f"{plan.step_dir} ({plan.kind})"), ("saved step", str(plan.saved_step)),
+            ("global batch size", f"{plan.saved_global_batch_size} -> {plan.global_batch_size}"),
+            ("world", f"{plan.saved_world} -> {plan.world}"),
+            ("start step", f"{plan.start_step} (target {total_steps})"),
+            ("consumed samples", str(plan.consumed_samples)),
+            ("micro-batches skipped", str(plan.skip_micro_batches)), ("loads", ", ".join(plan.loads))]
+    rows += [("missing", ", ".join(plan.missing) or "none"), ("unexpected", ", ".join(plan.unexpected) or "none")]
+    rows += [("mismatched", m) for m in plan.mismatched]
+    rows += [("note", n) for n in plan.notes]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)

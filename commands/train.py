@@ -1,12 +1,122 @@
-"""`mftk train` (not built yet: its issue replaces this placeholder)."""
+"""`mftk train`: validate one YAML, then train in this process with MindSpore Transformers log lines."""
 from __future__ import annotations
 
-from mftk.errors import NotBuiltError
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
 
-CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+from commands._options import ConfigArg, NprocOpt, OutputDirOpt, SetOpt
+
+EPILOG = """Examples:
+
+  mftk train templates/qwen3_tiny.yaml
+
+  mftk train my.yaml --set training.steps=20 --set checkpoint.save_path=./ckpt --output-dir ./output
+
+Step lines go to stdout and to OUTPUT/log/rank_0/info.log (metrics.jsonl next to it).
+SIGTERM/SIGINT save a checkpoint at the current step and exit with code 75; continue with `mftk resume`.
+"""
 
 
-def train() -> None:
-    """Not built yet in this version of mftk."""
-    raise NotBuiltError(message="'mftk train' is not built yet in this version of mftk.",
-                        hint="see the README for the commands available now")
+def train(config: ConfigArg, overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1) -> None:
+    """Train a model from one YAML (validated first; a bad config never starts a run)."""
+    run_command(config, overrides, output_dir, nproc)
+
+
+def run_command(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], nproc: int, *,
+                resume_from: Optional[Path] = None, weights_only: bool = False, dry_run: bool = False) -> Any:
+    """Shared by `train` and `resume`: load + validate, attach the console log, run, render the result."""
+    from mftk.errors import InputError
+
+    if nproc != 1:
+        raise InputError(message=f"--nproc {nproc}: multi-process training (msrun) is not available yet",
+                         hint="use --nproc 1 (in-process, the default)")
+    from mftk.config.load import load_config
+
+    loaded = load_config(config, overrides=overrides or [], world_size=nproc)
+    import logging
+
+    from mftk.engine.run import mf_console_handler, train as run_train
+
+    handler = mf_console_handler(sys.stderr if dry_run else sys.stdout)  # a dry run's plan owns stdout
+    logger = logging.getLogger("mftk.train")
+    logger.addHandler(handler)
+    display = LiveDisplay()
+    try:
+        result = run_train(loaded, output_dir=output_dir or Path("output"), sinks=[display],
+                           resume_from=resume_from, weights_only=weights_only, dry_run=dry_run)
+    finally:
+        display.close()
+        logger.removeHandler(handler)
+    render(result)
+    return result
+
+
+def render(result: Any) -> None:
+    from commands._render import console
+
+    if result.dry_run:
+        return
+    done = result.final_step - result.start_step
+    last = f", last loss {result.losses[-1]:.6f}" if result.losses else ""
+    console.print(f"trained steps {result.start_step + 1 if done else result.start_step}..{result.final_step} "
+                  f"of {result.total_steps}{last}", highlight=False)
+    if result.skipped_steps:
+        console.print(f"skipped steps (non-finite loss): {result.skipped_steps}", highlight=False)
+    if result.checkpoint:
+        console.print(f"checkpoint: {result.checkpoint}", highlight=False)
+    console.print(f"logs: {result.log_file}  metrics: {result.metrics_file}", highlight=False)
+    console.print("start-up: " + ", ".join(f"{name} {s:.2f}s" for name, s in result.phases), highlight=False)
+
+
+class LiveDisplay:
+    """A StepSink showing step, loss, tokens/s, ETA and per-phase times live on a terminal (stderr).
+
+    When stderr is not a terminal it shows nothing: the plain step lines on stdout are the record.
+    """
+
+    def __init__(self) -> None:
+        from commands._render import err_console
+
+        self.console = err_console
+        self.live = None
+        self.t0 = time.perf_counter()
+        self.first_step: int | None = None
+
+    def _table(self, m: dict[str, Any]) -> Any:
+        from rich.table import Table
+
+        done = m["step"] - (self.first_step or m["step"]) + 1
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / max(done, 1) * (m["total_steps"] - m["step"])
+        tokens_s = m.get("tokens", 0) / max(m["per_step_time"], 1) * 1000
+        t = Table.grid(padding=(0, 2))
+        t.add_row(f"[bold]step[/] {m['step']}/{m['total_steps']}", f"[bold]loss[/] {m['loss']:.4f}",
+                  f"[bold]tokens/s[/] {tokens_s:,.0f}", f"[bold]ETA[/] {eta:,.0f}s")
+        phases = "  ".join(f"{k[5:-3]} {v:,.0f}ms" for k, v in m.items() if k.startswith("time_"))
+        t.add_row(f"[dim]{phases}[/]", "", "", "")
+        return t
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        if not self.console.is_terminal:
+            return
+        if self.first_step is None:
+            self.first_step, self.t0 = metrics["step"], time.perf_counter() - metrics["per_step_time"] / 1000
+        from rich.live import Live
+
+        if self.live is None:
+            self.live = Live(self._table(metrics), console=self.console, transient=True, auto_refresh=False)
+            self.live.start()
+        self.live.update(self._table(metrics), refresh=True)
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+    def on_checkpoint(self, step: int, path: str) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

@@ -73,6 +73,9 @@ def _check_training(c: Config, r: _Rules) -> None:
                t.max_norm, "the reference has no > 0 check and would scale gradients by a non-positive factor")
     if t.rampup_batch_size is not None:
         _check_rampup(c, r)
+    if t.max_consecutive_skipped_steps < 1:
+        r.error("training.max_consecutive_skipped_steps", f"must be ≥ 1, got {t.max_consecutive_skipped_steps}",
+                t.max_consecutive_skipped_steps)
 
 
 def _check_rampup(c: Config, r: _Rules) -> None:

@@ -62,6 +62,8 @@ class TrainingConfig:
     deterministic: bool = field(False, "Ask MindSpore for deterministic kernels.")
     rampup_batch_size: Optional[list[int]] = field(
         None, "Dynamic batch: [start_gbs, increment, rampup_samples].")
+    use_skip_step_on_nan: bool = field(False, "Skip the update of a step whose loss or grad norm is not finite.")
+    max_consecutive_skipped_steps: int = field(10, "Stop when this many steps in a row were skipped for NaN.")
 
 
 @section

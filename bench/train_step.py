@@ -1,0 +1,164 @@
+"""Tokens/s of one training step (forward + backward + clip + AdamW): mftk (MindSpore PyNative, CPU)
+vs the same architecture in PyTorch eager, side by side in one run.
+
+Model (mindspore-cpu.md §2): Qwen3-like, 4 layers, hidden 512, 8 heads × 64 (GQA off), FFN 1408,
+vocab 32000, tied embeddings, seq 512, batch 2, fp32 → 29.2 M parameters.
+
+Each variant runs in its own process (``launch_blocking`` cannot be undone in-process); the step
+time is the median of the timed steps after warm-up. Levers measured:
+
+- ``ms_default``      MindSpore PyNative, default async dispatch;
+- ``ms_blocking``     + ``mindspore.runtime.launch_blocking()`` (mftk's default on CPU);
+- ``ms_ops_ce``       blocking, but ``ops.cross_entropy`` instead of mftk's log-softmax+gather loss;
+- ``ms_jit_blocks``   blocking + ``mindspore.jit`` on every decoder layer;
+- ``torch_fp32`` / ``torch_bf16`` HF ``Qwen3ForCausalLM`` (SDPA) eager, fp32 / bf16 autocast.
+
+Usage: ``.venv/bin/python bench/train_step.py [--steps 4] [--warmup 1] [--variants a,b,...]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ARCH = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=8, head_dim=64, rope_theta=1e6, tie_word_embeddings=True)
+VARIANTS = ("torch_fp32", "torch_bf16", "ms_default", "ms_blocking", "ms_ops_ce", "ms_jit_blocks")
+LR, WD, CLIP = 1e-4, 0.1, 1.0
+
+
+def _batch(args):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, ARCH["vocab_size"], (args.batch, args.seq)).astype(np.int32)
+    labels = np.roll(ids, -1, 1).astype(np.int32)
+    mask = (rng.random((args.batch, args.seq)) > 1 / 16).astype(np.float32)  # 1/16 of targets ignored
+    return ids, labels, mask
+
+
+def _time_steps(step, args) -> dict:
+    times, losses = [], []
+    for _ in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times[args.warmup:])
+    return {"step_s": med, "first_step_s": times[0], "tokens_per_s": args.batch * args.seq / med,
+            "loss_first": losses[0], "loss_last": losses[-1]}
+
+
+def run_torch(args, bf16: bool) -> dict:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(**ARCH, rms_norm_eps=1e-6, max_position_embeddings=args.seq)
+    model = transformers.Qwen3ForCausalLM(cfg)
+    model.config._attn_implementation = "sdpa"
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
+    ids, labels, mask = (torch.tensor(a) for a in _batch(args))
+    ids, labels = ids.long(), labels.long()
+
+    def step() -> float:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(ids).logits
+        ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                               reduction="none")
+        loss = (ce * mask.reshape(-1)).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        return float(loss)
+
+    return _time_steps(step, args)
+
+
+def _ops_cross_entropy(logits, labels, loss_mask, eps: float = 1e-8):
+    from mindspore import ops
+
+    labels = labels.reshape(-1)
+    m = loss_mask.reshape(-1) * (labels != -100).astype(logits.dtype)
+    ce = ops.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, reduction="none", ignore_index=-100)
+    return (ce * m).sum() / (m.sum() + eps)
+
+
+def run_mindspore(args, variant: str) -> dict:
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    if variant != "ms_default":
+        ms.runtime.launch_blocking()
+    from mftk.config.model import Qwen3ModelConfig
+    from mftk.engine import build_model
+    import mftk.engine.models.gpt as gpt
+
+    if variant == "ms_ops_ce":
+        gpt.masked_mean_ce = _ops_cross_entropy
+    model = build_model(Qwen3ModelConfig(**ARCH, hidden_dropout=0.0, pad_token_id=-1, initializer_range=0.02), seed=0)
+    if variant == "ms_jit_blocks":
+        for layer in model.decoder.layers:
+            layer.construct = ms.jit(layer.construct)
+    params = model.trainable_params()
+    decay = [p for p in params if p.ndim >= 2]
+    opt = nn.Adam(params, learning_rate=LR, beta1=0.9, beta2=0.999, eps=1e-8)  # + decoupled decay = torch AdamW
+    grad_fn = ms.value_and_grad(model, None, params, has_aux=True)
+    ids, labels, mask = _batch(args)
+
+    def step() -> float:
+        out, grads = grad_fn(ids, labels, mask)
+        norm = ops.sqrt(ops.addn([(g * g).sum() for g in grads]))
+        scale = ops.minimum(CLIP / (norm + 1e-6), 1.0)
+        grads = tuple(g * scale for g in grads)
+        for p in decay:
+            ops.assign(p, p * (1 - LR * WD))
+        opt(grads)
+        return float(out[1].asnumpy())
+
+    return _time_steps(step, args)
+
+
+def _child(args) -> None:
+    v = args.variant
+    res = run_torch(args, v == "torch_bf16") if v.startswith("torch") else run_mindspore(args, v)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.variant:
+        return _child(args)
+    results = {}
+    for v in args.variants.split(","):
+        cmd = [sys.executable, __file__, "--variant", v, "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--seq", str(args.seq), "--batch", str(args.batch)]
+        env = dict(os.environ, GLOG_v="3", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        results[v] = json.loads(line[-1][7:]) if line else {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    base = results.get("torch_fp32", {}).get("tokens_per_s")
+    print(f"{'variant':<15}{'step s':>9}{'tokens/s':>10}{'vs torch fp32':>15}{'first step s':>14}  loss first→last")
+    for v, r in results.items():
+        if "error" in r:
+            print(f"{v:<15}  FAILED: {r['error'][:100]}")
+            continue
+        ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+        print(f"{v:<15}{r['step_s']:>9.2f}{r['tokens_per_s']:>10.0f}{ratio:>15}{r['first_step_s']:>14.2f}"
+              f"  {r['loss_first']:.4f}→{r['loss_last']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""Multi-process jobs through MindSpore's own `msrun`, and the worker entry point it starts.
+
+Parent side (`launch`): builds the `msrun` command (`python -m mftk.engine.launch worker ...` as
+the task, so no Typer and no script path tricks), runs it in its own session, follows rank 0's
+`worker_<rank>.log` line by line into a callback, and watches every local worker log for the
+failure marker the worker entry writes. msrun alone is too slow to report a failure: after a
+worker dies it kills the others but then waits ~30 s for the scheduler's heartbeat timeout
+(mindspore-cpu.md §4). So on the first failure the launcher kills the whole process tree itself
+and raises `TrainingError` with that rank's last error lines within seconds.
+
+Worker side (`python -m mftk.engine.launch worker --target pkg.mod:fn --payload file.json`):
+initialises the `mccl` collective backend, patches the send/recv default-group bug, calls
+``fn(**payload)`` and writes its JSON-able return value to ``result_<rank>.json``. Any exception
+prints the traceback and a one-line marker, then hard-exits so no rank hangs in finalisation.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from mftk.errors import InputError, TrainingError
+
+START_MARK = "MFTK_WORKER_START"
+DONE_MARK = "MFTK_WORKER_DONE"
+ERROR_MARK = "MFTK_WORKER_ERROR"
+_PORT_OFFSETS = (0, 1, 256, 512, 768)  # scheduler + the worker ports msrun derives (mindspore-cpu.md §4)
+_ERROR_TAIL_LINES = 24
+_POLL_S = 0.2
+
+LineCallback = Callable[[str], None]
+
+
+@attrs.frozen(kw_only=True)
+class LaunchSpec:
+    """Where and how many: the `msrun` flags of one node of a job."""
+
+    nproc: int
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: pick a free one (single node only)
+    log_dir: Path | None = None  # None: a fresh temporary directory
+    join: bool = True
+    cluster_time_out_s: int = 120
+    kill_grace_s: float = 3.0  # SIGTERM → SIGKILL delay when the user interrupts
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nnodes
+
+
+@attrs.frozen(kw_only=True)
+class LaunchResult:
+    """What a finished (or detached, with ``join=False``) job left behind."""
+
+    log_dir: Path
+    master_port: int
+    world: int
+    returncode: int
+    elapsed_s: float
+    worker_logs: dict[int, Path]
+    results: dict[int, Any]  # rank -> the target's JSON return value (local ranks only)
+    detached: bool = False
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSpec,
+           on_line: LineCallback | None = None, timeout_s: float | None = None,
+           env: dict[str, str] | None = None) -> LaunchResult:
+    """Run ``target`` (``"pkg.module:function"``) on every worker of ``spec`` through msrun.
+
+    ``payload`` must be JSON-serialisable; each worker calls ``function(**payload)``. Rank 0's
+    log lines (on the node holding it, else this node's first rank) go to ``on_line``.
+    Raises `TrainingError` when any worker fails or ``timeout_s`` passes; nothing is left running.
+    """
+    _check_spec(spec, target)
+    log_dir = Path(spec.log_dir) if spec.log_dir is not None else Path(tempfile.mkdtemp(prefix="mftk-msrun-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _clear_old_outputs(log_dir)
+    port = spec.master_port if spec.master_port is not None else pick_free_port()
+    payload_path = log_dir / "launch_payload.json"
+    _write_atomic(payload_path, json.dumps(payload or {}))
+    cmd = build_msrun_command(spec, port, log_dir, target, payload_path)
+    first = spec.node_rank * spec.nproc
+    logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
+    started = time.monotonic()
+    with open(log_dir / "msrun.log", "w", encoding="utf-8") as msrun_out:
+        proc = subprocess.Popen(cmd, stdout=msrun_out, stderr=subprocess.STDOUT, env=_worker_env(spec, env),
+                                start_new_session=True)
+    if not spec.join:
+        proc.wait()
+        return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=proc.returncode,
+                            elapsed_s=time.monotonic() - started, worker_logs=logs, results={}, detached=True)
+    watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=first, on_line=on_line)
+    try:
+        rc = _supervise(proc, watcher, started, timeout_s)
+    except BaseException:
+        _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
+        raise
+    finally:
+        _stop_tree(proc.pid, grace_s=0.0)
+    elapsed = time.monotonic() - started
+    failure = watcher.failure()
+    if failure is not None or rc != 0:
+        raise _failure_error(failure, watcher, rc, log_dir, elapsed)
+    return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=rc, elapsed_s=elapsed,
+                        worker_logs=logs, results=_read_results(log_dir, logs))
+
+
+def _check_spec(spec: LaunchSpec, target: str) -> None:
+    if ":" not in target:
+        raise InputError(message=f"launch target {target!r} is not 'package.module:function'", path=target)
+    if spec.nproc < 1 or spec.nnodes < 1 or not 0 <= spec.node_rank < spec.nnodes:
+        raise InputError(message=(f"bad launch shape: nproc={spec.nproc}, nnodes={spec.nnodes}, "
+                                  f"node_rank={spec.node_rank}"),
+                         hint="--nproc ≥ 1, --nnodes ≥ 1 and 0 ≤ --node-rank < --nnodes")
+    if spec.nnodes > 1 and spec.master_port is None:
+        raise InputError(message="a multi-node job needs --master-port (every node must use the same one)",
+                         hint="pass the same --master-port P (1024..65535) to every node")
+
+
+def build_msrun_command(spec: LaunchSpec, port: int, log_dir: Path, target: str, payload_path: Path) -> list[str]:
+    """The msrun argv; the task is ``python -m mftk.engine.launch worker`` (msrun runs 'python' from PATH)."""
+    cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run",
+           "--worker_num", str(spec.world), "--local_worker_num", str(spec.nproc),
+           "--master_port", str(port), "--log_dir", str(log_dir), "--join", "True",
+           "--cluster_time_out", str(spec.cluster_time_out_s), "--tail_worker_log", str(2**30)]  # a rank that does not exist: no `tail -f` children
+    if spec.nnodes > 1:
+        cmd += ["--master_addr", spec.master_addr, "--node_rank", str(spec.node_rank)]
+    if not spec.join:
+        cmd[cmd.index("--join") + 1] = "False"
+    return cmd + ["python", "-m", "mftk.engine.launch", "worker", "--target", target, "--payload", str(payload_path)]
+
+
+def _worker_env(spec: LaunchSpec, extra: dict[str, str] | None) -> dict[str, str]:
+    """PATH/PYTHONPATH so msrun's bare 'python' is this interpreter and finds mftk; quiet GLOG."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("GLOG_v", "3")
+    env["MFTK_NODE_RANK"] = str(spec.node_rank)
+    env.update(extra or {})
+    return env
+
+
+def pick_free_port(lo: int = 10240, hi: int = 60000, tries: int = 64) -> int:
+    """A base port P with P, P+1, P+256, P+512 and P+768 all free (msrun uses all five).
+
+    Bases are drawn 1024 apart at random, so concurrent jobs on one machine rarely collide.
+    """
+    bases = list(range(lo, hi - 1024, 1024))
+    random.shuffle(bases)
+    for base in bases[:tries]:
+        if all(_port_free(base + off) for off in _PORT_OFFSETS):
+            return base
+    raise TrainingError(message="no free port range for msrun found", hint="pass --master-port explicitly")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class _Watcher:
+    """Incremental reader of the worker logs and msrun's own output."""
+
+    def __init__(self, logs: dict[int, Path], msrun_log: Path, *, follow_rank: int,
+                 on_line: LineCallback | None) -> None:
+        self.logs, self.msrun_log, self.follow_rank, self.on_line = logs, msrun_log, follow_rank, on_line
+        self.offsets = {r: 0 for r in logs}
+        self.partial = {r: "" for r in logs}
+        self.errors: dict[int, str] = {}  # rank -> marker text, in order of detection
+        self.done: set[int] = set()
+        self.pids: dict[int, int] = {}  # worker pid -> rank
+        self.dead_pid: int | None = None
+        self.dead_code: int | None = None
+
+    def poll(self) -> None:
+        for rank, path in self.logs.items():
+            for line in self._new_lines(rank, path):
+                self._scan(rank, line)
+                if rank == self.follow_rank and self.on_line is not None:
+                    self.on_line(line)
+        self._scan_msrun()
+
+    def _new_lines(self, rank: int, path: Path) -> list[str]:
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets[rank])
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offsets[rank] += len(chunk)
+        text = self.partial[rank] + chunk.decode("utf-8", errors="replace")
+        *lines, self.partial[rank] = text.split("\n")
+        return lines
+
+    def _scan(self, rank: int, line: str) -> None:
+        if line.startswith(START_MARK):
+            pid = _field(line, "pid")
+            if pid is not None:
+                self.pids[int(pid)] = rank
+        elif line.startswith(ERROR_MARK) and rank not in self.errors:
+            reason = line[len(ERROR_MARK):].strip()
+            self.errors[rank] = reason.split(" ", 1)[1] if reason.startswith("rank=") and " " in reason else reason
+        elif line.startswith(DONE_MARK):
+            self.done.add(rank)
+
+    def _scan_msrun(self) -> None:
+        """msrun logs 'Worker process PID exit with exception. Error code: N.' for a killed worker."""
+        if self.dead_pid is not None:
+            return
+        try:
+            text = self.msrun_log.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return
+        key = "Worker process "
+        for line in text.splitlines():
+            if key in line and "exit with exception" in line:
+                parts = line.split(key, 1)[1].split()
+                self.dead_pid = int(parts[0]) if parts and parts[0].isdigit() else -1
+                code = line.rsplit("Error code:", 1)[-1].strip().rstrip(".")
+                self.dead_code = int(code) if code.lstrip("-").isdigit() else None
+                return
+
+    def failure(self) -> tuple[int | None, str] | None:
+        """(rank, reason) of the first failure seen, else None."""
+        if self.errors:
+            rank = next(iter(self.errors))
+            return rank, self.errors[rank]
+        if self.dead_pid is not None:
+            rank = self.pids.get(self.dead_pid)
+            return rank, f"worker process exited with code {self.dead_code} (killed or crashed without a traceback)"
+        return None
+
+    def all_done(self) -> bool:
+        return len(self.done) == len(self.logs)
+
+
+def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeout_s: float | None) -> int:
+    """Poll logs until msrun exits, a worker fails, or the time limit passes; returns msrun's code."""
+    done_at: float | None = None
+    while True:
+        watcher.poll()
+        rc = proc.poll()
+        if rc is not None:
+            watcher.poll()
+            return rc
+        if watcher.failure() is not None:
+            return 1
+        if watcher.all_done():
+            # every worker finished; msrun only waits for the scheduler now (normally < 1 s)
+            done_at = done_at or time.monotonic()
+            if time.monotonic() - done_at > 10.0:
+                return 0
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            watcher.errors.setdefault(-1, f"job exceeded its time limit of {timeout_s:g} s")
+            return 124
+        time.sleep(_POLL_S)
+
+
+def _stop_tree(pid: int, *, grace_s: float) -> None:
+    """Stop msrun, its scheduler and its workers (each worker leads its own session)."""
+    import psutil  # a mindspore dependency; engine-only
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    alive = [p for p in procs if p.is_running()]
+    if not alive:
+        return
+    for sig in ((signal.SIGTERM,) if grace_s > 0 else ()) + (signal.SIGKILL,):
+        for p in alive:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=grace_s if sig == signal.SIGTERM else 5.0)
+        if not alive:
+            break
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap msrun (our child) if Popen did not
+    except ChildProcessError:
+        pass
+
+
+def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc: int, log_dir: Path,
+                   elapsed: float) -> TrainingError:
+    rank, reason = failure if failure is not None else (None, f"msrun exited with code {rc}")
+    if rank == -1:
+        return TrainingError(message=f"distributed job stopped: {reason}", hint=f"worker logs are in {log_dir}")
+    log = watcher.logs.get(rank) if rank is not None else None
+    tail = _error_tail(log) if log is not None else ""
+    who = f"worker {rank}" if rank is not None else "a worker"
+    text = f"{who} failed after {elapsed:.1f} s: {reason}"
+    if tail:
+        text += "\n" + tail
+    where = log if log is not None else log_dir / "msrun.log"
+    return TrainingError(message=text, hint=f"full log: {where}")
+
+
+def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:
+    """The worker's last Python traceback (markers and MindSpore's C++ stack dropped), else its last lines."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+    keep = lines[starts[-1]:] if starts else lines
+    keep = [ln for ln in keep if not ln.startswith((START_MARK, ERROR_MARK, DONE_MARK)) and ln.strip()]
+    cut = next((i for i, ln in enumerate(keep) if ln.startswith("- C++ Call Stack")), None)
+    if cut is not None:
+        keep = keep[:max(cut - 1, 0)]
+        keep = [ln for ln in keep if not set(ln.strip()) <= {"-"}]
+    return "\n".join(keep[:2] + ["  ..."] + keep[-(n - 2):] if len(keep) > n else keep)
+
+
+def _read_results(log_dir: Path, logs: dict[int, Path]) -> dict[int, Any]:
+    out = {}
+    for rank in logs:
+        path = log_dir / f"result_{rank}.json"
+        if path.exists():
+            out[rank] = json.loads(path.read_text(encoding="utf-8"))
+    return out
+
+
+def _clear_old_outputs(log_dir: Path) -> None:
+    """A reused --log-dir must not let a previous job's markers or results look like this job's."""
+    for pattern in ("worker_*.log", "result_*.json", "scheduler.log", "msrun.log"):
+        for p in log_dir.glob(pattern):
+            p.unlink()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _field(line: str, key: str) -> str | None:
+    for tok in line.split():
+        if tok.startswith(key + "="):
+            return tok.split("=", 1)[1]
+    return None
+
+
+# ---------------------------------------------------------------- worker side
+
+
+def resolve_target(target: str) -> Callable[..., Any]:
+    """``"pkg.mod:fn"`` → the function (imported in the worker)."""
+    module, _, name = target.partition(":")
+    fn = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+def init_distributed() -> tuple[int, int]:
+    """``communication.init()`` (backend mccl on CPU) plus the send/recv default-group patch.
+
+    The patch: ``get_cache_group_rank`` binds its default group ('hccl_world_group') at import,
+    before ``init()`` renames the world group, so every P2P call fails (mindspore-cpu.md §4).
+    """
+    import mindspore as ms
+    from mindspore import communication
+    from mindspore.communication.management import GlobalComm
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    ms.runtime.launch_blocking()
+    communication.init()
+    from mindspore.mint.distributed import distributed as _dist
+
+    _dist.get_cache_group_rank.__defaults__ = (GlobalComm.WORLD_COMM_GROUP,)
+    return communication.get_rank(), communication.get_group_size()
+
+
+def worker_main(target: str, payload_path: str) -> int:
+    """The body msrun runs on every rank (and on the scheduler, which only joins the cluster)."""
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        if os.environ.get("MFTK_NODE_RANK", "0") != "0":
+            return 0  # msrun starts a scheduler on every node whose master_addr is local; only node 0 may
+        from mindspore import communication
+
+        communication.init()  # serves the cluster until every worker is gone
+        return 0
+    rank = int(os.environ.get("RANK_ID", "-1"))
+    print(f"{START_MARK} rank={rank} pid={os.getpid()}", flush=True)
+    try:
+        rank, _ = init_distributed()
+        payload = json.loads(Path(payload_path).read_text(encoding="utf-8"))
+        result = resolve_target(target)(**payload)
+        out = Path(payload_path).with_name(f"result_{rank}.json")
+        _write_atomic(out, json.dumps(result))
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a marker
+        traceback.print_exc()
+        summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"{ERROR_MARK} rank={rank} {summary}", flush=True)
+        sys.stderr.flush()
+        os._exit(1)  # never hang in collective teardown while peers wait
+    print(f"{DONE_MARK} rank={rank}", flush=True)
+    sys.stdout.flush()
+    return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mftk.engine.launch")
+    sub = parser.add_subparsers(dest="role", required=True)
+    w = sub.add_parser("worker", help="entry point msrun starts on every rank")
+    w.add_argument("--target", required=True, help="package.module:function to call")
+    w.add_argument("--payload", required=True, help="JSON file with the keyword arguments")
+    args = parser.parse_args(argv)
+    return worker_main(args.target, args.payload)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,69 @@
+"""Causal self-attention with GQA and qk-norm (Qwen3; models.md §2.8–2.9), CPU-safe ops only.
+
+Core attention is explicit: ``softmax(scale·q·kᵀ, masked) · v`` with ``mint.where`` + ``ops.softmax``
+(the fastest correct combination on CPU, mindspore-cpu.md §1.2). Masked logits get a finite −1e9 so a
+fully masked row (a sequence starting with the pad token) yields a uniform row instead of NaN.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor, mint, ops
+
+from mindspore import nn
+
+from .linear import Linear
+from .norm import RMSNorm
+from .ops_cpu import split_last
+from .rope import apply_rope
+
+MASKED = -1e9
+
+
+def causal_mask(seq_len: int) -> Tensor:
+    """``(1, 1, S, S)`` bool, True = masked (key after query)."""
+    return Tensor(np.triu(np.ones((seq_len, seq_len), bool), 1)[None, None])
+
+
+def core_attention(q, k, v, mask, scale: float):
+    """``q (B, nh, S, d)``, ``k (B, ng, S, d)``, ``v (B, ng, S, dv)``, ``mask (B|1, 1, S, S)`` → ``(B, S, nh·dv)``.
+
+    GQA without copying kv: query heads of one group are stacked along the row axis, so query head
+    h uses kv head ⌊h/r⌋ (group-major, as the reference and HF).
+    """
+    b, nh, s, _ = q.shape
+    ng = k.shape[1]
+    r = nh // ng
+    qg = q.reshape(b, ng, r * s, q.shape[-1])  # (B, ng, r·S, d)
+    scores = mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale  # (B, ng, r·S, S)
+    scores = scores.reshape(b, ng, r, s, s)
+    scores = mint.where(mask.reshape(mask.shape[0], 1, 1, s, s), MASKED, scores)
+    probs = ops.softmax(scores, -1).reshape(b, ng, r * s, s)
+    out = mint.matmul(probs, v).reshape(b, nh, s, v.shape[-1])  # (B, nh, S, dv)
+    return ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, nh * v.shape[-1])
+
+
+class SelfAttention(nn.Cell):
+    """GQA attention; ``linear_qkv`` rows are group-interleaved ``[q_g0..q_g(r-1) | k_g | v_g]`` per group."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_groups: int, head_dim: int, *,
+                 eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False) -> None:
+        super().__init__()
+        self.nh, self.ng, self.hd = num_heads, num_groups, head_dim
+        self.linear_qkv = Linear(hidden_size, (num_heads + 2 * num_groups) * head_dim, bias=bias)
+        self.q_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
+        self.k_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
+        self.linear_proj = Linear(num_heads * head_dim, hidden_size)
+        self.scale = head_dim ** -0.5
+
+    def construct(self, x, rope, mask):
+        b, s, _ = x.shape
+        r, hd = self.nh // self.ng, self.hd
+        qkv = self.linear_qkv(x).reshape(b, s, self.ng, (r + 2) * hd)  # (B, S, ng, (r+2)·hd)
+        q, k, v = split_last(qkv, (r * hd, hd, hd))
+        q = q.reshape(b, s, self.nh, hd)  # (B, S, nh, hd)
+        if self.q_layernorm is not None:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))  # (B, heads, S, hd)
+        return self.linear_proj(core_attention(q, k, v, mask, self.scale))

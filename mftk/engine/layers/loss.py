@@ -1,0 +1,28 @@
+"""Masked-mean cross-entropy (models.md §4).
+
+``log_softmax`` + ``gather_elements`` is 7× faster than ``ops.cross_entropy`` on CPU and
+``mint`` CE has no kernel (mindspore-cpu.md §1.3).
+"""
+from __future__ import annotations
+
+from mindspore import ops
+
+IGNORE_INDEX = -100
+
+
+def token_cross_entropy(logits, labels):
+    """Per-token ``logsumexp(z) − z_label``; ``logits (N, V)``, ``labels (N,)`` → ``(N,)``.
+
+    Ignored labels (−100) are clamped to 0 here; the caller masks them out.
+    """
+    logp = ops.log_softmax(logits, -1)  # (N, V)
+    safe = ops.maximum(labels, 0).astype(labels.dtype).reshape(-1, 1)  # (N, 1)
+    return -ops.gather_elements(logp, 1, safe).reshape(-1)
+
+
+def masked_mean_ce(logits, labels, loss_mask, eps: float = 1e-8):
+    """``Σ ce·m / (Σ m + eps)`` with ``m = loss_mask · (labels ≠ −100)``, flattened in (b, s) order."""
+    labels = labels.reshape(-1)
+    m = loss_mask.reshape(-1).astype(logits.dtype) * (labels != IGNORE_INDEX).astype(logits.dtype)
+    ce = token_cross_entropy(logits.reshape(-1, logits.shape[-1]), labels)
+    return (ce * m).sum() / (m.sum() + eps)

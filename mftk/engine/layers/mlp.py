@@ -1,0 +1,25 @@
+"""SwiGLU MLP with the reference's row-interleaved ``linear_fc1`` (lane 2j = gate_j, 2j+1 = up_j; §2.11)."""
+from __future__ import annotations
+
+from mindspore import mint, nn
+
+from .linear import Linear
+from .ops_cpu import split_last
+
+
+def swiglu_interleaved(h):
+    """``h (..., 2F)`` interleaved → ``silu(gate) · up`` ``(..., F)``."""
+    f = h.shape[-1] // 2
+    pair = h.reshape(*h.shape[:-1], f, 2)  # (..., F, 2)
+    gate, up = split_last(pair, (1, 1))
+    return (mint.nn.functional.silu(gate) * up).reshape(*h.shape[:-1], f)
+
+
+class MLP(nn.Cell):
+    def __init__(self, hidden_size: int, ffn_hidden_size: int) -> None:
+        super().__init__()
+        self.linear_fc1 = Linear(hidden_size, 2 * ffn_hidden_size)
+        self.linear_fc2 = Linear(ffn_hidden_size, hidden_size)
+
+    def construct(self, x):
+        return self.linear_fc2(swiglu_interleaved(self.linear_fc1(x)))

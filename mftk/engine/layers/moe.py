@@ -1,0 +1,175 @@
+"""Mixture of experts: top-k router, grouped SwiGLU experts, shared experts (models.md §2.12).
+
+Dispatch is dropless: the flat expert ids are stably sorted on the host, tokens are gathered into
+contiguous per-expert slices, each slice goes through its expert, and the weighted results are
+scattered back with ``ops.unsorted_segment_sum`` — every (token, choice) pair is computed, none is
+dropped. One host sync per MoE layer is the price; on CPU PyNative it is small next to the GEMMs.
+
+Aux losses are returned α-free; the model adds ``α·L`` to the differentiated objective, which
+gives the same gradients as the reference's autoscaler (models.md §6).
+"""
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Parameter, Tensor, mint, nn, ops
+
+from .linear import Linear
+from .mlp import MLP
+from .ops_cpu import split_last
+
+SCORE_FUNCTIONS = ("sigmoid", "softmax", "sqrtsoftplus")
+AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
+
+
+def _buffer(shape, name: str) -> Parameter:
+    return Parameter(Tensor(np.zeros(shape, np.float32)), name=name, requires_grad=False)
+
+
+def score(logits, fn: str):
+    if fn == "sigmoid":
+        return mint.sigmoid(logits)
+    if fn == "softmax":
+        return ops.softmax(logits, -1)
+    return mint.sqrt(ops.softplus(logits))
+
+
+def group_limited(sc, n_group: int, topk_group: int):
+    """Keep the ``topk_group`` groups with the largest top-2 sums; other experts get −inf (reference §2.12.3)."""
+    t, e = sc.shape
+    grouped = sc.reshape(t, n_group, e // n_group)  # (T, G, E/G)
+    group_score = ops.topk(grouped, 2)[0].sum(-1)  # (T, G)
+    keep = ops.one_hot(ops.topk(group_score, topk_group)[1], n_group,
+                       Tensor(1.0, sc.dtype), Tensor(0.0, sc.dtype)).sum(1)  # (T, G)
+    keep = ops.broadcast_to(keep.reshape(t, n_group, 1), grouped.shape).reshape(t, e)
+    return mint.where(keep > 0, sc, float("-inf"))
+
+
+class TopKRouter(nn.Cell):
+    """``weight [E, H]``; returns (probs ``(T, K)``, expert ids ``(T, K)``, scores ``(T, E)``)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, topk: int, *, score_function: str = "sigmoid",
+                 n_group: int = 0, topk_group: int = 0, norm_topk_prob: bool = True,
+                 scaling_factor: float = 1.0, global_aux: bool = False) -> None:
+        super().__init__()
+        self.e, self.k = num_experts, topk
+        self.score_function, self.norm_topk_prob = score_function, norm_topk_prob
+        self.n_group, self.topk_group, self.scaling = n_group or 0, topk_group or 0, float(scaling_factor or 1.0)
+        self.weight = Parameter(Tensor(np.zeros((num_experts, hidden_size), np.float32)), name="weight")
+        self._mm = ops.MatMul(transpose_b=True)
+        if global_aux:
+            self.global_tokens_per_expert = _buffer((num_experts,), "global_tokens_per_expert")
+            self.ga_steps = _buffer((1,), "ga_steps")
+
+    def construct(self, x, expert_bias=None):
+        scores = score(self._mm(x, self.weight), self.score_function)  # (T, E) fp32
+        sc = scores if expert_bias is None else scores + expert_bias
+        if self.n_group > 1:
+            sc = group_limited(sc, self.n_group, self.topk_group)
+        idx = ops.topk(sc, self.k)[1]  # (T, K)
+        probs = ops.gather_elements(scores, 1, idx)  # bias shifts selection, never the weights
+        if self.norm_topk_prob:
+            probs = probs / (probs.sum(-1, keepdims=True) + 1e-20)
+        return probs * self.scaling, idx, scores
+
+
+def aux_loss(scores, k: int, kind: str, batch: int, router: TopKRouter | None = None):
+    """α-free load-balancing loss from un-biased, un-grouped top-K statistics (reference §2.12)."""
+    t, e = scores.shape
+    p = scores if router is None or router.score_function == "softmax" else scores / (scores.sum(-1, keepdims=True) + 1e-20)
+    sel = ops.stop_gradient(ops.one_hot(ops.topk(p, k)[1], e, Tensor(1.0, p.dtype), Tensor(0.0, p.dtype)).sum(1))
+    if kind == "seq_aux_loss":
+        s = t // batch
+        per_seq = (p.reshape(batch, s, e).sum(1) * sel.reshape(batch, s, e).sum(1)).sum(-1)  # (B,)
+        return (per_seq * (e / (k * s * s))).mean()
+    count = sel.sum(0)  # (E,)
+    if kind == "global_aux_loss" and router is not None:
+        ops.assign_add(router.global_tokens_per_expert, count)
+        ops.assign_add(router.ga_steps, Tensor(np.ones((1,), np.float32)))
+        count = ops.stop_gradient(router.global_tokens_per_expert / router.ga_steps)
+    return (p.sum(0) * count).sum() * (e / (k * t * t))
+
+
+class GroupedMLP(nn.Cell):
+    """Routed experts: ``weight1 [E, H, 2Fm]`` = [gate | up] halves, ``weight2 [E, Fm, H]``."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
+        super().__init__()
+        self.e, self.f = num_experts, ffn_hidden_size
+        self.weight1 = Parameter(Tensor(np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)), name="weight1")
+        self.weight2 = Parameter(Tensor(np.zeros((num_experts, ffn_hidden_size, hidden_size), np.float32)), name="weight2")
+
+    def expert(self, e: int, x):
+        gate, up = split_last(mint.matmul(x, self.weight1[e]), (self.f, self.f))  # (n, Fm) each
+        return mint.matmul(mint.nn.functional.silu(gate) * up, self.weight2[e])  # (n, H)
+
+    def construct(self, x, probs, idx):
+        """Dropless sort/gather/scatter: ``x (T, H)``, ``probs/idx (T, K)`` → ``(T, H)``."""
+        t, k = idx.shape
+        flat = idx.asnumpy().reshape(-1)
+        order = np.argsort(flat, kind="stable")  # (T·K,) grouped by expert, token order kept
+        counts = np.bincount(flat, minlength=self.e)
+        token = Tensor((order // k).astype(np.int32))
+        xs = ops.gather(x, token, 0)  # (T·K, H) sorted by expert
+        outs, start = [], 0
+        for e in range(self.e):
+            n = int(counts[e])
+            if n:
+                outs.append(self.expert(e, xs[start:start + n]))
+            start += n
+        ys = mint.cat(outs, 0) * ops.gather(probs.reshape(-1), Tensor(order.astype(np.int32)), 0).reshape(-1, 1)
+        return ops.unsorted_segment_sum(ys, token, t), counts
+
+
+class SharedExpertMLP(MLP):
+    """Dense SwiGLU shared experts, optionally gated by ``sigmoid(shared_experts_gate(x))``."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, *, gated: bool = False) -> None:
+        super().__init__(hidden_size, ffn_hidden_size)
+        self.shared_experts_gate = Linear(hidden_size, 1) if gated else None
+
+    def construct(self, x):
+        y = super().construct(x)
+        if self.shared_experts_gate is not None:
+            y = y * mint.sigmoid(self.shared_experts_gate(x))
+        return y
+
+
+class MoELayer(nn.Cell):
+    """``shared_experts(x) + Σ_k w_k·Expert_{idx_k}(x)``; returns (out, α-free aux loss or None, counts (E,))."""
+
+    def __init__(self, hidden_size: int, *, num_experts: int, topk: int, ffn_hidden_size: int,
+                 shared_ffn_hidden_size: int = 0, shared_gate: bool = False, score_function: str = "sigmoid",
+                 n_group: int = 0, topk_group: int = 0, norm_topk_prob: bool = True, scaling_factor: float = 1.0,
+                 enable_expert_bias: bool = False, aux_loss_type: str = "", aux_loss_coeff: float = 0.0) -> None:
+        super().__init__()
+        self.e, self.k = num_experts, topk
+        self.aux_type = aux_loss_type if aux_loss_coeff > 0 else ""
+        self.router = TopKRouter(hidden_size, num_experts, topk, score_function=score_function, n_group=n_group,
+                                 topk_group=topk_group, norm_topk_prob=norm_topk_prob, scaling_factor=scaling_factor,
+                                 global_aux=self.aux_type == "global_aux_loss")
+        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size)
+        self.shared_experts = (SharedExpertMLP(hidden_size, shared_ffn_hidden_size, gated=shared_gate)
+                               if shared_ffn_hidden_size else None)
+        self.expert_bias = _buffer((num_experts,), "expert_bias") if enable_expert_bias else None
+        self.tokens_per_expert = _buffer((num_experts,), "tokens_per_expert")
+
+    def construct(self, x):
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)  # (T, H), tokens in (b, s) order
+        probs, idx, scores = self.router(flat, self.expert_bias)
+        routed, counts = self.experts(flat, probs, idx)
+        counts_t = Tensor(counts.astype(np.float32))
+        ops.assign_add(self.tokens_per_expert, counts_t)
+        out = routed.reshape(b, s, h)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        aux = aux_loss(scores, self.k, self.aux_type, b, self.router) if self.aux_type else None
+        return out, aux, counts_t
+
+    def update_expert_bias(self, counts: np.ndarray, rate: float) -> None:
+        """``bias += γ·sign(mean(counts) − counts)`` then reset ``tokens_per_expert`` (reference §2.12)."""
+        if self.expert_bias is not None:
+            counts = np.asarray(counts, np.float32)
+            step = rate * np.sign(counts.mean() - counts)
+            self.expert_bias.set_data(Tensor(self.expert_bias.asnumpy() + step.astype(np.float32)))
+        self.tokens_per_expert.set_data(Tensor(np.zeros((self.e,), np.float32)))

@@ -1,0 +1,1 @@
+"""DeepSeek-V3 (MLA + MoE + MTP)."""

@@ -1,0 +1,190 @@
+"""GPTModel: embedding → L pre-norm layers → final norm → LM head (+ MTP), composed from a ModelSpec.
+
+Activations are batch-first ``(B, S, H)`` (the reference is sequence-first; results are identical,
+only MoE token order inside a layer differs and no output depends on it). ``position_ids`` are
+accepted and ignored, as in the reference: RoPE positions are always 0..S−1 (models.md §7.10).
+
+``construct`` returns a tuple so it can be differentiated with ``ms.value_and_grad(..., has_aux=True)``:
+``(objective, lm_loss, aux_losses, mtp_losses, tokens_per_expert)`` where ``objective =
+lm_loss + α·Σ aux + Σ mtp`` (the terms whose gradients the reference injects), ``aux_losses`` are
+α-free per MoE layer, ``mtp_losses`` are already ×λ/D (as logged), ``tokens_per_expert`` one (E,) per
+MoE layer. ``ModelOutput.from_tuple`` turns it into numpy.
+"""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mftk.engine.layers.embedding import LanguageModelEmbedding
+from mftk.engine.layers.linear import Linear
+from mftk.engine.layers.loss import IGNORE_INDEX, masked_mean_ce
+from mftk.engine.layers.mtp import MultiTokenPredictionLayer
+from mftk.engine.layers.norm import RMSNorm
+from mftk.engine.spec import LayerSpec, ModelSpec
+
+
+class TransformerLayer(nn.Cell):
+    """``x += attn(norm(x)); x += mlp(norm(x))``; returns (x, aux loss or None, expert counts or None)."""
+
+    def __init__(self, spec: LayerSpec, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.input_layernorm = spec.norm.build()
+        self.self_attention = spec.attention.build()
+        self.pre_mlp_layernorm = spec.norm.build()
+        self.mlp = spec.mlp.build()
+        self.is_moe, self.dropout = spec.is_moe, float(dropout)
+
+    def _drop(self, x):
+        return ops.dropout(x, p=self.dropout) if self.dropout > 0.0 and self.training else x
+
+    def construct(self, x, rope, mask):
+        x = x + self._drop(self.self_attention(self.input_layernorm(x), rope, mask))
+        if self.is_moe:
+            m, aux, counts = self.mlp(self.pre_mlp_layernorm(x))
+            return x + self._drop(m), aux, counts
+        return x + self._drop(self.mlp(self.pre_mlp_layernorm(x))), None, None
+
+
+class TransformerBlock(nn.Cell):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.layers = nn.CellList([TransformerLayer(s, spec.hidden_dropout) for s in spec.layers])
+        self.final_layernorm = spec.final_norm.build()
+
+
+class MultiTokenPrediction(nn.Cell):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        eps = spec.final_norm.params.get("eps", 1e-6)
+        self.layers = nn.CellList([MultiTokenPredictionLayer(spec.hidden_size, TransformerLayer(s, spec.hidden_dropout), eps)
+                                   for s in spec.mtp_layers])
+
+
+@attrs.frozen
+class ModelOutput:
+    """One forward's results in numpy: what the trainer logs (models.md §4)."""
+
+    loss: float  # main masked-mean CE (the logged ``loss``)
+    objective: float  # what is differentiated: loss + α·Σ aux + Σ mtp
+    load_balancing_losses: np.ndarray  # (n_moe,) α-free, per MoE layer (MTP layers included)
+    mtp_losses: np.ndarray  # (D,) already × λ/D, as the reference logs ``mtp_1_loss``
+    tokens_per_expert: np.ndarray  # (n_moe, E)
+
+    @classmethod
+    def from_tuple(cls, out) -> "ModelOutput":
+        objective, lm, aux, mtp, counts = out
+        arr = lambda ts: np.array([float(t.asnumpy()) for t in ts], np.float64)  # noqa: E731
+        cnt = np.stack([c.asnumpy() for c in counts]) if counts else np.zeros((0, 0), np.float32)
+        return cls(float(lm.asnumpy()), float(objective.asnumpy()), arr(aux), arr(mtp), cnt)
+
+
+def _np(x) -> np.ndarray | None:
+    return None if x is None else (x.asnumpy() if isinstance(x, Tensor) else np.asarray(x))
+
+
+def _roll_left(a: np.ndarray, fill) -> np.ndarray:
+    """Shift one step left along S, filling the last position (MTP targets, models.md §2.13)."""
+    out = np.roll(a, -1, axis=1)
+    out[:, -1] = fill
+    return out
+
+
+class GPTModel(nn.Cell):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embedding = LanguageModelEmbedding(spec.vocab_size, spec.hidden_size, spec.hidden_dropout)
+        self.decoder = TransformerBlock(spec)
+        self.output_layer = None if spec.tie_word_embeddings else Linear(spec.hidden_size, spec.vocab_size)
+        self.mtp = MultiTokenPrediction(spec) if spec.mtp_layers else None
+        self.rope = spec.rope()
+        self._tied_mm = ops.MatMul(transpose_b=True)
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def attention_mask(self, ids: np.ndarray) -> Tensor:
+        """Causal mask plus the reference's key-padding rule: keys equal to ``pad_token_id`` are masked
+        for every query (models.md §2.2; packed data containing that id is affected — gotcha #11)."""
+        s = ids.shape[1]
+        pad = (ids == self.spec.pad_token_id)[:, None, None, :]  # (B, 1, 1, S)
+        return Tensor(np.triu(np.ones((s, s), bool), 1)[None, None] | pad)
+
+    def lm_head(self, h):
+        if self.output_layer is None:
+            b, s, hd = h.shape
+            return self._tied_mm(h.reshape(b * s, hd), self.embedding.word_embeddings.weight).reshape(b, s, -1)
+        return self.output_layer(h)
+
+    def hidden_states(self, ids: Tensor, rope, mask):
+        """Decoder output after the final norm, plus per-MoE-layer (aux, counts)."""
+        h, moe = self.embedding(ids), []
+        for layer in self.decoder.layers:
+            h, aux, counts = layer(h, rope, mask)
+            if counts is not None:
+                moe.append((aux, counts))
+        return self.decoder.final_layernorm(h), moe
+
+    def logits(self, input_ids, attention_mask=None):
+        """Main logits ``(B, S, V)`` and MTP logits (one per depth) — for parity tests and eval."""
+        ids = _np(input_ids).astype(np.int32)
+        mask = self._mask(ids, attention_mask)
+        rope = self.rope(ids.shape[1])
+        h, _ = self.hidden_states(Tensor(ids), rope, mask)
+        mtp_logits, cur, hk = [], ids, h
+        for layer in (self.mtp.layers if self.mtp is not None else []):
+            cur = _roll_left(cur, 0)
+            hk, _, _ = layer(self.embedding(Tensor(cur)), hk, rope, mask)
+            mtp_logits.append(self.lm_head(hk))
+        return self.lm_head(h), mtp_logits
+
+    def _mask(self, ids: np.ndarray, attention_mask) -> Tensor:
+        if attention_mask is None:
+            return self.attention_mask(ids)
+        return Tensor(_np(attention_mask).astype(bool).reshape(ids.shape[0], 1, ids.shape[1], ids.shape[1]))
+
+    # -- training forward -----------------------------------------------------------------------
+    def construct(self, input_ids, labels, loss_mask=None, position_ids=None, attention_mask=None):
+        ids, lab = _np(input_ids).astype(np.int32), _np(labels).astype(np.int32)
+        lm = (ids != self.spec.pad_token_id) if loss_mask is None else _np(loss_mask)
+        lm = lm.astype(np.float32) * (lab != IGNORE_INDEX)
+        rope, mask = self.rope(ids.shape[1]), self._mask(ids, attention_mask)
+
+        h, moe = self.hidden_states(Tensor(ids), rope, mask)
+        lm_loss = masked_mean_ce(self.lm_head(h), Tensor(lab), Tensor(lm))
+        objective = lm_loss
+        mtp_losses, cur, cur_lab, cur_mask, hk = [], ids, lab, lm, h
+        if self.mtp is not None:
+            lam = self.spec.mtp_loss_scaling_factor / len(self.mtp.layers)
+            for layer in self.mtp.layers:
+                cur, cur_lab, cur_mask = _roll_left(cur, 0), _roll_left(cur_lab, IGNORE_INDEX), _roll_left(cur_mask, 0.0)
+                hk, aux, counts = layer(self.embedding(Tensor(cur)), hk, rope, mask)
+                if counts is not None:
+                    moe.append((aux, counts))
+                m = Tensor(cur_mask.astype(np.float32))
+                ce = masked_mean_ce(self.lm_head(hk), Tensor(cur_lab), m, eps=0.0) * lam
+                mtp_losses.append(ce)
+                objective = objective + ce
+        aux_losses = tuple(a for a, _ in moe if a is not None)
+        for a in aux_losses:
+            objective = objective + a * self.spec.aux_loss_coeff
+        return objective, lm_loss, aux_losses, tuple(mtp_losses), tuple(c for _, c in moe)
+
+    def forward(self, batch: dict) -> ModelOutput:
+        """Convenience: run ``construct`` on a dict batch and return numpy results."""
+        keys = ("input_ids", "labels", "loss_mask", "position_ids", "attention_mask")
+        return ModelOutput.from_tuple(self(*(batch.get(k) for k in keys)))
+
+    # -- aux-loss-free balancing ---------------------------------------------------------------------
+    def moe_layers(self) -> list:
+        layers = list(self.decoder.layers) + ([m.transformer_layer for m in self.mtp.layers] if self.mtp else [])
+        return [layer.mlp for layer in layers if layer.is_moe]
+
+    def update_expert_bias(self, tokens_per_expert=None) -> None:
+        """After the optimizer step: ``bias += γ·sign(mean − counts)`` per MoE layer, then reset the counts.
+
+        ``tokens_per_expert`` is ``(n_moe, E)`` summed over the step's micro-batches (and ranks); when
+        omitted, each layer's own ``tokens_per_expert`` buffer is used.
+        """
+        for i, moe in enumerate(self.moe_layers()):
+            counts = moe.tokens_per_expert.asnumpy() if tokens_per_expert is None else np.asarray(tokens_per_expert[i])
+            moe.update_expert_bias(counts, self.spec.bias_update_rate)

@@ -1,0 +1,217 @@
+"""AdamW with fp32 master weights and decoupled weight decay, as one vectorised numpy update.
+
+Why numpy and not a MindSpore optimizer: on CPU, ``mint.optim.AdamW`` has no kernel, ``mint.optim.Adam``
+silently never updates (in-place ops are no-ops there), ``nn.AdamWeightDecay`` has no bias
+correction, and a per-tensor MindSpore loop costs 0.7–0.9 s on a 29 M model (mindspore-cpu.md §3).
+Here the masters, ``m`` and ``v`` live in three flat fp32 buffers; parameters that get weight decay
+come first, so decay is one slice multiply and the whole Adam update is a handful of array
+operations over the flat buffers (`bench/optim_update.py` measures it against a per-parameter loop).
+
+The update is the reference's non-fused AdamW (§2.7): with ``lr = schedule(global_step)`` taken
+*before* the counter increments and ``t = global_step + 1``::
+
+    p ← p·(1 − lr·wd);  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
+    p ← p − (lr/(1−β1^t))·m / (sqrt(v/(1−β2^t)) + eps)
+
+``enable_fused_opt``/``use_fused`` select the same update (the reference's fused counter starts
+at −1, which evaluates ``lr(−1)`` on the first step; mftk does not reproduce that).
+
+Weight-decay groups (reference `trainer/utils.py:212-299`): priority include > exclude > defaults;
+by default 1-D parameters and names ending in ``.bias`` get no decay. A pattern matches by exact
+name, by substring or as an fnmatch glob. Each decision is logged in the reference's format.
+"""
+from __future__ import annotations
+
+import fnmatch
+from typing import Iterable, Sequence
+
+import attrs
+import numpy as np
+
+from mftk.errors import CheckpointError
+
+
+@attrs.frozen
+class DecayDecision:
+    name: str
+    weight_decay: float
+    reason: str
+
+    def log_line(self) -> str:
+        """The reference's per-parameter line."""
+        return f"param_name: {self.name:<60} | weight_decay: {self.weight_decay:>8.4f} | reason: {self.reason}"
+
+
+def _matches(name: str, pattern: str) -> bool:
+    return name == pattern or pattern in name or fnmatch.fnmatchcase(name, pattern)
+
+
+def _first_match(name: str, patterns: Iterable[str] | None) -> str | None:
+    return next((p for p in (patterns or ()) if _matches(name, p)), None)
+
+
+def decide_weight_decay(params: Sequence[tuple[str, tuple[int, ...]]], weight_decay: float, *,
+                        include: Iterable[str] | None = None, exclude: Iterable[str] | None = None) -> list[DecayDecision]:
+    """One decision per ``(name, shape)``: include > exclude > (1-D or ``.bias`` → 0) > the configured value."""
+    include, exclude = list(include or ()), list(exclude or ())
+    out = []
+    for name, shape in params:
+        if (p := _first_match(name, include)) is not None:
+            out.append(DecayDecision(name, weight_decay, f"matches weight_decay_include {p!r}"))
+        elif (p := _first_match(name, exclude)) is not None:
+            out.append(DecayDecision(name, 0.0, f"matches weight_decay_exclude {p!r}"))
+        elif len(shape) <= 1:
+            out.append(DecayDecision(name, 0.0, "1-D parameter"))
+        elif name.endswith(".bias"):
+            out.append(DecayDecision(name, 0.0, "bias"))
+        else:
+            out.append(DecayDecision(name, weight_decay, "default"))
+    return out
+
+
+class AdamW:
+    """fp32 AdamW over named parameters; ``step(flat_grad, lr)`` updates the masters in place.
+
+    ``names``/``shapes`` are in the model's trainable-parameter order (the order gradients come
+    in); ``flat_offsets`` place each one in the flat buffers, decayed parameters first.
+    """
+
+    def __init__(self, names: Sequence[str], arrays: Sequence[np.ndarray], decisions: Sequence[DecayDecision], *,
+                 betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8) -> None:
+        by_name = {d.name: d for d in decisions}
+        self.names = list(names)
+        self.shapes = [tuple(a.shape) for a in arrays]
+        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
+        self.eps = float(eps)
+        decayed = [i for i, n in enumerate(self.names) if by_name[n].weight_decay > 0]
+        plain = [i for i, n in enumerate(self.names) if by_name[n].weight_decay <= 0]
+        wds = {by_name[self.names[i]].weight_decay for i in decayed}
+        if len(wds) > 1:
+            raise ValueError(f"one weight_decay value expected for the decayed group, got {sorted(wds)}")
+        self.weight_decay = wds.pop() if wds else 0.0
+        self.slices: list[slice] = [slice(0, 0)] * len(self.names)
+        start = 0
+        for i in decayed + plain:
+            n = int(np.prod(self.shapes[i], dtype=np.int64))
+            self.slices[i] = slice(start, start + n)
+            start += n
+        self.decay_end = sum(int(np.prod(self.shapes[i], dtype=np.int64)) for i in decayed)
+        self.size = start
+        self.master = np.zeros(start, np.float32)
+        self.m = np.zeros(start, np.float32)
+        self.v = np.zeros(start, np.float32)
+        self._tmp = np.empty(start, np.float32)
+        self.global_step = 0
+        self.set_masters(arrays)
+
+    # ---------------------------------------------------------------------------------- views
+    def view(self, buffer: np.ndarray, i: int) -> np.ndarray:
+        return buffer[self.slices[i]].reshape(self.shapes[i])
+
+    def masters(self) -> list[np.ndarray]:
+        return [self.view(self.master, i) for i in range(len(self.names))]
+
+    def set_masters(self, arrays: Sequence[np.ndarray]) -> None:
+        """Refresh the fp32 masters from model weights (weights-only init, reference `reload_main_params`)."""
+        for i, a in enumerate(arrays):
+            self.master[self.slices[i]] = np.asarray(a, np.float32).reshape(-1)
+
+    def zeros_like_flat(self) -> np.ndarray:
+        return np.zeros(self.size, np.float32)
+
+    def add_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray], scale: float = 1.0) -> None:
+        """``flat += scale·g`` for every gradient (fp32 accumulation over micro-batches)."""
+        for i, g in enumerate(grads):
+            dst = flat[self.slices[i]]
+            src = np.asarray(g, np.float32).reshape(-1)
+            if scale == 1.0:
+                dst += src
+            else:
+                dst += src * np.float32(scale)
+
+    # ---------------------------------------------------------------------------------- update
+    def step(self, g: np.ndarray, lr: float) -> None:
+        """One AdamW update with gradient ``g`` (flat, fp32, already clipped) at learning rate ``lr``."""
+        b1, b2, tmp = self.beta1, self.beta2, self._tmp
+        self.global_step += 1
+        t = self.global_step
+        if self.weight_decay > 0 and self.decay_end:
+            self.master[:self.decay_end] *= np.float32(1.0 - lr * self.weight_decay)
+        self.m *= np.float32(b1)
+        np.multiply(g, np.float32(1.0 - b1), out=tmp)
+        self.m += tmp
+        self.v *= np.float32(b2)
+        np.multiply(g, g, out=tmp)
+        tmp *= np.float32(1.0 - b2)
+        self.v += tmp
+        np.multiply(self.v, np.float32(1.0 / (1.0 - b2 ** t)), out=tmp)
+        np.sqrt(tmp, out=tmp)
+        tmp += np.float32(self.eps)
+        np.divide(self.m, tmp, out=tmp)
+        tmp *= np.float32(lr / (1.0 - b1 ** t))
+        self.master -= tmp
+
+    # ---------------------------------------------------------------------------------- state
+    def state_dict(self, *, with_masters: bool = False) -> dict[str, np.ndarray]:
+        """Reference names: ``adam_m.<p>``, ``adam_v.<p>`` (fp32), ``global_step`` ([1] int64).
+
+        ``main_param.<p>`` is written only for low-precision model parameters (``with_masters``), as the
+        reference does; on CPU every parameter is fp32, so the model file already holds the masters.
+        """
+        out: dict[str, np.ndarray] = {}
+        for i, n in enumerate(self.names):
+            out[f"adam_m.{n}"] = self.view(self.m, i).copy()
+            out[f"adam_v.{n}"] = self.view(self.v, i).copy()
+            if with_masters:
+                out[f"main_param.{n}"] = self.view(self.master, i).copy()
+        out["global_step"] = np.array([self.global_step], np.int64)
+        return out
+
+    def load_state_dict(self, tensors: dict[str, np.ndarray], *, where: str = "optimizer file") -> None:
+        """Restore moments, masters (when present) and the step; every name and shape must fit."""
+        problems = []
+        known = {"global_step"}
+        for i, n in enumerate(self.names):
+            for key in (f"adam_m.{n}", f"adam_v.{n}", f"main_param.{n}"):
+                known.add(key)
+                if key.startswith("main_param.") and key not in tensors:
+                    continue
+                if key not in tensors:
+                    problems.append(f"missing tensor: {key}")
+                elif tuple(tensors[key].shape) != self.shapes[i]:
+                    problems.append(f"{key}: expected shape {self.shapes[i]}, found {tuple(tensors[key].shape)}")
+        problems += [f"unexpected tensor: {k}" for k in sorted(set(tensors) - known)]
+        if "global_step" not in tensors:
+            problems.append("missing tensor: global_step")
+        if problems:
+            raise CheckpointError(message=f"{where} does not fit this model's optimizer ({len(problems)} problems)",
+                                  problems=problems[:50], path=where,
+                                  hint="resume with --weights-only (no_load_optim: true) to start a fresh optimizer")
+        for i, n in enumerate(self.names):
+            self.m[self.slices[i]] = np.asarray(tensors[f"adam_m.{n}"], np.float32).reshape(-1)
+            self.v[self.slices[i]] = np.asarray(tensors[f"adam_v.{n}"], np.float32).reshape(-1)
+            if f"main_param.{n}" in tensors:
+                self.master[self.slices[i]] = np.asarray(tensors[f"main_param.{n}"], np.float32).reshape(-1)
+        self.global_step = int(np.asarray(tensors["global_step"]).reshape(-1)[0])
+
+
+def global_norm(flat: np.ndarray) -> float:
+    """sqrt(Σ g²), accumulated in float64 block by block (deterministic; no full-size float64 copy)."""
+    total = 0.0
+    block = 1 << 22
+    for start in range(0, flat.size, block):
+        part = flat[start:start + block].astype(np.float64)
+        total += float(np.dot(part, part))
+    return float(np.sqrt(total))
+
+
+def clip_factor(norm: float, max_norm: float) -> float:
+    """The reference's ``max_norm / (norm + 1e-6)`` when below 1; 1.0 when clipping is off (max_norm ≤ 0).
+
+    The reference has no ``> 0`` check: ``max_norm: 0`` zeroes every gradient and a negative value
+    flips them. mftk treats ``max_norm <= 0`` as "no clipping", as the reference's docstring promises.
+    """
+    if max_norm <= 0:
+        return 1.0
+    c = max_norm / (norm + 1e-6)
+    return c if c < 1.0 else 1.0

@@ -1,0 +1,233 @@
+"""Collectives that work between CPU msrun workers (mccl), each on any `AxisGroup`.
+
+Chosen from what was measured to work on CPU (mindspore-cpu.md §4, §10):
+
+| need            | implementation here                                            |
+|-----------------|----------------------------------------------------------------|
+| all_reduce      | `mint.distributed.all_reduce` on a copy (sum/avg/max; subgroups) |
+| all_gather      | `mint.distributed.all_gather` list form, then concat            |
+| reduce_scatter  | all_reduce + own slice (no CPU kernel for the real one)         |
+| all_to_all      | all_gather + own slices (world× traffic; no CPU kernel)          |
+| broadcast       | `mint.distributed.broadcast` (subgroups ok)                     |
+| send / recv     | `mint.distributed.send/recv` (needs `launch.init_distributed`'s patch) |
+| barrier         | 1-element all_reduce + `.asnumpy()` (`barrier()` is a no-op)    |
+
+Every function is the identity on a size-1 group, so single-process code paths need no branches.
+The plain functions do not take part in autograd; the `*Cell` classes at the bottom do (custom
+`bprop`, the Megatron f/g pattern), for use inside model forwards.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from mindspore import Tensor, nn, ops
+from mindspore.mint import distributed as dist
+
+from mftk.engine.parallel.groups import AxisGroup
+
+_OPS = ("sum", "avg", "max", "min")
+
+
+def all_reduce(t: Tensor, group: AxisGroup, op: str = "sum") -> Tensor:
+    """Element-wise reduction over the group; returns a new tensor."""
+    if op not in _OPS:
+        raise ValueError(f"all_reduce op must be one of {_OPS}, got {op!r}")
+    if group.is_trivial:
+        return t
+    out = ops.zeros_like(t) + t  # a fresh buffer: the collective writes in place
+    dist.all_reduce(out, op=op, group=group.name)
+    return out
+
+
+def all_gather(t: Tensor, group: AxisGroup, dim: int = 0) -> Tensor:
+    """Concatenate every member's (same-shaped) tensor along `dim`, in group-rank order."""
+    parts = all_gather_list(t, group)
+    return parts[0] if len(parts) == 1 else ops.concat(parts, axis=dim)
+
+
+def all_gather_list(t: Tensor, group: AxisGroup) -> list[Tensor]:
+    if group.is_trivial:
+        return [t]
+    parts = [ops.zeros(t.shape, t.dtype) for _ in range(group.size)]
+    dist.all_gather(parts, t, group=group.name)
+    return parts
+
+
+def split(t: Tensor, group: AxisGroup, dim: int = 0) -> Tensor:
+    """This member's contiguous 1/size slice of `t` along `dim` (size must divide it)."""
+    if group.is_trivial:
+        return t
+    n = t.shape[dim]
+    if n % group.size:
+        raise ValueError(f"dim {dim} of size {n} does not split evenly over {group.size} ranks")
+    step = n // group.size
+    index = [slice(None)] * t.ndim
+    index[dim] = slice(group.rank * step, (group.rank + 1) * step)
+    return t[tuple(index)]
+
+
+def reduce_scatter(t: Tensor, group: AxisGroup, dim: int = 0, op: str = "sum") -> Tensor:
+    """Reduce over the group and keep this member's slice along `dim` (all_reduce + slice on CPU)."""
+    return split(all_reduce(t, group, op), group, dim)
+
+
+def broadcast(t: Tensor, group: AxisGroup, src_index: int = 0) -> Tensor:
+    """Every member gets the tensor of group member `src_index` (an index into `group.ranks`)."""
+    if group.is_trivial:
+        return t
+    out = ops.zeros_like(t) + t
+    dist.broadcast(out, src=group.ranks[src_index], group=group.name)
+    return out
+
+
+def all_to_all(t: Tensor, group: AxisGroup, split_dim: int, concat_dim: int) -> Tensor:
+    """Member i sends chunk j of `t` (split along `split_dim`) to member j; received chunks are
+    concatenated along `concat_dim` in sender order. Emulated with an all_gather (world× traffic)."""
+    if group.is_trivial:
+        return t
+    gathered = all_gather_list(t, group)
+    mine = [split(g, group, split_dim) for g in gathered]
+    return ops.concat(mine, axis=concat_dim)
+
+
+def all_to_all_uneven(t: Tensor, send_counts: Sequence[int], group: AxisGroup) -> tuple[Tensor, list[int]]:
+    """Variable-size all_to_all along dim 0 (MoE dispatch): rows [Σcounts[:j], Σcounts[:j+1]) go to member j.
+
+    Emulation: all_gather the counts, pad every send buffer to the largest total, all_gather the
+    buffers, and cut out the rows addressed to this member. Returns (rows received in sender
+    order, number received from each sender).
+    """
+    import numpy as np
+
+    if group.is_trivial:
+        return t, [int(send_counts[0])]
+    counts = all_gather(Tensor(np.asarray(send_counts, np.int32)).reshape(1, -1), group, 0).asnumpy()
+    totals = counts.sum(1)
+    pad = int(totals.max())
+    if pad == 0:
+        return t[:0], [0] * group.size
+    rows = t.shape[0]
+    buf = t if rows == pad else ops.concat([t, ops.zeros((pad - rows,) + tuple(t.shape[1:]), t.dtype)], 0)
+    parts = all_gather_list(buf, group)
+    me = group.rank
+    pieces, received = [], []
+    for sender, part in enumerate(parts):
+        start = int(counts[sender, :me].sum())
+        n = int(counts[sender, me])
+        received.append(n)
+        if n:
+            pieces.append(part[start:start + n])
+    out = ops.concat(pieces, 0) if pieces else t[:0]
+    return out, received
+
+
+def send(t: Tensor, dst_index: int, group: AxisGroup, tag: int = 0) -> None:
+    """Point-to-point send to group member `dst_index` (pipeline stages)."""
+    dist.send(t, dst=group.ranks[dst_index], group=group.name, tag=tag)
+
+
+def recv(shape: Sequence[int], dtype, src_index: int, group: AxisGroup, tag: int = 0) -> Tensor:
+    """Receive a tensor of a pre-agreed shape from group member `src_index`."""
+    buf = ops.zeros(tuple(shape), dtype)
+    dist.recv(buf, src=group.ranks[src_index], group=group.name, tag=tag)
+    return buf
+
+
+def barrier(group: AxisGroup) -> None:
+    """A real barrier: `mint.distributed.barrier()` is a no-op on CPU."""
+    import numpy as np
+
+    if not group.is_trivial:
+        all_reduce(Tensor(np.zeros((1,), np.float32)), group).asnumpy()
+
+
+# ---------------------------------------------------------------- autograd-aware (custom bprop)
+
+
+class CopyToGroup(nn.Cell):
+    """Megatron's f: identity forward, all-reduce (sum) of the gradient backward."""
+
+    def __init__(self, group: AxisGroup) -> None:
+        super().__init__()
+        self.group = group
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (all_reduce(dout, self.group),)
+
+
+class ReduceFromGroup(nn.Cell):
+    """Megatron's g: all-reduce (sum) forward, identity backward."""
+
+    def __init__(self, group: AxisGroup) -> None:
+        super().__init__()
+        self.group = group
+
+    def construct(self, x):
+        return all_reduce(x, self.group)
+
+    def bprop(self, x, out, dout):
+        return (dout,)
+
+
+class GatherFromGroup(nn.Cell):
+    """All-gather along `dim` forward; backward keeps this rank's slice of the summed gradient.
+
+    Used for sequence parallel (gather the sequence before a column-parallel linear): each rank's
+    gradient for the full sequence is partial, so the slice must be of the sum (reduce-scatter).
+    """
+
+    def __init__(self, group: AxisGroup, dim: int) -> None:
+        super().__init__()
+        self.group, self.dim = group, dim
+
+    def construct(self, x):
+        return all_gather(x, self.group, self.dim)
+
+    def bprop(self, x, out, dout):
+        return (reduce_scatter(dout, self.group, self.dim),)
+
+
+class ReduceScatterToGroup(nn.Cell):
+    """Reduce-scatter along `dim` forward (after a row-parallel linear under SP); all-gather backward."""
+
+    def __init__(self, group: AxisGroup, dim: int) -> None:
+        super().__init__()
+        self.group, self.dim = group, dim
+
+    def construct(self, x):
+        return reduce_scatter(x, self.group, self.dim)
+
+    def bprop(self, x, out, dout):
+        return (all_gather(dout, self.group, self.dim),)
+
+
+class ScatterToGroup(nn.Cell):
+    """Keep this rank's slice along `dim` forward (enter SP/CP); all-gather the gradient backward."""
+
+    def __init__(self, group: AxisGroup, dim: int) -> None:
+        super().__init__()
+        self.group, self.dim = group, dim
+
+    def construct(self, x):
+        return split(x, self.group, self.dim)
+
+    def bprop(self, x, out, dout):
+        return (all_gather(dout, self.group, self.dim),)
+
+
+class GatherReplicated(nn.Cell):
+    """All-gather along `dim` forward where every rank computes the same loss from the result
+    (e.g. leaving SP before a replicated loss); backward takes this rank's slice of the gradient as is."""
+
+    def __init__(self, group: AxisGroup, dim: int) -> None:
+        super().__init__()
+        self.group, self.dim = group, dim
+
+    def construct(self, x):
+        return all_gather(x, self.group, self.dim)
+
+    def bprop(self, x, out, dout):
+        return (split(dout, self.group, self.dim),)

@@ -1,0 +1,531 @@
+"""``train(loaded_config, ...)``: the one library entry point behind `mftk train` and `mftk resume`.
+
+Start-up, each phase timed and logged: process setup (seed, determinism) → model build → resume plan
+and checkpoint load → data index build → optimizer → first step. Then the loop (`trainer.py`).
+Outputs under ``output_dir``: ``log/rank_0/info.log`` (the reference's file format) and
+``log/rank_0/metrics.jsonl`` (mftk's full-precision JSON lines). Console output is the caller's:
+attach a handler to the ``mftk.train`` logger (see :func:`mf_console_handler`) and/or pass sinks.
+
+Resume (reference §4, strict): scenario 1 (weights + optimizer + step + data position; bit-exact
+with mftk's extra state), 2 (weights only: step 0, fresh optimizer, masters from the loaded
+weights; also from a Hugging Face dir), 3 (changed global batch size: step rescaled
+``int(step·old/new)``, ``consumed_samples`` kept). Everything the reference only warns about is
+an error here.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import attrs
+import numpy as np
+
+from mftk.errors import CheckpointError, ConfigError, InputError, Problem
+from mftk.logs.format import LOSS_CALLBACK_FILEPATH, LOSS_CALLBACK_LINENO, MetricsFileSink, format_step_line, mf_formatter
+from mftk.progress import FanOut, StepSink
+
+log = logging.getLogger("mftk.train")
+log.setLevel(logging.INFO)
+
+
+# --------------------------------------------------------------------------------------- results
+@attrs.frozen
+class ResumePlan:
+    """What a resume will do, decided from ``common.json`` and file headers only (no tensor data)."""
+
+    source: str
+    kind: str  # "mf" or "hf"
+    step_dir: str
+    scenario: int  # 1 standard, 2 weights only, 3 changed global batch size
+    saved_step: int
+    saved_global_batch_size: int | None
+    global_batch_size: int
+    saved_world: int
+    world: int
+    start_step: int
+    consumed_samples: int
+    skip_micro_batches: int
+    loads: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    mismatched: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class TrainResult:
+    start_step: int
+    final_step: int
+    total_steps: int
+    consumed_samples: int
+    losses: tuple[float, ...]
+    grad_norms: tuple[float | None, ...]
+    skipped_steps: int
+    checkpoint: str  # last checkpoint dir written ("" when none)
+    output_dir: str
+    log_file: str
+    metrics_file: str
+    phases: tuple[tuple[str, float], ...]
+    resume: ResumePlan | None = None
+    dry_run: bool = False
+    notes: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------------------- logging
+class _PathFilter(logging.Filter):
+    """Give records the reference's ``filepath`` field: the path from the package dir on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "filepath"):
+            path = record.pathname.replace(os.sep, "/")
+            i = path.rfind("/mftk/")
+            record.filepath = path[i + 1:] if i >= 0 else os.path.basename(path)
+        return True
+
+
+if not any(isinstance(f, _PathFilter) for f in log.filters):
+    log.addFilter(_PathFilter())
+
+
+def mf_console_handler(stream: Any) -> logging.Handler:
+    """A handler printing ``mftk.train`` records with the reference's stdout prefix."""
+    h = logging.StreamHandler(stream)
+    h.setFormatter(mf_formatter("stdout"))
+    return h
+
+
+def emit_step_line(line: str) -> None:
+    """Log the step line as if from the reference's LossCallback (its file path and line number)."""
+    record = log.makeRecord(log.name, logging.INFO, LOSS_CALLBACK_FILEPATH, LOSS_CALLBACK_LINENO, line, (), None,
+                            func="on_step_end", extra={"filepath": LOSS_CALLBACK_FILEPATH})
+    log.handle(record)
+
+
+class _StepLogSink:
+    def __init__(self, total_steps: int) -> None:
+        self.total = total_steps
+        self.losses: list[float] = []
+        self.norms: list[float | None] = []
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        self.losses.append(metrics["loss"])
+        self.norms.append(metrics["grad_norm"])
+        emit_step_line(format_step_line(metrics, total_steps=self.total))
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+    def on_checkpoint(self, step: int, path: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------- entry point
+def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (),
+          resume_from: str | os.PathLike | None = None, weights_only: bool = False, dry_run: bool = False,
+          world_size: int = 1, install_signals: bool = True, stop: Any = None) -> TrainResult:
+    """Train (or resume) on one process as the config says; returns what happened.
+
+    ``resume_from`` overrides ``checkpoint.load_path``; ``weights_only`` is ``no_load_optim``.
+    ``dry_run`` decides the resume plan (or checks the start) and returns without training.
+    """
+    config = loaded.config
+    if world_size != 1:
+        raise InputError(message=f"world size {world_size}: multi-process training is not available yet",
+                         hint="run with --nproc 1")
+    phases: list[tuple[str, float]] = []
+    out_dir = Path(output_dir)
+    log_dir = out_dir / "log" / "rank_0"
+    handlers = [] if dry_run else _attach_file_log(log_dir)
+    own_sinks: list[Any] = []
+    try:
+        t = time.perf_counter()
+        ms = _setup_process(config)
+        phases.append(("process setup", time.perf_counter() - t))
+        return _run(loaded, ms, out_dir=out_dir, log_dir=log_dir, sinks=list(sinks), own_sinks=own_sinks,
+                    phases=phases, resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
+                    install_signals=install_signals, stop=stop)
+    finally:
+        for s in own_sinks:
+            s.close()
+        for h in handlers:
+            log.removeHandler(h)
+            h.close()
+
+
+def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own_sinks: list, phases: list,
+         resume_from: Any, weights_only: bool, dry_run: bool, install_signals: bool,
+         stop: Any) -> TrainResult:
+    from mftk.engine import trainer as T
+    from mftk.engine.state import TrainState, extra_state, restore_rng
+
+    config = loaded.config
+    tr, ck = config.training, config.checkpoint
+    lbs, gbs, dp = tr.local_batch_size, tr.global_batch_size, 1
+    _phase_log(phases[-1])
+    log.info("Got parallelism settings: data_parallel=1(dp_shard[1] * dp_replicate[1]), tensor_parallel=1, "
+             "pipeline_parallel=1, context_parallel=1")
+    log.info("Calculate global_batch_size=%d, num_accumulation_steps=%d.", gbs, max(1, gbs // (dp * lbs)))
+
+    weights_only = weights_only or ck.no_load_optim
+    load_path = str(resume_from) if resume_from else ck.load_path
+    plan = None
+    notes: list[str] = [p.render() for p in loaded.notes if p.severity == "warning"]
+
+    t = time.perf_counter()
+    model = _build_model(config, lazy=dry_run)
+    phases.append(("model build", time.perf_counter() - t))
+    _phase_log(phases[-1])
+    if load_path:
+        plan = plan_resume(config, load_path, weights_only=weights_only, model=model)
+        for n in plan.notes:
+            log.info(n)
+    if dry_run:
+        return TrainResult(start_step=plan.start_step if plan else 0, final_step=plan.start_step if plan else 0,
+                           total_steps=tr.steps, consumed_samples=plan.consumed_samples if plan else 0, losses=(),
+                           grad_norms=(), skipped_steps=0, checkpoint="", output_dir=str(out_dir), log_file="",
+                           metrics_file="", phases=tuple(phases), resume=plan, dry_run=True, notes=tuple(notes))
+    if ck.enable_save:
+        _check_writable(ck.save_path)
+
+    state = TrainState()
+    loaded_ckpt = None
+    if plan is not None:
+        t = time.perf_counter()
+        loaded_ckpt = load_checkpoint(plan, model, config)
+        state = TrainState(global_step=plan.start_step, consumed_samples=plan.consumed_samples)
+        phases.append(("checkpoint load", time.perf_counter() - t))
+        _phase_log(phases[-1])
+
+    t = time.perf_counter()
+    data = _build_data(config, dp=dp)
+    phases.append(("data index build", time.perf_counter() - t))
+    _phase_log(phases[-1])
+    loader = data.loader
+    start_batch = loader.start_batch(state.consumed_samples)
+    if state.consumed_samples:
+        log.info("Resume dataset (static batch): skip %d micro-batches (consumed_samples=%d, global_step=%d).",
+                 start_batch, state.consumed_samples, state.global_step)
+
+    t = time.perf_counter()
+    optimizer = _build_optimizer(config, model)
+    if loaded_ckpt is not None and loaded_ckpt.optimizer is not None:
+        optimizer.load_state_dict(loaded_ckpt.optimizer, where=str(plan.step_dir))
+        optimizer.global_step = state.global_step if plan.scenario == 3 else optimizer.global_step
+        if plan.scenario == 3:
+            log.info("LR position: optimizer step set to the rescaled step %d", state.global_step)
+    if loaded_ckpt is not None and loaded_ckpt.extra:
+        x = loaded_ckpt.extra
+        state.epoch = int(x.get("epoch", 0))
+        state.consecutive_skipped = int(x.get("consecutive_skipped", 0))
+        state.skipped_steps = int(x.get("skipped_steps", 0))
+        if plan.scenario == 1:
+            restore_rng(x)
+    elif plan is not None and plan.scenario == 1:
+        log.info("no mftk extra state in %s (a reference checkpoint?): RNG re-seeded from training.seed", plan.step_dir)
+    phases.append(("optimizer", time.perf_counter() - t))
+    _phase_log(phases[-1])
+
+    from mftk.engine.monitor import TrainStateMonitor
+    from mftk.plan.flops import flops_per_step
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    metrics_file = log_dir / "metrics.jsonl"
+    step_log = _StepLogSink(tr.steps)
+    metrics_sink = MetricsFileSink(str(metrics_file))
+    own_sinks.append(metrics_sink)
+    sink = FanOut(step_log, metrics_sink, *sinks)
+    checkpointer = None
+    if ck.enable_save:
+        checkpointer = T.Checkpointer(root=os.path.realpath(ck.save_path), interval=ck.save_interleaved_steps,
+                                      save_max=ck.save_max, prefix=ck.prefix, save_optim=not ck.no_save_optim,
+                                      async_save=ck.async_save)
+        if plan is not None and plan.scenario != 2 and Path(plan.step_dir).parent == Path(checkpointer.root):
+            checkpointer.last_saved_step = state.global_step  # that step is already on disk
+    monitor = TrainStateMonitor(config.monitor.train_state, config.monitor.tensorboard.output_dir)
+    if config.profiler.enable_profiling:
+        log.warning("profiler.enable_profiling: the MindSpore profiler is not wired into mftk train yet; ignored")
+    rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
+    model_section = _model_section(loaded)
+    cfg_model = config.model
+    trainer = T.Trainer(
+        model=model, optimizer=optimizer, schedule=_schedule(config), batches=loader.iter_batches(start_batch),
+        batch_schedule=T.BatchSchedule(gbs, lbs, dp, rampup), total_steps=tr.steps, max_norm=tr.max_norm,
+        sinks=sink, checkpointer=checkpointer,
+        extra_state=lambda s, g: extra_state(s, global_batch_size=g, dp=dp, local_batch_size=lbs,
+                                             model_section=model_section),
+        flops_per_sample=flops_per_step(cfg_model, global_batch_size=1), columns=_columns(config),
+        nan_policy=nan_policy_from(config), monitor=monitor if monitor.enabled else None,
+        stop=stop, epoch_micro_batches=len(loader), show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
+        seq_length=int(getattr(cfg_model, "seq_length", 0) or 0))
+    trainer.micro_batches_read = start_batch + (state.epoch * len(loader) if len(loader) else 0)
+    start_step = state.global_step
+    if start_step >= tr.steps:
+        notes.append(f"nothing to do: the checkpoint is at step {start_step} and training.steps is {tr.steps}")
+        log.info(notes[-1])
+    log.info("Start training loop...")
+    with _signals(trainer.stop, install_signals):
+        trainer.fit(state)
+    if trainer.first_step_seconds is not None:
+        phases.append(("first step", trainer.first_step_seconds))
+    log.info("Training completed at step %d.%s", state.global_step,
+             f" Final checkpoint: {checkpointer.last_path}" if checkpointer and checkpointer.last_path else "")
+    return TrainResult(start_step=start_step, final_step=state.global_step, total_steps=tr.steps,
+                       consumed_samples=state.consumed_samples, losses=tuple(step_log.losses),
+                       grad_norms=tuple(step_log.norms), skipped_steps=state.skipped_steps,
+                       checkpoint=checkpointer.last_path if checkpointer else "", output_dir=str(out_dir),
+                       log_file=str(log_dir / "info.log"), metrics_file=str(metrics_file), phases=tuple(phases),
+                       resume=plan, notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------------------- pieces
+def _phase_log(phase: tuple[str, float]) -> None:
+    log.info("start-up phase %-18s %.2fs", phase[0] + ":", phase[1])
+
+
+def _attach_file_log(log_dir: Path) -> list[logging.Handler]:
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        h = logging.FileHandler(log_dir / "info.log", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(message=f"cannot write logs to {log_dir}: {exc.strerror or exc}", path=str(log_dir),
+                         hint="choose a writable --output-dir") from None
+    h.setLevel(logging.INFO)
+    h.setFormatter(mf_formatter("file"))
+    log.addHandler(h)
+    return [h]
+
+
+def _setup_process(config: Any) -> Any:
+    import mindspore as ms
+
+    ms.runtime.launch_blocking()  # synchronous errors, and faster on CPU (mindspore-cpu.md §10)
+    seed = config.training.seed
+    ms.set_seed(seed)
+    ms.manual_seed(seed)
+    np.random.seed(seed)
+    if config.training.deterministic:
+        ms.set_deterministic(True)
+    return ms
+
+
+def _build_model(config: Any, *, lazy: bool = False) -> Any:
+    from mftk.engine.models.build import build_model
+    from mftk.engine.models.gpt import GPTModel
+    from mftk.engine.spec import build_spec
+
+    if lazy:  # names and shapes only: no random init for a dry run
+        return GPTModel(build_spec(config.model))
+    model = build_model(config.model, seed=config.training.seed)
+    total = sum(int(np.prod(p.shape)) for p in model.get_parameters())
+    train = sum(int(np.prod(p.shape)) for p in model.trainable_params())
+    log.info("Got total parameters: %sM, trainable parameters: %sM", total // 1e6, train // 1e6)
+    return model
+
+
+def _build_data(config: Any, *, dp: int) -> Any:
+    from mftk.data.loader import build_train_dataset
+
+    tr = config.training
+    data = build_train_dataset(config.train_dataset.dataloader, global_batch_size=tr.global_batch_size,
+                               local_batch_size=tr.local_batch_size, dp_size=dp, dp_rank=0,
+                               drop_remainder=config.train_dataset.drop_remainder)
+    for w in data.warnings:
+        log.warning("data: %s", w)
+    if not len(data.loader):
+        raise ConfigError(message="the training data yields no micro-batch",
+                          problems=[Problem(path="train_dataset.dataloader.sizes", message="no micro-batch of data",
+                                            hint="add data or lower training.local_batch_size")])
+    log.info("Building dataset from config... %d samples, %d micro-batches per epoch", data.train_samples,
+             len(data.loader))
+    return data
+
+
+def _build_optimizer(config: Any, model: Any) -> Any:
+    from mftk.engine.optim import AdamW, decide_weight_decay
+
+    o = config.optimizer
+    params = list(model.trainable_params())
+    decisions = decide_weight_decay([(p.name, tuple(p.shape)) for p in params], float(o.weight_decay),
+                                    include=o.weight_decay_include, exclude=o.weight_decay_exclude)
+    for d in decisions:
+        log.info(d.log_line())
+    return AdamW([p.name for p in params], [p.asnumpy() for p in params], decisions, betas=o.betas, eps=o.eps)
+
+
+def _schedule(config: Any):
+    from mftk.engine.schedule import build_schedule
+
+    return build_schedule(config.lr_scheduler, config.training.steps)
+
+
+def _columns(config: Any) -> tuple[str, ...]:
+    ds = config.train_dataset
+    if ds.input_columns:
+        return tuple(ds.input_columns)
+    return tuple(ds.dataloader.column_names) if ds.dataloader is not None else ("input_ids", "labels")
+
+
+def _model_section(loaded: Any) -> dict | None:
+    raw = loaded.raw.get("model") if isinstance(loaded.raw, dict) else None
+    return dict(raw) if isinstance(raw, dict) else None
+
+
+def nan_policy_from(config: Any) -> Any:
+    """The skip-on-NaN policy of ``training.use_skip_step_on_nan`` / ``max_consecutive_skipped_steps``."""
+    from mftk.engine.trainer import NanPolicy
+
+    tr = config.training
+    return NanPolicy(skip=tr.use_skip_step_on_nan, max_consecutive=tr.max_consecutive_skipped_steps)
+
+
+def _check_writable(save_path: str) -> None:
+    """Fail before training, not at the first save, when checkpoints cannot be written."""
+    root = Path(save_path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".mftk-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(message=f"cannot write checkpoints to {root}: {exc.strerror or exc}", path=str(root),
+                              hint="set checkpoint.save_path to a writable directory, or enable_save: false") from None
+
+
+class _signals:
+    """SIGTERM/SIGINT set the stop flag (save, then exit 75); a second SIGINT interrupts at once."""
+
+    def __init__(self, stop: Any, enabled: bool) -> None:
+        self.stop, self.enabled, self.old = stop, enabled and threading.current_thread() is threading.main_thread(), {}
+
+    def __enter__(self) -> None:
+        if not self.enabled:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.stop.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.warning("%s received: saving a checkpoint after the current step, then stopping", name)
+        self.stop.request(name)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+
+# --------------------------------------------------------------------------------------- resume
+def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any) -> ResumePlan:
+    """Decide the scenario and positions from ``common.json`` and headers; check names and shapes."""
+    from mftk.ckpt.common import read_common
+    from mftk.ckpt.layout import locate, scan_step_dir
+    from mftk.ckpt.load import hf_weight_files
+    from mftk.ckpt.safetensors_io import read_header
+
+    tr = config.training
+    gbs, lbs, dp = tr.global_batch_size, tr.local_batch_size, 1
+    loc = locate(path)
+    if loc.kind == "file":
+        raise CheckpointError(message=f"{path} is a single file; resume needs a checkpoint directory", path=str(path),
+                              hint="pass the save_path of a run, an iteration_* dir or a Hugging Face weights dir")
+    params = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    notes: list[str] = []
+    if loc.kind == "hf":
+        if not weights_only:
+            raise CheckpointError(message=f"{path} is a Hugging Face weights dir: it holds no optimizer state",
+                                  path=str(path), hint="use --weights-only (no_load_optim: true) to initialise from it")
+        names = {n for f in hf_weight_files(loc.step_dir) for n in read_header(f).tensors}
+        return ResumePlan(source=str(path), kind="hf", step_dir=str(loc.step_dir), scenario=2, saved_step=0,
+                          saved_global_batch_size=None, global_batch_size=gbs, saved_world=1, world=1, start_step=0,
+                          consumed_samples=0, skip_micro_batches=0, loads=("model weights (HF names mapped)",),
+                          notes=(f"weights-only init from Hugging Face dir {loc.step_dir} ({len(names)} tensors)",))
+    files = scan_step_dir(loc.step_dir)
+    if files.problems:
+        raise CheckpointError(message=f"{loc.step_dir}: inconsistent rank files", path=str(loc.step_dir),
+                              problems=list(files.problems))
+    common = read_common(loc.step_dir)
+    if files.world != 1:
+        raise CheckpointError(message=f"{loc.step_dir} was saved by {files.world} processes; this run has 1",
+                              path=str(loc.step_dir), hint="resume with the same --nproc (re-sharding comes with "
+                              "distributed training)")
+    if not weights_only and 0 not in files.opt:
+        raise CheckpointError(message=f"no optimizer file in {loc.step_dir}", path=str(loc.step_dir),
+                              hint="resume with --weights-only (no_load_optim: true) for a fresh optimizer at step 0")
+    header = read_header(files.model[0]).tensors
+    missing = tuple(sorted(n for n in params if n not in header))
+    unexpected = tuple(sorted(n for n in header if n not in params))
+    mismatched = tuple(f"{n}: model {params[n]}, checkpoint {tuple(header[n].shape)}" for n in sorted(params)
+                       if n in header and tuple(header[n].shape) != params[n])
+    saved_step, saved_gbs = common.step, common.global_batch_size
+    loads = ["model weights"]
+    if weights_only:
+        scenario, start, consumed = 2, 0, 0
+        notes.append("no_load_optim=True: refreshing fp32 master weights from loaded model params.")
+    else:
+        loads += ["optimizer states (adam_m, adam_v, global_step)"]
+        consumed = common.consumed_samples if common.consumed_samples is not None else saved_step * (saved_gbs or gbs)
+        if tr.rampup_batch_size or not saved_gbs or saved_gbs == gbs:
+            scenario, start = 1, saved_step
+        else:
+            scenario, start = 3, int(saved_step * saved_gbs / gbs)
+            notes.append(f"Scaled global step: {saved_step} -> {start} (batch size changed from {saved_gbs} to {gbs})")
+            notes.append(f"LR position: the schedule continues from step {start} (the reference keeps the optimizer's "
+                         f"own counter {saved_step}, so its LR and step disagree)")
+        if files.state.get(0) is not None:
+            loads += ["mftk extra state (RNG, data position)"]
+    skip = consumed // (dp * lbs)
+    if not weights_only:
+        notes.append(f"Resume from {loc.step_dir}: step {saved_step} -> start at step {start}, "
+                     f"consumed_samples={consumed}, skip {skip} micro-batches")
+    return ResumePlan(source=str(path), kind="mf", step_dir=str(loc.step_dir), scenario=scenario,
+                      saved_step=saved_step, saved_global_batch_size=saved_gbs, global_batch_size=gbs,
+                      saved_world=files.world, world=1, start_step=start, consumed_samples=consumed,
+                      skip_micro_batches=skip, loads=tuple(loads), notes=tuple(notes), missing=missing,
+                      unexpected=unexpected, mismatched=mismatched)
+
+
+@attrs.frozen
+class _Loaded:
+    optimizer: dict | None
+    extra: dict | None
+
+
+def load_checkpoint(plan: ResumePlan, model: Any, config: Any) -> _Loaded:
+    """Load tensors per ``plan`` into ``model``; returns the optimizer state and extra state to apply."""
+    from mftk.ckpt.load import load_global, load_rank
+    from mftk.engine.models.build import load_state_dict
+
+    problems = [f"missing in checkpoint: {n}" for n in plan.missing]
+    problems += [f"unexpected in checkpoint: {n}" for n in plan.unexpected]
+    problems += [f"shape mismatch: {m}" for m in plan.mismatched]
+    if problems:
+        raise CheckpointError(message=f"{plan.step_dir} does not fit the model ({len(problems)} problems)",
+                              path=plan.step_dir, problems=problems[:50],
+                              hint="check that the model: section matches the run that saved the checkpoint")
+    if plan.kind == "hf":
+        family = importlib.import_module(f"mftk.engine.models.{config.model.model_type}.state_dict")
+        hf = load_global(plan.step_dir)
+        load_state_dict(model, _with_buffers(model, family.hf_to_mf(hf, config.model)))
+        return _Loaded(None, None)
+    rank = load_rank(plan.step_dir, optimizer=plan.scenario != 2)
+    load_state_dict(model, rank.model)
+    return _Loaded(rank.optimizer, rank.extra)
+
+
+def _with_buffers(model: Any, tensors: dict) -> dict:
+    """HF dirs hold no MindSpore Transformers buffers (expert_bias, tokens_per_expert...): keep the model's."""
+    out = dict(tensors)
+    for p in model.get_parameters():
+        if not p.requires_grad and p.name not in out:
+            out[p.name] = p.asnumpy()
+    return out

@@ -1,0 +1,69 @@
+"""`mftk resume` through the CLI: continue from the save root, dry run, weights-only, bad sources."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from commands.app import app
+from tests.engine.tiny import tiny_raw, write_corpus
+
+runner = CliRunner()
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("resume")
+    corpus = write_corpus(d / "tiny_text_document")
+    raw = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt", steps=2, gbs=1)
+    cfg = d / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(d / "out")])
+    assert r.exit_code == 0, r.output
+    return d, cfg
+
+
+def test_dry_run_shows_plan_and_loads_nothing(trained):
+    d, cfg = trained
+    r = runner.invoke(app, ["resume", str(cfg), "--dry-run", "--json", "--set", "training.global_batch_size=2",
+                            "--set", "training.steps=4", "--output-dir", str(d / "dry")])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["scenario"] == 3 and plan["saved_step"] == 2 and plan["start_step"] == 1
+    assert plan["consumed_samples"] == 2 and plan["missing"] == [] and plan["unexpected"] == []
+    assert not (d / "dry").exists()
+
+
+def test_resume_continues_to_target(trained, tmp_path):
+    d, cfg = trained
+    r = runner.invoke(app, ["resume", str(cfg), "--set", "training.steps=3", "--set",
+                            f"checkpoint.save_path={tmp_path / 'c'}", "--from", str(d / "ckpt"),
+                            "--output-dir", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    steps = [l for l in r.stdout.splitlines() if "{ step:[" in l]
+    assert len(steps) == 1 and "step:[    3/    3]" in steps[0] and "consumed_samples: 3" in steps[0]
+
+
+def test_weights_only_starts_at_zero(trained, tmp_path):
+    d, cfg = trained
+    r = runner.invoke(app, ["resume", str(cfg), "--weights-only", "--from", str(d / "ckpt"), "--set",
+                            f"checkpoint.save_path={tmp_path / 'c'}", "--output-dir", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "step:[    1/    2]" in r.stdout
+
+
+def test_missing_source_is_an_error(trained, tmp_path):
+    d, cfg = trained
+    r = runner.invoke(app, ["resume", str(cfg), "--from", str(tmp_path / "typo")])
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_mismatched_model_is_refused(trained, tmp_path):
+    d, cfg = trained
+    r = runner.invoke(app, ["resume", str(cfg), "--dry-run", "--set", "model.hidden_size=32",
+                            "--set", "model.num_attention_heads=2", "--set", "model.num_key_value_heads=1"])
+    assert r.exit_code == 1, r.output
+    assert "does not fit" in r.stderr

@@ -1,0 +1,248 @@
+"""Worker-side bodies for the msrun tests: each runs on every rank and returns JSON-able results.
+
+The input data comes from the numpy functions at the top, which the tests call too, so the
+parent builds its single-process numpy reference from exactly the same arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+B, S, H, F, V = 2, 4, 8, 12, 16
+
+
+def tp_data() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {"x": rng.normal(size=(B, S, H)).astype(np.float32),
+            "w1": (rng.normal(size=(F, H)) * 0.3).astype(np.float32),
+            "w2": (rng.normal(size=(H, F)) * 0.3).astype(np.float32),
+            "r": rng.normal(size=(B, S, H)).astype(np.float32)}
+
+
+def vocab_data() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, V, size=(B, S)).astype(np.int32)
+    labels[0, 1] = -100
+    mask = np.ones((B, S), np.float32)
+    mask[1, 3] = 0.0
+    return {"ids": rng.integers(0, V, size=(B, S)).astype(np.int32), "labels": labels, "mask": mask,
+            "emb": (rng.normal(size=(V, H)) * 0.5).astype(np.float32),
+            "head": (rng.normal(size=(V, H)) * 0.5).astype(np.float32)}
+
+
+def dp_data() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {"x": rng.normal(size=(4, 3)).astype(np.float32), "t": rng.normal(size=(4, 5)).astype(np.float32),
+            "w": rng.normal(size=(5, 3)).astype(np.float32), "b": rng.normal(size=(5,)).astype(np.float32)}
+
+
+def _l(t) -> list:
+    return np.asarray(t.asnumpy() if hasattr(t, "asnumpy") else t, np.float64).tolist()
+
+
+# ---------------------------------------------------------------- 2-rank job
+
+
+def two_rank_checks() -> dict:
+    """Collectives, TP+SP MLP, vocab-parallel embedding + CE, DP sync and FSDP step on 2 ranks."""
+    from mindspore import communication
+
+    from mftk.engine.parallel.groups import create_groups
+    from mftk.plan.layout import Layout
+
+    world = communication.get_group_size()
+    tp_groups = create_groups(Layout(world=world, tp=world))
+    dp_groups = create_groups(Layout(world=world, dp_shard=world))
+    out = {"rank": communication.get_rank()}
+    out["collectives"] = _collectives(tp_groups.tp)
+    out["tp_mlp"] = _tp_mlp(tp_groups.tp, sequence_parallel=True)
+    out["tp_mlp_nosp"] = _tp_mlp(tp_groups.tp, sequence_parallel=False)
+    out["vocab"] = _vocab(tp_groups.tp)
+    out["dp"] = _dp(dp_groups)
+    out["fsdp"] = _fsdp(dp_groups)
+    return out
+
+
+def _collectives(g) -> dict:
+    from mindspore import Tensor
+    import mindspore as ms
+
+    from mftk.engine.parallel import comm
+
+    r = g.rank
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * r)
+    res = {"sum": _l(comm.all_reduce(x, g)), "avg": _l(comm.all_reduce(x, g, "avg")),
+           "max": _l(comm.all_reduce(x, g, "max")), "input_unchanged": _l(x),
+           "gather1": _l(comm.all_gather(x, g, 1)), "rs0": _l(comm.reduce_scatter(x, g, 0)),
+           "bcast1": _l(comm.broadcast(x, g, 1)), "a2a": _l(comm.all_to_all(x, g, split_dim=0, concat_dim=1))}
+    # uneven: rank r sends r+1 rows to member 0 and 1 row to member 1
+    counts = [r + 1, 1]
+    rows = Tensor(np.full((sum(counts), 2), r, np.float32) + np.arange(sum(counts), dtype=np.float32)[:, None])
+    got, received = comm.all_to_all_uneven(rows, counts, g)
+    res["a2a_uneven"], res["a2a_uneven_counts"] = _l(got), received
+    # point to point: 0 -> 1, then 1 -> 0 doubled
+    if r == 0:
+        comm.send(Tensor(np.array([1.5, 2.5], np.float32)), 1, g)
+        res["p2p"] = _l(comm.recv((2,), ms.float32, 1, g))
+    else:
+        got = comm.recv((2,), ms.float32, 0, g)
+        comm.send(got * 2, 0, g)
+        res["p2p"] = _l(got)
+    comm.barrier(g)
+    return res
+
+
+def _tp_mlp(g, *, sequence_parallel: bool) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+
+    from mftk.engine.parallel import comm
+    from mftk.engine.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, shard
+
+    d = tp_data()
+
+    class Mlp(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = ColumnParallelLinear(H, F, g, sequence_parallel=sequence_parallel)
+            self.fc2 = RowParallelLinear(F, H, g, sequence_parallel=sequence_parallel)
+
+        def construct(self, x, r):
+            return (self.fc2(ops.tanh(self.fc1(x))) * r).sum()
+
+    net = Mlp()
+    net.fc1.weight.set_data(Tensor(shard(d["w1"], g, 0)))
+    net.fc2.weight.set_data(Tensor(shard(d["w2"], g, 1)))
+    if sequence_parallel:  # activations and the loss weights split along the sequence
+        x, r = Tensor(shard(d["x"], g, 1)), Tensor(shard(d["r"], g, 1))
+    else:
+        x, r = Tensor(d["x"]), Tensor(d["r"])
+    params = net.trainable_params()
+    loss, (dx, grads) = ms.value_and_grad(net, (0,), params)(x, r)
+    if sequence_parallel:
+        loss = comm.all_reduce(loss.reshape(1), g)  # each rank's loss covers its tokens only
+    return {"loss": _l(loss.reshape(-1))[0], "dx": _l(dx), "dw1": _l(grads[0]), "dw2": _l(grads[1])}
+
+
+def _vocab(g) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from mftk.engine.parallel.tensor_parallel import (ColumnParallelLinear, VocabParallelCrossEntropy,
+                                                      VocabParallelEmbedding, shard, vocab_parallel_masked_mean_ce)
+
+    d = vocab_data()
+
+    class Lm(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.emb = VocabParallelEmbedding(V, H, g, sequence_parallel=True)
+            self.head = ColumnParallelLinear(H, V, g, sequence_parallel=True)
+            self.ce = VocabParallelCrossEntropy(g)
+
+        def construct(self, ids, labels, mask):
+            return vocab_parallel_masked_mean_ce(self.head(self.emb(ids)), labels, mask, self.ce)
+
+    net = Lm()
+    net.emb.weight.set_data(Tensor(shard(d["emb"], g, 0)))
+    net.head.weight.set_data(Tensor(shard(d["head"], g, 0)))
+    loss, grads = ms.value_and_grad(net, None, net.trainable_params())(
+        Tensor(d["ids"]), Tensor(d["labels"]), Tensor(d["mask"]))
+    return {"loss": float(loss.asnumpy()), "demb": _l(grads[0]), "dhead": _l(grads[1])}
+
+
+def _dp_loss_grads(d: dict, rows: slice):
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn, ops
+
+    class Reg(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(Tensor(d["w"]), name="w")
+            self.b = Parameter(Tensor(d["b"]), name="b")
+
+        def construct(self, x, t):
+            y = ops.matmul(x, self.w.T) + self.b
+            return ((y - t) ** 2).mean()
+
+    net = Reg()
+    loss, grads = ms.value_and_grad(net, None, net.trainable_params())(Tensor(d["x"][rows]), Tensor(d["t"][rows]))
+    return net, loss, grads
+
+
+def _dp(groups) -> dict:
+    from mftk.engine.parallel.data_parallel import global_grad_norm, param_replicas, sync_gradients
+
+    d = dp_data()
+    n = 4 // groups.dp.size
+    _, loss, grads = _dp_loss_grads(d, slice(groups.dp_rank * n, (groups.dp_rank + 1) * n))
+    synced = sync_gradients(grads, groups)
+    norm = global_grad_norm(synced, [param_replicas(groups)] * len(synced), groups)
+    return {"dw": _l(synced[0]), "db": _l(synced[1]), "norm": norm}
+
+
+def _fsdp(groups) -> dict:
+    from mindspore import ops
+
+    from mftk.engine.parallel.data_parallel import FsdpParams, global_grad_norm, param_replicas
+
+    d = dp_data()
+    n = 4 // groups.dp.size
+    net, _, grads = _dp_loss_grads(d, slice(groups.dp_rank * n, (groups.dp_rank + 1) * n))
+    fsdp = FsdpParams(net.trainable_params(), groups)
+    local_grads = fsdp.reduce_scatter(grads)
+    norm = global_grad_norm(local_grads, [param_replicas(groups, ("dp_shard",))] * 2, groups)
+    for p, g in zip(fsdp.local, local_grads):  # plain SGD on the shards
+        ops.assign(p, p - 0.1 * g)
+    fsdp.all_gather()
+    return {"local_rows": [list(b) for b in fsdp.bounds], "local_dw": _l(local_grads[0]), "norm": norm,
+            "w_after": _l(net.w), "b_after": _l(net.b)}
+
+
+# ---------------------------------------------------------------- 4-rank job
+
+
+def four_rank_groups() -> dict:
+    """tp2 × dp2 groups: sub-group all-reduce / all-gather / broadcast / send-recv see the right members."""
+    import mindspore as ms
+    from mindspore import Tensor, communication
+
+    from mftk.engine.parallel import comm
+    from mftk.engine.parallel.groups import create_groups
+    from mftk.plan.layout import Layout
+
+    rank = communication.get_rank()
+    groups = create_groups(Layout(world=4, tp=2, dp_shard=2, ep=2))
+    x = Tensor(np.array([float(rank)], np.float32))
+    out = {"rank": rank, "tp_ranks": list(groups.tp.ranks), "dp_ranks": list(groups.dp.ranks),
+           "ep_ranks": list(groups.ep.ranks)}
+    out["tp_sum"] = _l(comm.all_reduce(x, groups.tp))[0]
+    out["dp_sum"] = _l(comm.all_reduce(x, groups.dp))[0]
+    out["dp_max"] = _l(comm.all_reduce(x, groups.dp, "max"))[0]
+    out["tp_gather"] = _l(comm.all_gather(x, groups.tp))
+    out["dp_gather"] = _l(comm.all_gather(x, groups.dp))
+    out["world_gather"] = _l(comm.all_gather(x, groups.world))
+    out["dp_bcast"] = _l(comm.broadcast(x, groups.dp, 1))[0]
+    peer = 1 - groups.dp.rank  # exchange with the other data-parallel rank (lower sends first)
+    if groups.dp.rank == 0:
+        comm.send(x, peer, groups.dp)
+        out["dp_p2p"] = _l(comm.recv((1,), ms.float32, peer, groups.dp))[0]
+    else:
+        got = comm.recv((1,), ms.float32, peer, groups.dp)
+        comm.send(x, peer, groups.dp)
+        out["dp_p2p"] = _l(got)[0]
+    return out
+
+
+# ---------------------------------------------------------------- failure job
+
+
+def fail_on(rank_to_fail: int, message: str = "boom") -> dict:
+    """One rank raises; the others block in a collective the failing rank never joins."""
+    import numpy as np
+    from mindspore import Tensor, communication, ops
+
+    rank = communication.get_rank()
+    if rank == rank_to_fail:
+        raise ValueError(f"{message} on rank {rank}")
+    ops.AllReduce()(Tensor(np.ones((1,), np.float32))).asnumpy()  # hangs until the launcher kills it
+    return {"rank": rank}

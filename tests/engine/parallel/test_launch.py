@@ -1,0 +1,108 @@
+"""The msrun launcher: results come back, a failing or killed worker ends the job within seconds
+with that rank's error, nothing is left running, and bad arguments are refused up front."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from mftk.engine.launch import LaunchSpec, build_msrun_command, launch, pick_free_port, _port_free
+from mftk.errors import InputError, TrainingError
+
+ENGINE = [pytest.mark.slow, pytest.mark.engine]
+
+
+def _mftk_workers() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "mftk.engine.launch" in cmd and str(os.getpid()) in _env_parent(p):
+            out.append(p)
+    return out
+
+
+def _env_parent(p: psutil.Process) -> str:
+    try:
+        return p.environ().get("MFTK_TEST_PARENT", "")
+    except (psutil.Error, OSError):
+        return ""
+
+
+@pytest.mark.parametrize("mark", ENGINE)
+def test_failing_rank_ends_job_fast_with_its_error(tmp_path, mark):
+    del mark
+    started = time.monotonic()
+    with pytest.raises(TrainingError) as info:
+        launch("tests.engine.parallel.jobs:fail_on", {"rank_to_fail": 1, "message": "planted"},
+               spec=LaunchSpec(nproc=2, log_dir=tmp_path), timeout_s=120,
+               env={"MFTK_TEST_PARENT": str(os.getpid())})
+    elapsed = time.monotonic() - started
+    err = info.value
+    assert err.message.startswith("worker 1 failed")
+    assert "ValueError: planted on rank 1" in err.message
+    assert "jobs.py" in err.message  # the traceback tail, not just the summary
+    assert str(tmp_path / "worker_1.log") in err.hint
+    assert (tmp_path / "worker_0.log").exists() and (tmp_path / "worker_1.log").exists()
+    assert elapsed < 60  # msrun alone waits ~30 s for the scheduler after init (~10-20 s here)
+    time.sleep(0.5)
+    assert _mftk_workers() == []  # rank 0 was blocked in a collective: it must have been killed
+
+
+def test_killed_worker_is_reported(tmp_path):
+    """A worker that dies without a traceback (SIGKILL) is found through msrun's own report."""
+    pytest.importorskip("mindspore")
+
+    def killer():
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            log = tmp_path / "worker_1.log"
+            if log.exists() and "MFTK_WORKER_START" in log.read_text(errors="replace"):
+                pid = int(log.read_text().split("pid=", 1)[1].split()[0])
+                time.sleep(1.0)
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    with pytest.raises(TrainingError, match=r"worker 1 failed.*exited with code -9"):
+        launch("tests.engine.parallel.jobs:fail_on", {"rank_to_fail": -1},
+               spec=LaunchSpec(nproc=2, log_dir=tmp_path), timeout_s=120,
+               env={"MFTK_TEST_PARENT": str(os.getpid())})
+    t.join()
+    time.sleep(0.5)
+    assert _mftk_workers() == []
+
+
+test_killed_worker_is_reported = pytest.mark.slow(pytest.mark.engine(test_killed_worker_is_reported))
+
+
+def test_bad_target_and_shape_are_refused_before_starting(tmp_path):
+    with pytest.raises(InputError, match="package.module:function"):
+        launch("no_colon", spec=LaunchSpec(nproc=2, log_dir=tmp_path))
+    with pytest.raises(InputError, match="node_rank=2"):
+        launch("a:b", spec=LaunchSpec(nproc=2, nnodes=2, node_rank=2, master_port=20000, log_dir=tmp_path))
+    with pytest.raises(InputError, match="--master-port"):
+        launch("a:b", spec=LaunchSpec(nproc=2, nnodes=2, node_rank=1, log_dir=tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_free_port_leaves_room_for_msruns_worker_ports():
+    port = pick_free_port()
+    assert all(_port_free(port + off) for off in (0, 1, 256, 512, 768))
+    assert port % 1024 == 0
+
+
+def test_msrun_command_single_and_multi_node(tmp_path):
+    single = build_msrun_command(LaunchSpec(nproc=4), 21504, tmp_path, "m:f", tmp_path / "p.json")
+    assert single[single.index("--worker_num") + 1] == "4" and "--node_rank" not in single
+    assert single[-8:] == ["python", "-m", "mftk.engine.launch", "worker", "--target", "m:f", "--payload",
+                           str(tmp_path / "p.json")]
+    multi = build_msrun_command(LaunchSpec(nproc=2, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=21504),
+                                21504, tmp_path, "m:f", tmp_path / "p.json")
+    assert multi[multi.index("--worker_num") + 1] == "4" and multi[multi.index("--local_worker_num") + 1] == "2"
+    assert multi[multi.index("--node_rank") + 1] == "1" and multi[multi.index("--master_addr") + 1] == "10.0.0.1"
