@@ -1,4 +1,4 @@
-"""`mftk preprocess`: JSON/JSONL corpora to Megatron .bin/.idx (or merge existing pairs)."""
+"""`mftk preprocess`: JSON/JSONL corpora to Megatron .bin/.idx or MindRecord (or merge existing pairs)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,6 +16,9 @@ EPILOG = """Examples:
       --tokenizer tok/ --output-prefix data/mix --append-eod --on-error skip
 
   mftk preprocess --merge --input data/a_text_document --input data/b_text_document --output-prefix data/ab_text_document
+
+  mftk preprocess --format mindrecord --seq-length 4096 --input corpus.jsonl --tokenizer tok/ \
+      --output-prefix data/wiki --append-eod      # -> data/wiki_text.mindrecord for type: MindDataset
 """
 
 
@@ -47,9 +50,16 @@ def preprocess(
     merge: Annotated[bool, typer.Option("--merge", help="Concatenate the existing prefixes given as --input.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last completed "
                                          "input file.")] = False,
+    format: Annotated[str, typer.Option("--format", help="megatron: .bin/.idx for BlendedMegatronDatasetDataLoader; "
+                                        "mindrecord: <prefix>_<key>.mindrecord for MindDataset (documents "
+                                        "concatenated and cut into seq_length+1-token samples; the last partial "
+                                        "sample is dropped).")] = "megatron",
+    seq_length: Annotated[Optional[int], typer.Option("--seq-length", min=1, help="With --format mindrecord "
+                                                      "(required): the model's seq_length; each record holds "
+                                                      "seq_length + 1 tokens.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools)."""
+    """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
     import attrs
 
     from commands._render import RichProgress, console, err_console, print_json
@@ -64,7 +74,8 @@ def preprocess(
             raise InputError(message=f"--weights {weights!r}: expected numbers separated by commas") from None
     summary = run(input, output_prefix, tokenizer, json_keys=json_keys or ["text"], append_eod=append_eod,
                   eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
-                  weights=parsed_weights, resume=resume, merge_only=merge, progress=RichProgress(err_console))
+                  weights=parsed_weights, resume=resume, merge_only=merge, format=format, seq_length=seq_length,
+                  progress=RichProgress(err_console))
     if json_out:
         data = attrs.asdict(summary)
         data["data_path"] = summary.data_path_block()
@@ -76,20 +87,27 @@ def preprocess(
 def _render(summary, console) -> None:
     from rich.table import Table
 
+    mindrecord = summary.format == "mindrecord"
     table = Table(title="mftk preprocess", title_justify="left")
-    for col in ("output", "docs", "sequences", "tokens", "empty docs", "skipped lines", ".bin", ".idx"):
+    cols = (("output", "docs", "samples", "tokens", "dropped tokens", "empty docs", "skipped lines", "file", ".db")
+            if mindrecord else ("output", "docs", "sequences", "tokens", "empty docs", "skipped lines", ".bin", ".idx"))
+    for col in cols:
         table.add_column(col, justify="left" if col == "output" else "right", overflow="fold",
                          min_width=len(col) if col != "output" else 20)
     for s in summary.sources:
         for i, o in enumerate(s.outputs):
-            table.add_row(o.prefix, f"{o.documents:,}", f"{o.sequences:,}", f"{o.tokens:,}",
-                          f"{s.empty_documents:,}" if i == 0 else "", f"{s.rejected:,}" if i == 0 else "",
-                          _size(o.bin_bytes), _size(o.idx_bytes))
+            row = [o.prefix, f"{o.documents:,}", f"{o.sequences:,}", f"{o.tokens:,}"]
+            row += [f"{o.dropped_tokens:,}"] if mindrecord else []
+            row += [f"{s.empty_documents:,}" if i == 0 else "", f"{s.rejected:,}" if i == 0 else "",
+                    _size(o.bin_bytes), _size(o.idx_bytes)]
+            table.add_row(*row)
     console.print(table)
     eod = f"{summary.eod_id} ({summary.eod_token})" if summary.eod_id is not None else "none"
     facts = [f"dtype {summary.dtype}"]
+    if mindrecord:
+        facts.append(f"{summary.seq_length + 1} tokens per sample (seq_length {summary.seq_length})")
     if summary.tokenizer:
-        facts += [f"compat {summary.compat}", f"vocab {summary.vocab_size:,}", f"EOD id {eod}"
+        facts += ([] if mindrecord else [f"compat {summary.compat}"]) + [f"vocab {summary.vocab_size:,}", f"EOD id {eod}"
                   + ("" if summary.append_eod else " (not appended)")]
     tokens_per_s = summary.tokens / summary.wall_s if summary.wall_s else 0
     facts.append(f"wall {summary.wall_s:.2f} s ({tokens_per_s:,.0f} tokens/s)")
@@ -104,7 +122,8 @@ def _render(summary, console) -> None:
             console.print(f"resumed: {s.resumed_files} input file(s) were already done")
     if summary.tokenizer and summary.eod_id is not None:
         console.print(f"set [bold]eod: {summary.eod_id}[/] in the training YAML", highlight=False)
-    console.print("train_dataset.data_loader.config:", highlight=False)
+    console.print("train_dataset.dataloader:" if mindrecord else "train_dataset.dataloader.config:",
+                  highlight=False)
     console.print(summary.data_path_block(), highlight=False, markup=False, soft_wrap=True)
 
 

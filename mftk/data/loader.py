@@ -1,7 +1,7 @@
 """The training dataloader: config → blended GPT samples → this rank's batches.
 
-``build_train_dataset`` reads the ``train_dataset.dataloader`` section (BlendedMegatronDatasetDataLoader)
-and returns a ``TrainData`` whose ``loader`` yields numpy batches. Sharding reproduces
+``build_train_dataset`` reads the ``train_dataset.dataloader`` section (BlendedMegatronDatasetDataLoader,
+or MindDataset for MindRecord files) and returns a ``TrainData`` whose ``loader`` yields numpy batches. Sharding reproduces
 MindSpore's ``DistributedSampler`` as MindSpore Transformers uses it (reference
 megatron-data.md §4.6): only the first ⌊sizes[0]/gbs⌋·gbs blended samples are used, and
 data-parallel rank k reads samples k, k+dp, k+2dp, …, so global step j consumes exactly
@@ -26,6 +26,7 @@ from mftk.progress import NULL_PROGRESS, Progress
 _LOADER = "train_dataset.dataloader"
 _CFG = f"{_LOADER}.config"
 SUPPORTED_TYPE = "BlendedMegatronDatasetDataLoader"
+MINDRECORD_TYPE = "MindDataset"
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -185,7 +186,7 @@ def _train_size(dataloader: Any, global_batch_size: int) -> int:
 def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_size: int, dp_size: int = 1,
                         dp_rank: int = 0, drop_remainder: bool = True, cache_dir: str | None = None,
                         max_epochs: int | None = None, use_cache: bool = True, open_dataset: Any = None,
-                        progress: Progress = NULL_PROGRESS) -> TrainData:
+                        seq_length: int | None = None, progress: Progress = NULL_PROGRESS) -> TrainData:
     """Build the training samples MindSpore Transformers would build, and this rank's loader.
 
     ``dataloader`` is the ``train_dataset.dataloader`` section: a dict or an object with
@@ -203,20 +204,27 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
     dataset than this" into a ConfigError (it is otherwise a warning). ``open_dataset(prefix)``
     replaces ``IndexedDataset`` (tests); with it, indices are cached only under an explicit
     directory. ``use_cache=False`` never reads or writes a cache.
+
+    ``type: MindDataset`` reads MindRecord files instead (``dataset_files`` or ``dataset_dir``;
+    see ``mftk.data.mindrecord``); its sample length is ``config.seq_length`` when given, else
+    ``seq_length`` (pass the model's), else the files' own.
     """
     loader_type = _get(dataloader, "type")
-    if loader_type is not None and loader_type != SUPPORTED_TYPE:
+    if loader_type is not None and loader_type not in (SUPPORTED_TYPE, MINDRECORD_TYPE):
         raise _error(f"{_LOADER}.type", f"{loader_type!r} is not a GPT dataloader", loader_type,
-                     f"use {SUPPORTED_TYPE}")
-    ds_type = _get(dataloader, "datasets_type", "GPTDataset")
-    if ds_type != "GPTDataset":
-        raise _error(f"{_LOADER}.datasets_type", f"{ds_type!r} is not supported", ds_type, "use GPTDataset")
+                     f"use {SUPPORTED_TYPE} (Megatron .bin/.idx) or {MINDRECORD_TYPE} (MindRecord)")
     for name, value in (("global_batch_size", global_batch_size), ("local_batch_size", local_batch_size),
                         ("dp_size", dp_size)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank {dp_rank} out of range for dp_size {dp_size}")
+    if loader_type == MINDRECORD_TYPE:
+        return _build_mindrecord(dataloader, local_batch_size=local_batch_size, dp_size=dp_size, dp_rank=dp_rank,
+                                 drop_remainder=drop_remainder, seq_length=seq_length, progress=progress)
+    ds_type = _get(dataloader, "datasets_type", "GPTDataset")
+    if ds_type != "GPTDataset":
+        raise _error(f"{_LOADER}.datasets_type", f"{ds_type!r} is not supported", ds_type, "use GPTDataset")
     cfg = _get(dataloader, "config", dataloader)
     options = _sample_options(cfg)
     train = _train_size(dataloader, global_batch_size)
@@ -231,17 +239,47 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
     if used < train // global_batch_size * global_batch_size:
         warnings.append(f"only {len(dataset)} samples available, fewer than sizes[0]={train}; "
                         f"the run uses {used // global_batch_size} steps of data per epoch")
+    sample_ids = _rank_order(dataloader, used, seed, dp_size, dp_rank, warnings)
+    loader = DataLoader(dataset=dataset, sample_ids=sample_ids, local_batch_size=local_batch_size,
+                        dp_size=dp_size, dp_rank=dp_rank, drop_remainder=drop_remainder,
+                        compressed_eod_mask=options.create_compressed_eod_mask)
+    return TrainData(loader=loader, dataset=dataset, sources=sources, train_samples=train,
+                     warnings=warnings, notes=notes)
+
+
+def _rank_order(dataloader: Any, used: int, seed: int, dp_size: int, dp_rank: int,
+                warnings: list[str]) -> np.ndarray:
+    """The first ``used`` samples, optionally shuffled, then this rank's shard of them."""
     order = np.arange(used, dtype=np.int64)
     if _get(dataloader, "shuffle", False):
         # MindSpore shuffles with its own RNG, which numpy cannot reproduce; ours is seeded but different.
         order = np.random.RandomState(seed).permutation(used).astype(np.int64)
         warnings.append(f"{_LOADER}.shuffle: true reorders samples with mftk's own seeded shuffle, which "
                         "differs from MindSpore's; keep it false to match MindSpore Transformers")
-    sample_ids = order[shard_indices(used, dp_size, dp_rank)] if used else order
+    return order[shard_indices(used, dp_size, dp_rank)] if used else order
+
+
+def _build_mindrecord(dataloader: Any, *, local_batch_size: int, dp_size: int, dp_rank: int,
+                      drop_remainder: bool, seq_length: int | None, progress: Progress) -> TrainData:
+    """``type: MindDataset``: every record of the files, in order, sharded like MindSpore's MindDataset.
+
+    MindDataset has no ``sizes``: an epoch is every sample (rank k reads k, k+dp, …, wrapping to
+    pad the last round, as ``MindDataset(num_shards=dp, shard_id=k, shuffle=False)`` does).
+    """
+    from mftk.data.mindrecord import build_mindrecord_dataset
+
+    dataset, warnings = build_mindrecord_dataset(dataloader, seq_length=seq_length, progress=progress)
+    notes: list[str] = []
+    if _get(dataloader, "sizes"):
+        notes.append(f"{_LOADER}.sizes is not used by MindDataset: an epoch is every sample of the files")
+    cfg = _get(dataloader, "config", dataloader)
+    sample_ids = _rank_order(dataloader, len(dataset), int(_get(cfg, "seed", 1234)), dp_size, dp_rank, warnings)
     loader = DataLoader(dataset=dataset, sample_ids=sample_ids, local_batch_size=local_batch_size,
                         dp_size=dp_size, dp_rank=dp_rank, drop_remainder=drop_remainder,
-                        compressed_eod_mask=options.create_compressed_eod_mask)
-    return TrainData(loader=loader, dataset=dataset, sources=sources, train_samples=train,
+                        compressed_eod_mask=dataset.options.create_compressed_eod_mask)
+    sources = [SourceInfo(f, len(s) / len(dataset), len(s), (0, len(s)), len(s), 1, "")
+               for f, s in zip(dataset.files, dataset.samples)]
+    return TrainData(loader=loader, dataset=dataset, sources=sources, train_samples=len(dataset),
                      warnings=warnings, notes=notes)
 
 

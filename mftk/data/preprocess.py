@@ -8,6 +8,10 @@ batch. Memory is bounded by a few batches, whatever the corpus size.
 Safety: outputs live under ``.partial`` names until every input is done; after each completed
 input file the builders are flushed and a small state file records the progress, so a run
 stopped by an error or Ctrl-C can continue with ``resume=True`` from the next file.
+
+``format="mindrecord"`` writes ``<prefix>[_<name>]_<key>.mindrecord`` instead: the same tokens,
+packed into fixed ``seq_length + 1`` samples for ``type: MindDataset`` (see ``mftk.data.mindrecord``
+for the packing rule); that path imports MindSpore and cannot be resumed.
 """
 from __future__ import annotations
 
@@ -50,8 +54,9 @@ class OutputPair:
     sequences: int
     documents: int
     tokens: int
-    bin_bytes: int
-    idx_bytes: int
+    bin_bytes: int  # with --format mindrecord: the .mindrecord file
+    idx_bytes: int  # with --format mindrecord: its .db index
+    dropped_tokens: int = 0  # mindrecord: the final partial sample, not written
 
 
 @attrs.define
@@ -86,13 +91,22 @@ class PreprocessSummary:
     append_eod: bool
     weights: list[float]
     wall_s: float
+    format: str = "megatron"
+    seq_length: int | None = None  # mindrecord: samples hold seq_length + 1 tokens
 
     @property
     def tokens(self) -> int:
         return sum(s.tokens for s in self.sources)
 
     def data_path_block(self) -> str:
-        """The `data_path:` list for the training YAML: weight, prefix pairs (first JSON key)."""
+        """The `data_path:` list for the training YAML: weight, prefix pairs (first JSON key).
+
+        With the mindrecord format, the ``dataloader`` keys for ``type: MindDataset`` instead.
+        """
+        if self.format == "mindrecord":
+            lines = ["type: MindDataset", "dataset_files:"]
+            lines += [f"  - '{s.outputs[0].prefix}'" for s in self.sources]
+            return "\n".join(lines)
         lines = ["data_path:"]
         for weight, source in zip(self.weights, self.sources):
             lines.append(f"  - '{weight:.6g}'")
@@ -131,15 +145,19 @@ def preprocess(
     resume: bool = False,
     merge_only: bool = False,
     batch_bytes: int = 2 << 20,
+    format: str = "megatron",
+    seq_length: int | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> PreprocessSummary:
     """Tokenize every input group into ``<output_prefix>[_<name>]_<key>_document.{bin,idx}``.
 
     ``merge_only`` instead concatenates existing prefixes (``inputs``) into ``output_prefix``.
+    ``format="mindrecord"`` (needs ``seq_length``) writes ``<output_prefix>[_<name>]_<key>.mindrecord``.
     """
     started = time.perf_counter()
     if not inputs:
         raise InputError(message="no input given", hint="pass --input PATH (repeatable; globs allowed)")
+    _check_format(format, seq_length, merge_only=merge_only, resume=resume, weights=weights)
     if compat not in ("megatron", "mindformers"):
         raise InputError(message=f"--compat must be megatron or mindformers, not {compat!r}")
     if on_error not in ("fail", "skip"):
@@ -163,9 +181,12 @@ def preprocess(
                          hint="pass --eod-token with the token your model uses, e.g. <|endoftext|>")
     if workers:
         os.environ.setdefault("RAYON_NUM_THREADS", str(workers))  # read once, at the pool's first use
-    dtype = best_dtype(tok.vocab_size, compat)
+    dtype = best_dtype(tok.vocab_size, compat) if format == "megatron" else np.dtype(np.int32)
     settings = {"keys": keys, "compat": compat, "append_eod": append_eod, "eod_id": tok.eod_id,
                 "dtype": dtype.name, "tokenizer_sha256": _sha256(Path(tok.path))}
+    if format == "mindrecord":
+        settings["mindrecord_sample_length"] = seq_length + 1
+        output_prefix = re.sub(r"\.mindrecord$", "", output_prefix)
     total_bytes = sum(p.stat().st_size for group in files for p in group)
     progress.start("preprocess", total=total_bytes)
     meter = _Meter(progress)
@@ -182,7 +203,26 @@ def preprocess(
         total = sum(tokens) or 1
         weights = [t / total for t in tokens]
     return PreprocessSummary(summaries, tok.path, tok.vocab_size, tok.eod_id, tok.eod_token, dtype.name, compat,
-                             append_eod, list(weights), time.perf_counter() - started)
+                             append_eod, list(weights), time.perf_counter() - started, format, seq_length)
+
+
+def _check_format(format: str, seq_length: int | None, *, merge_only: bool, resume: bool,
+                  weights: list[float] | None) -> None:
+    if format not in ("megatron", "mindrecord"):
+        raise InputError(message=f"--format must be megatron or mindrecord, not {format!r}")
+    if format == "megatron":
+        if seq_length is not None:
+            raise InputError(message="--seq-length applies only to --format mindrecord",
+                             hint="Megatron .bin/.idx data is cut into samples at training time (config seq_length)")
+        return
+    if seq_length is None or isinstance(seq_length, bool) or seq_length <= 0:
+        raise InputError(message="--format mindrecord needs --seq-length N (a positive integer)",
+                         hint="use the model's seq_length; each record then holds N + 1 tokens")
+    for flag, given in (("--merge", merge_only), ("--resume", resume), ("--weights", weights is not None)):
+        if given:
+            raise InputError(message=f"{flag} is not available with --format mindrecord",
+                             hint="MindDataset reads its files in order without blending; a MindRecord file "
+                             "cannot be appended to, so rerun the whole conversion")
 
 
 def _merge(inputs: list[str], output_prefix: str, started: float) -> PreprocessSummary:
@@ -277,6 +317,7 @@ class _SourceRun:
         self.settings = {**settings, "inputs": [str(p) for p in paths]}
         self.dtype, self.batch_bytes, self.meter = dtype, batch_bytes, meter
         self.keys: list[str] = settings["keys"]
+        self.sample_length: int | None = settings.get("mindrecord_sample_length")
         self.mindformers = settings["compat"] == "mindformers"
         self.append_eod = settings["append_eod"]
         self.state_path = Path(prefix + ".preprocess-state.json")
@@ -304,6 +345,8 @@ class _SourceRun:
         return state
 
     def _save_state(self) -> None:
+        if self.sample_length is not None:
+            return  # mindrecord outputs cannot be resumed
         state = {"version": STATE_VERSION, "settings": self.settings, "done": self.done,
                  "builders": {k: b.checkpoint() for k, b in self.builders.items()},
                  "rejects_bytes": self.rejects.size(),
@@ -318,6 +361,11 @@ class _SourceRun:
             self.state_path.unlink(missing_ok=True)
             self.rejects.path.unlink(missing_ok=True)
         for key in self.keys:
+            if self.sample_length is not None:
+                from mftk.data.mindrecord import MindRecordBuilder, output_path
+
+                self.builders[key] = MindRecordBuilder(output_path(f"{self.prefix}_{key}"), self.sample_length)
+                continue
             out = f"{self.prefix}_{key}_document"
             self.builders[key] = IndexedDatasetBuilder(out, self.dtype,
                                                        resume=state["builders"][key] if state else None)
@@ -354,7 +402,7 @@ class _SourceRun:
         return self.summary
 
     def _resume_hint(self, index: int) -> str:
-        if index == 0:
+        if index == 0 or self.sample_length is not None:
             return ""
         return f"; then rerun with --resume to continue from {self.paths[index].name}"
 
@@ -464,6 +512,11 @@ class _SourceRun:
                     path=self.prefix, hint="an empty .bin cannot be memory-mapped by Megatron; check the inputs"
                     + (f" and {self.rejects.path}" if self.summary.rejected else ""))
         for key, builder in self.builders.items():
+            if self.sample_length is not None:
+                out = builder.finalize()
+                self.summary.outputs.append(OutputPair(out.path, key, out.samples, out.documents, out.tokens,
+                                                       out.file_bytes, out.db_bytes, out.dropped_tokens))
+                continue
             builder.finalize()
             ds = IndexedDataset(builder.path_prefix)
             self.summary.outputs.append(OutputPair(builder.path_prefix, key, len(ds), ds.document_count,

@@ -337,7 +337,8 @@ def _build_data(config: Any, *, dp: int) -> Any:
     tr = config.training
     data = build_train_dataset(config.train_dataset.dataloader, global_batch_size=tr.global_batch_size,
                                local_batch_size=tr.local_batch_size, dp_size=dp, dp_rank=0,
-                               drop_remainder=config.train_dataset.drop_remainder)
+                               drop_remainder=config.train_dataset.drop_remainder,
+                               seq_length=config.model.seq_length)
     for w in data.warnings:
         log.warning("data: %s", w)
     if not len(data.loader):

@@ -168,7 +168,7 @@ def test_mock_only_when_explicit():
     (lambda s: s.update(sizes=None), "sizes: is required"),
     (lambda s: s.update(sizes=[0, 0, 0]), "positive integer"),
     (lambda s: s.update(sizes=[1, 0, 0]), "smaller than global_batch_size"),
-    (lambda s: s.update(type="MindDataset"), "not a GPT dataloader"),
+    (lambda s: s.update(type="HFDataLoader"), "not a GPT dataloader"),
     (lambda s: s.update(datasets_type="BertDataset"), "not supported"),
     (lambda s: s["config"].update(seq_length=0), "seq_length: must be a positive integer"),
     (lambda s: s["config"].update(seq_length=100), "seq_length=100 needs 101 tokens"),
