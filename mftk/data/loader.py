@@ -29,19 +29,34 @@ SUPPORTED_TYPE = "BlendedMegatronDatasetDataLoader"
 MINDRECORD_TYPE = "MindDataset"
 
 
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    """A key of a dict or an attribute of an object (config model or plain namespace); None → default."""
+_MISSING = object()
+
+
+def _config_default(key: str) -> Any:
+    """The config model's default for a dataloader/dataset key: one source of defaults, also for dicts."""
+    from mftk.config.sections import DataloaderConfig, DatasetConfig
+
+    for cls in (DatasetConfig, DataloaderConfig):
+        field = attrs.fields_dict(cls).get(key)
+        if field is not None and not isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            return field.default
+    return None
+
+
+def _get(obj: Any, key: str, default: Any = _MISSING) -> Any:
+    """A key of a dict or an attribute of an object (config model or plain namespace).
+
+    A missing or null value falls back to ``default`` when given, else to the config model's default.
+    """
     if obj is None:
-        return default
-    if isinstance(obj, Mapping):
+        value = None
+    elif isinstance(obj, Mapping):
         value = obj.get(key, None)
     else:
         value = getattr(obj, key, None)
-        if value is None:  # attrs sections that allow extra keys may keep them in a dict
-            extra = getattr(obj, "__extra__", None) or getattr(obj, "extra", None)
-            if isinstance(extra, Mapping):
-                value = extra.get(key)
-    return default if value is None else value
+    if value is not None:
+        return value
+    return _config_default(key) if default is _MISSING else default
 
 
 def _error(path: str, message: str, value: Any = None, hint: str = "") -> ConfigError:
@@ -156,16 +171,16 @@ def _sample_options(cfg: Any) -> SampleOptions:
     seq = _get(cfg, "seq_length")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
         raise _error(f"{_CFG}.seq_length", f"must be a positive integer, got {seq!r}", seq)
-    pad_length = _get(cfg, "eod_pad_length", _get(cfg, "compressed_eod_mask_length", 128))
+    pad_length = _get(cfg, "eod_pad_length")
     return SampleOptions(
-        seq_length=seq, eod=int(_get(cfg, "eod", -1)), pad=int(_get(cfg, "pad", -1)),
-        eod_mask_loss=bool(_get(cfg, "eod_mask_loss", False)),
-        reset_position_ids=bool(_get(cfg, "reset_position_ids", False)),
-        reset_attention_mask=bool(_get(cfg, "reset_attention_mask", False)),
-        create_attention_mask=bool(_get(cfg, "create_attention_mask", True)),
-        create_compressed_eod_mask=bool(_get(cfg, "create_compressed_eod_mask", False)),
+        seq_length=seq, eod=int(_get(cfg, "eod")), pad=int(_get(cfg, "pad")),
+        eod_mask_loss=bool(_get(cfg, "eod_mask_loss")),
+        reset_position_ids=bool(_get(cfg, "reset_position_ids")),
+        reset_attention_mask=bool(_get(cfg, "reset_attention_mask")),
+        create_attention_mask=bool(_get(cfg, "create_attention_mask")),
+        create_compressed_eod_mask=bool(_get(cfg, "create_compressed_eod_mask")),
         eod_pad_length=int(pad_length),
-        add_extra_token=bool(_get(cfg, "add_extra_token_to_sequence", True)))
+        add_extra_token=bool(_get(cfg, "add_extra_token_to_sequence")))
 
 
 def _train_size(dataloader: Any, global_batch_size: int) -> int:
@@ -228,7 +243,7 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
     cfg = _get(dataloader, "config", dataloader)
     options = _sample_options(cfg)
     train = _train_size(dataloader, global_batch_size)
-    seed = int(_get(cfg, "seed", 1234))
+    seed = int(_get(cfg, "seed"))
     warnings: list[str] = []
     notes: list[str] = []
 
@@ -251,7 +266,7 @@ def _rank_order(dataloader: Any, used: int, seed: int, dp_size: int, dp_rank: in
                 warnings: list[str]) -> np.ndarray:
     """The first ``used`` samples, optionally shuffled, then this rank's shard of them."""
     order = np.arange(used, dtype=np.int64)
-    if _get(dataloader, "shuffle", False):
+    if _get(dataloader, "shuffle"):
         # MindSpore shuffles with its own RNG, which numpy cannot reproduce; ours is seeded but different.
         order = np.random.RandomState(seed).permutation(used).astype(np.int64)
         warnings.append(f"{_LOADER}.shuffle: true reorders samples with mftk's own seeded shuffle, which "
@@ -273,7 +288,7 @@ def _build_mindrecord(dataloader: Any, *, local_batch_size: int, dp_size: int, d
     if _get(dataloader, "sizes"):
         notes.append(f"{_LOADER}.sizes is not used by MindDataset: an epoch is every sample of the files")
     cfg = _get(dataloader, "config", dataloader)
-    sample_ids = _rank_order(dataloader, len(dataset), int(_get(cfg, "seed", 1234)), dp_size, dp_rank, warnings)
+    sample_ids = _rank_order(dataloader, len(dataset), int(_get(cfg, "seed")), dp_size, dp_rank, warnings)
     loader = DataLoader(dataset=dataset, sample_ids=sample_ids, local_batch_size=local_batch_size,
                         dp_size=dp_size, dp_rank=dp_rank, drop_remainder=drop_remainder,
                         compressed_eod_mask=dataset.options.create_compressed_eod_mask)
@@ -287,7 +302,7 @@ def _build_blend(cfg: Any, train: int, options: SampleOptions, seed: int, warnin
                  notes: list[str], *, cache_dir: str | None, max_epochs: int | None, use_cache: bool,
                  open_dataset: Any, progress: Progress) -> tuple[Any, list[SourceInfo]]:
     """The blended train dataset (reference §4.4 cases A, B, C, D)."""
-    mock = bool(_get(cfg, "mock", False))
+    mock = bool(_get(cfg, "mock"))
     data_path = _get(cfg, "data_path")
     per_split = _get(cfg, "train_data_path")
     if data_path is not None and per_split is not None:
