@@ -408,7 +408,7 @@ def worker_main(target: str, payload_path: str) -> int:
         communication.init()  # serves the cluster until every worker is gone
         return 0
     rank = int(os.environ.get("RANK_ID", "-1"))
-    print(f"{START_MARK} rank={rank} pid={os.getpid()}", flush=True)
+    _emit(f"{START_MARK} rank={rank} pid={os.getpid()}")
     try:
         rank, _ = init_distributed()
         payload = json.loads(Path(payload_path).read_text(encoding="utf-8"))
@@ -418,12 +418,17 @@ def worker_main(target: str, payload_path: str) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a marker
         traceback.print_exc()
         summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"{ERROR_MARK} rank={rank} {summary}", flush=True)
         sys.stderr.flush()
+        _emit(f"{ERROR_MARK} rank={rank} {summary}")
         os._exit(1)  # never hang in collective teardown while peers wait
-    print(f"{DONE_MARK} rank={rank}", flush=True)
-    sys.stdout.flush()
+    _emit(f"{DONE_MARK} rank={rank}")
     return 0
+
+
+def _emit(line: str) -> None:
+    """A protocol line in this worker's log (msrun sends the worker's stdout to worker_<rank>.log)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -436,5 +441,5 @@ def _main(argv: list[str] | None = None) -> int:
     return worker_main(args.target, args.payload)
 
 
-if __name__ == "__main__":
-    sys.exit(_main())
+if __name__ == "__main__":  # the process entry msrun starts; its status is the worker's exit code
+    raise SystemExit(_main())

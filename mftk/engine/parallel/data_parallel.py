@@ -51,6 +51,20 @@ def sync_gradients(grads: Sequence[Tensor], groups: ParallelGroups, *, op: str =
     return all_reduce_flat(grads, groups.dp_cp, op)
 
 
+def sync_flat_gradients(flat: np.ndarray, groups: ParallelGroups, *, op: str = "avg") -> np.ndarray:
+    """DP for a trainer that accumulates every gradient into one flat fp32 numpy buffer: one message."""
+    if groups.dp_cp.is_trivial:
+        return flat
+    return comm.all_reduce(Tensor.from_numpy(np.ascontiguousarray(flat)), groups.dp_cp, op).asnumpy()
+
+
+def mean_over(value: float, group: AxisGroup) -> float:
+    """A scalar averaged over a group (the logged loss over dp×cp, reference §2.3)."""
+    if group.is_trivial:
+        return float(value)
+    return float(comm.all_reduce(Tensor(np.array([value], np.float32)), group, "avg").asnumpy()[0])
+
+
 def sync_sequence_parallel_grads(grads: Sequence[Tensor], names: Sequence[str], sp_names: Sequence[str],
                                  groups: ParallelGroups) -> tuple[Tensor, ...]:
     """Sum over TP the gradients of replicated parameters that saw only this rank's tokens (SP)."""

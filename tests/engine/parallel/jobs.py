@@ -59,6 +59,9 @@ def two_rank_checks() -> dict:
     out["vocab"] = _vocab(tp_groups.tp)
     out["dp"] = _dp(dp_groups)
     out["fsdp"] = _fsdp(dp_groups)
+    pp_groups = create_groups(Layout(world=world, pp=world))
+    out["pp_1f1b"] = _pipeline(pp_groups.pp, "1f1b")
+    out["pp_gpipe"] = _pipeline(pp_groups.pp, "gpipe")
     return out
 
 
@@ -170,14 +173,17 @@ def _dp_loss_grads(d: dict, rows: slice):
 
 
 def _dp(groups) -> dict:
-    from mftk.engine.parallel.data_parallel import global_grad_norm, param_replicas, sync_gradients
+    from mftk.engine.parallel.data_parallel import (global_grad_norm, mean_over, param_replicas, sync_flat_gradients,
+                                                    sync_gradients)
 
     d = dp_data()
     n = 4 // groups.dp.size
     _, loss, grads = _dp_loss_grads(d, slice(groups.dp_rank * n, (groups.dp_rank + 1) * n))
     synced = sync_gradients(grads, groups)
     norm = global_grad_norm(synced, [param_replicas(groups)] * len(synced), groups)
-    return {"dw": _l(synced[0]), "db": _l(synced[1]), "norm": norm}
+    flat = sync_flat_gradients(np.concatenate([g.asnumpy().reshape(-1) for g in grads]), groups)
+    return {"dw": _l(synced[0]), "db": _l(synced[1]), "norm": norm, "flat": _l(flat),
+            "loss_mean": mean_over(float(loss.asnumpy()), groups.dp)}
 
 
 def _fsdp(groups) -> dict:
@@ -196,6 +202,27 @@ def _fsdp(groups) -> dict:
     fsdp.all_gather()
     return {"local_rows": [list(b) for b in fsdp.bounds], "local_dw": _l(local_grads[0]), "norm": norm,
             "w_after": _l(net.w), "b_after": _l(net.b)}
+
+
+def _pipeline(g, schedule: str) -> dict:
+    """The TP-test MLP split in 2 stages (fc1+tanh | fc2 + weighted sum), 4 micro-batches along S."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, ops
+
+    from mftk.engine.parallel.pipeline import PipelineStage, make_schedule, split_micro_batches
+
+    d, m = tp_data(), 4
+    if g.rank == 0:
+        w = Parameter(Tensor(d["w1"]), name="w1")
+        fn = lambda x: ops.tanh(ops.matmul(x, w.T))  # noqa: E731
+        inputs = [(x,) for x in split_micro_batches(Tensor(d["x"]), m, 1)]
+    else:
+        w = Parameter(Tensor(d["w2"]), name="w2")
+        fn = lambda a, r: (ops.matmul(a, w.T) * r).sum()  # noqa: E731
+        inputs = [(r,) for r in split_micro_batches(Tensor(d["r"]), m, 1)]
+    stage = PipelineStage(fn, [w], g, act_shape=(B, S // m, F), act_dtype=ms.float32)
+    losses, grads = stage.step(inputs, make_schedule(schedule, m, g.size, g.rank))
+    return {"losses": losses, "grad": _l(grads[0])}
 
 
 # ---------------------------------------------------------------- 4-rank job

@@ -39,4 +39,4 @@ def regression(d: dict) -> dict[str, np.ndarray]:
     x, t, w, b = (d[k].astype(np.float64) for k in ("x", "t", "w", "b"))
     dy = 2 * (x @ w.T + b - t) / t.size
     dw, db = dy.T @ x, dy.sum(0)
-    return {"dw": dw, "db": db, "norm": float(np.sqrt((dw ** 2).sum() + (db ** 2).sum()))}
+    return {"dw": dw, "db": db, "loss": float(((x @ w.T + b - t) ** 2).mean()), "norm": float(np.sqrt((dw ** 2).sum() + (db ** 2).sum()))}

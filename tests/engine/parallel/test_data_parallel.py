@@ -17,6 +17,8 @@ def test_dp_average_equals_full_batch_gradient(two_rank, rank):
     np.testing.assert_allclose(dp["dw"], ref["dw"], **TOL)
     np.testing.assert_allclose(dp["db"], ref["db"], **TOL)
     assert dp["norm"] == pytest.approx(ref["norm"], rel=1e-6)
+    np.testing.assert_allclose(dp["flat"], np.concatenate([ref["dw"].ravel(), ref["db"]]), **TOL)  # flat numpy path
+    assert dp["loss_mean"] == pytest.approx(ref["loss"], rel=1e-6)  # mean of the two half-batch losses
 
 
 def test_fsdp_shards_step_and_gather(two_rank):

@@ -13,8 +13,6 @@ import pytest
 from mftk.engine.launch import LaunchSpec, build_msrun_command, launch, pick_free_port, _port_free
 from mftk.errors import InputError, TrainingError
 
-ENGINE = [pytest.mark.slow, pytest.mark.engine]
-
 
 def _mftk_workers() -> list[psutil.Process]:
     out = []
@@ -32,9 +30,9 @@ def _env_parent(p: psutil.Process) -> str:
         return ""
 
 
-@pytest.mark.parametrize("mark", ENGINE)
-def test_failing_rank_ends_job_fast_with_its_error(tmp_path, mark):
-    del mark
+@pytest.mark.slow
+@pytest.mark.engine
+def test_failing_rank_ends_job_fast_with_its_error(tmp_path):
     started = time.monotonic()
     with pytest.raises(TrainingError) as info:
         launch("tests.engine.parallel.jobs:fail_on", {"rank_to_fail": 1, "message": "planted"},
@@ -52,9 +50,10 @@ def test_failing_rank_ends_job_fast_with_its_error(tmp_path, mark):
     assert _mftk_workers() == []  # rank 0 was blocked in a collective: it must have been killed
 
 
+@pytest.mark.slow
+@pytest.mark.engine
 def test_killed_worker_is_reported(tmp_path):
     """A worker that dies without a traceback (SIGKILL) is found through msrun's own report."""
-    pytest.importorskip("mindspore")
 
     def killer():
         deadline = time.monotonic() + 90
@@ -76,9 +75,6 @@ def test_killed_worker_is_reported(tmp_path):
     t.join()
     time.sleep(0.5)
     assert _mftk_workers() == []
-
-
-test_killed_worker_is_reported = pytest.mark.slow(pytest.mark.engine(test_killed_worker_is_reported))
 
 
 def test_bad_target_and_shape_are_refused_before_starting(tmp_path):
