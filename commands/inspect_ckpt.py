@@ -15,6 +15,8 @@ EPILOG = """Examples:
   mftk inspect-ckpt output/checkpoint/iteration_00000100 --verify --tensors
 
   mftk inspect-ckpt ckpt/iteration_00000100 --diff ckpt/iteration_00000200 --tensors --json | jq .changes
+
+  mftk inspect-ckpt output/checkpoint --export-hf exported/      (then AutoModelForCausalLM.from_pretrained)
 """
 
 PathArg = Annotated[Path, typer.Argument(
@@ -27,17 +29,29 @@ VerifyOpt = Annotated[bool, typer.Option(
 DiffOpt = Annotated[Optional[Path], typer.Option(
     "--diff", help="Compare with another checkpoint: added, removed, reshaped tensors.", show_default=False)]
 ExportOpt = Annotated[Optional[Path], typer.Option(
-    "--export-hf", help="Export to Hugging Face format (not built yet).", show_default=False)]
+    "--export-hf", help="Write a Hugging Face transformers dir (model.safetensors or shards + index, config.json) "
+                        "to this new or empty directory.", show_default=False)]
+ModelConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--model-config", help="With --export-hf: the training YAML whose model: section describes the checkpoint "
+                           "(only for checkpoints without mftk's extra state).", show_default=False)]
 
 
 def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt = False, verify: VerifyOpt = False,
-                 diff: DiffOpt = None, export_hf: ExportOpt = None) -> None:
+                 diff: DiffOpt = None, export_hf: ExportOpt = None, model_config: ModelConfigOpt = None) -> None:
     """Show a checkpoint's step, files, tensors and supported resume scenarios without loading it."""
-    from mftk.errors import CheckpointError, NotBuiltError
+    from mftk.errors import CheckpointError, InputError
 
     if export_hf is not None:
-        raise NotBuiltError(message="--export-hf is not built yet: it needs the model name mapping "
-                                    "(mftk/engine/models/*/state_dict.py)", hint="inspect, --verify and --diff work now")
+        if diff is not None or verify or tensors:
+            raise InputError(message="--export-hf cannot be combined with --diff, --verify or --tensors",
+                             hint="run the export and the inspection as two commands")
+        from mftk.ckpt.export import export_hf as export
+
+        exported = export(path, export_hf, model_config=model_config, progress=_progress())
+        _print_json(exported.to_dict()) if json_out else _render_export(exported)
+        return
+    if model_config is not None:
+        raise InputError(message="--model-config only applies to --export-hf", hint="add --export-hf OUT")
     if diff is not None:
         from mftk.ckpt.diff import diff_checkpoints
 
@@ -140,3 +154,14 @@ def _render_diff(d: Any) -> None:
     console.print(f"{len(d.changes)} tensor(s) with the same name and shape"
                   + ("" if d.tensors_read else " (add --tensors for per-tensor relative change)")
                   + ("; checkpoints identical" if d.identical and d.tensors_read else ""), highlight=False)
+
+
+def _render_export(r: Any) -> None:
+    from commands._render import console, err_console
+
+    for note in r.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    files = ", ".join(r.files) + (f" + {r.index_file}" if r.index_file else "")
+    console.print(f"[bold]exported[/] {r.source} (step {r.step}, {r.model_type}) -> {r.out_dir}", highlight=False)
+    console.print(f"  {r.tensors} tensors, {r.parameters:,} parameters, {_size(r.total_bytes)} {r.dtype}  "
+                  f"files: {files}, {r.config_file}  (model section from {r.model_source})", highlight=False)

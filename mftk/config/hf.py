@@ -1,4 +1,4 @@
-"""Hugging Face `config.json` → our `model:` section (Qwen3 and DeepSeek-V3).
+"""Hugging Face `config.json` ↔ our `model:` section (Qwen3 and DeepSeek-V3).
 
 Users start from published models. The HF keys are already our field names (models.md §1.3/§1.4),
 so most values pass through; what changes is what HF leaves implicit and the reference needs
@@ -8,14 +8,15 @@ without it, and Qwen3's reference default is 0.1). Keys that only matter to HF (
 `auto_map`, FP8 `quantization_config`, ...) are dropped, each reported as a note, never silently.
 """
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import attrs
 import yaml
 
-from mftk.config.model import (DELETED, MODEL_CONFIGS, NOTE, WARNING, DeepseekV3ModelConfig, TransformerFields,
-                               normalize_model_dict)
+from mftk.config.model import (DELETED, MODEL_CONFIGS, NOTE, WARNING, DeepseekV3ModelConfig, Qwen3ModelConfig,
+                               TransformerFields, normalize_model_dict)
 from mftk.errors import ConfigError, DataFormatError, InputError, Problem
 
 # HF-only keys with no place in the model section (beyond the reference's own deleted keys).
@@ -26,6 +27,7 @@ _HF_ONLY = {
     "aux_loss_alpha": "read as moe_aux_loss_coeff",
     "seq_aux": "read as moe_router_load_balancing_type",
     "scoring_func": "read as moe_router_score_function",
+    "rope_interleave": "DeepSeek's interleaved rope-dim layout; mftk always uses it",
 }
 
 DEFAULT_MTP_LOSS_SCALING_FACTOR = 0.3  # DeepSeek-V3 paper, first 10T tokens; pynative_ds3.yaml uses it too
@@ -126,3 +128,167 @@ def read_hf_config(path: str | Path) -> dict:
 def model_section_yaml(section: dict) -> str:
     """`model:` plus the section as block YAML (key order kept; floats always carry a dot/exponent)."""
     return yaml.safe_dump({"model": section}, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The inverse: our model section → HF config.json (for `inspect-ckpt --export-hf`)
+# ---------------------------------------------------------------------------------------------
+
+HF_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+             "float16": "float16", "fp16": "float16"}
+
+
+def hf_config_from_model_section(cfg: Any, *, dtype: str = "float32") -> dict:
+    """The HF `config.json` dict describing what mftk's engine computes for ``cfg``.
+
+    ``cfg`` is a model config object (or a raw `model:` mapping). Settings the engine honours but
+    `transformers` cannot express (a softmax router, a MLA softmax scale HF would compute
+    differently, ...) raise one ConfigError listing each; an export that loads but computes
+    something else would be silent data loss. Settings the engine ignores are left out; see
+    :func:`hf_export_notes`.
+    """
+    cfg = _as_config(cfg)
+    if problems := [p for p in hf_export_problems(cfg) if p.severity == "error"]:
+        raise ConfigError(message=f"this {cfg.model_type} model cannot be expressed as a transformers config "
+                                  f"({len(problems)} problem(s))", problems=problems)
+    out: dict[str, Any] = {"architectures": [_HF_ARCH[type(cfg)]], "model_type": _hf_model_type(cfg)}
+    out.update(_qwen3_keys(cfg) if isinstance(cfg, Qwen3ModelConfig) else _dsv3_keys(cfg))
+    out.update({"pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+                "torch_dtype": HF_DTYPES.get(dtype, dtype), "use_cache": True})
+    return out
+
+
+def hf_export_problems(cfg: Any) -> list[Problem]:
+    """Errors: engine behaviour HF cannot reproduce. Warnings: settings the engine ignores (left out)."""
+    cfg = _as_config(cfg)
+    ps: list[Problem] = []
+
+    def err(key: str, value: Any, message: str, hint: str = "") -> None:
+        ps.append(Problem(path=f"model.{key}", value=value, message=message, hint=hint))
+
+    def ignored(key: str, value: Any, default: Any) -> None:
+        if value != default:
+            ps.append(Problem(path=f"model.{key}", value=value, severity=WARNING,
+                              message="mftk's engine does not use this setting; the export describes what it computed"))
+
+    ignored("hidden_act", "silu" if cfg.hidden_act in ("silu", "fusedswiglu", "swiglu") else cfg.hidden_act, "silu")
+    ignored("gated_linear_unit", cfg.gated_linear_unit, True)
+    ignored("add_bias_linear", cfg.add_bias_linear, False)
+    ignored("apply_residual_connection_post_layernorm", cfg.apply_residual_connection_post_layernorm, False)
+    if isinstance(cfg, Qwen3ModelConfig):
+        ignored("rope_scaling", cfg.rope_scaling, None)
+        ignored("rotary_interleaved", cfg.rotary_interleaved, False)
+        ignored("position_embedding_type", cfg.position_embedding_type, "rope")
+        return ps
+    ignored("tie_word_embeddings", cfg.tie_word_embeddings, False)
+    if cfg.moe_router_score_function != "sigmoid":
+        err("moe_router_score_function", cfg.moe_router_score_function,
+            "transformers' DeepseekV3 router is sigmoid-only", "export models trained with sigmoid routing")
+    if cfg.use_shared_expert_gating:
+        err("use_shared_expert_gating", True, "transformers' DeepseekV3 has no shared-expert gate")
+    if cfg.activation_func_clamp_value is not None:
+        err("activation_func_clamp_value", cfg.activation_func_clamp_value, "transformers' experts do not clamp")
+    if cfg.attention_bias:
+        err("attention_bias", True, "the DeepSeek-V3 name mapping carries no MLA biases")
+    if not cfg.qk_layernorm:
+        err("qk_layernorm", False, "transformers' DeepseekV3 always applies the latent q/kv RMSNorms",
+            "export models trained with qk_layernorm: true")
+    if not cfg.multi_latent_attention:
+        err("multi_latent_attention", False, "transformers' DeepseekV3 is MLA only")
+    if cfg.rotary_percent != 1.0:
+        err("rotary_percent", cfg.rotary_percent, "transformers' DeepseekV3 rotates every rope dim")
+    fs = cfg.moe_shared_expert_intermediate_size_resolved()
+    if cfg.n_shared_experts <= 0 or fs != cfg.moe_intermediate_size * cfg.n_shared_experts:
+        err("moe_shared_expert_intermediate_size", cfg.moe_shared_expert_intermediate_size,
+            f"transformers' shared-expert width is moe_intermediate_size × n_shared_experts "
+            f"= {cfg.moe_intermediate_size} × {cfg.n_shared_experts}; this model has {fs}")
+    L, pattern = cfg.num_hidden_layers, cfg.moe_layer_pattern()
+    k = next((i for i, moe in enumerate(pattern) if moe), L)
+    if pattern != [False] * k + [True] * (L - k):
+        err("moe_layer_freq", cfg.moe_layer_freq, f"transformers' DeepseekV3 makes every layer from "
+            f"first_k_dense_replace on MoE; this model's pattern is {[int(x) for x in pattern]}")
+    if (cfg.num_nextn_predict_layers or 0) > 1:
+        err("num_nextn_predict_layers", cfg.num_nextn_predict_layers, "DeepSeek-V3's HF layout holds one MTP layer")
+    ours, theirs = cfg.mla_softmax_scale(), _hf_mla_scale(cfg)
+    if not math.isclose(ours, theirs, rel_tol=1e-12):
+        rp = cfg.rope_params()
+        err("mscale", rp.mscale, f"MLA softmax scale: mftk uses g(factor={rp.factor:g}, mscale={rp.mscale:g})² / "
+            f"√{cfg.q_head_dim()} = {ours:.6g} (with {rp.position_embedding_type} RoPE); transformers would use "
+            f"{theirs:.6g} (g(factor, mscale_all_dim)² with YaRN, 1 otherwise)",
+            "with plain RoPE set rotary_scaling_factor: 1.0; with YaRN set mscale equal to mscale_all_dim")
+    return ps
+
+
+def hf_export_notes(cfg: Any) -> list[Problem]:
+    """The warnings of :func:`hf_export_problems` (settings the export leaves out)."""
+    return [p for p in hf_export_problems(cfg) if p.severity != "error"]
+
+
+_HF_ARCH = {Qwen3ModelConfig: "Qwen3ForCausalLM", DeepseekV3ModelConfig: "DeepseekV3ForCausalLM"}
+
+
+def _as_config(cfg: Any) -> Any:
+    if isinstance(cfg, (Qwen3ModelConfig, DeepseekV3ModelConfig)):
+        return cfg
+    from mftk.config.load import build_model_section
+
+    built, problems = build_model_section(cfg)
+    if built is None or any(p.severity == "error" for p in problems):
+        raise ConfigError(message="the model section does not load", problems=problems)
+    return built
+
+
+def _hf_model_type(cfg: Any) -> str:
+    return "qwen3" if isinstance(cfg, Qwen3ModelConfig) else "deepseek_v3"  # deepseek_mtp is not an HF type
+
+
+def _common_keys(cfg: Any) -> dict:
+    return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_query_groups(), "hidden_act": "silu",
+            "initializer_range": cfg.initializer_range, "rms_norm_eps": cfg.rms_norm_eps,
+            "attention_dropout": cfg.attention_dropout}
+
+
+def _qwen3_keys(cfg: Qwen3ModelConfig) -> dict:
+    """Plain RoPE always: mftk's Qwen3 ignores rope_scaling, so the export must too."""
+    return {**_common_keys(cfg), "head_dim": cfg.kv_channels(), "max_position_embeddings": cfg.max_position_embeddings,
+            "rope_theta": cfg.rope_theta, "rope_scaling": None, "attention_bias": cfg.attention_bias,
+            "tie_word_embeddings": cfg.tie_word_embeddings, "use_sliding_window": False, "sliding_window": None,
+            "max_window_layers": cfg.num_hidden_layers}
+
+
+def _dsv3_keys(cfg: DeepseekV3ModelConfig) -> dict:
+    rp = cfg.rope_params()
+    max_pos, rope_scaling = cfg.max_position_embeddings, None
+    if rp.position_embedding_type == "yarn":
+        rope_scaling = {"type": "yarn", "factor": rp.factor,
+                        "original_max_position_embeddings": rp.original_max_position_embeddings,
+                        "beta_fast": rp.beta_fast, "beta_slow": rp.beta_slow, "mscale": rp.mscale,
+                        "mscale_all_dim": rp.mscale_all_dim}
+        if not cfg.rope_scaling:  # flat keys: max_position_embeddings was the original length; HF wants the extended one
+            max_pos = int(rp.original_max_position_embeddings * rp.factor)
+    return {
+        **_common_keys(cfg), "moe_intermediate_size": cfg.moe_intermediate_size,
+        "n_shared_experts": cfg.n_shared_experts, "n_routed_experts": cfg.n_routed_experts,
+        "num_experts_per_tok": cfg.num_experts_per_tok, "routed_scaling_factor": cfg.routed_scaling_factor,
+        "n_group": cfg.n_group or 1, "topk_group": cfg.topk_group or 1, "norm_topk_prob": cfg.norm_topk_prob,
+        "first_k_dense_replace": next((i for i, m in enumerate(cfg.moe_layer_pattern()) if m), cfg.num_hidden_layers),
+        "moe_layer_freq": 1, "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
+        "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
+        "v_head_dim": cfg.v_head_dim, "num_nextn_predict_layers": cfg.num_nextn_predict_layers or 0,
+        "max_position_embeddings": max_pos, "rope_theta": cfg.rope_theta, "rope_scaling": rope_scaling,
+        "rope_interleave": True, "attention_bias": False, "tie_word_embeddings": False,
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc", "aux_loss_alpha": cfg.moe_aux_loss_coeff,
+        "seq_aux": cfg.moe_router_load_balancing_type == "seq_aux_loss",
+    }
+
+
+def _hf_mla_scale(cfg: DeepseekV3ModelConfig) -> float:
+    """transformers' DeepseekV3Attention scale: qk_head_dim^-0.5 · g(factor, mscale_all_dim)² under YaRN."""
+    rp = cfg.rope_params()
+    scale = cfg.q_head_dim() ** -0.5
+    if rp.position_embedding_type == "yarn" and rp.mscale_all_dim:
+        g = 1.0 if rp.factor <= 1 else 0.1 * rp.mscale_all_dim * math.log(rp.factor) + 1.0
+        scale *= g * g
+    return scale

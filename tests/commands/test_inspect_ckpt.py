@@ -80,7 +80,7 @@ def test_diff(tmp_path):
     assert res.exit_code == 0 and "global_step: 4 -> 6" in res.stdout
 
 
-def test_export_hf_not_built(tmp_path):
+def test_export_hf_needs_the_model_section(tmp_path):
     mf_step_dir(tmp_path)
     res = _run(tmp_path, "--export-hf", tmp_path / "out")
-    assert res.exit_code == 2 and "not built yet" in res.stderr
+    assert res.exit_code == 1 and "no mftk extra state" in res.stderr and "--model-config" in res.stderr
