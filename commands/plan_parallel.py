@@ -30,13 +30,14 @@ def plan_parallel(
     explain: Annotated[Optional[str], typer.Option("--explain", help="Explain one layout term by term, e.g. dps4.tp2.")] = None,
     device_tflops: Annotated[Optional[float], typer.Option("--device-tflops", help="Sustained TFLOP/s per device (step time).")] = None,
     link_gbps: Annotated[Optional[float], typer.Option("--link-gbps", help="Link bandwidth in Gbit/s (step time).")] = None,
+    profile: Annotated[str, typer.Option("--profile", help="Memory profile: accelerator (Megatron/ZeRO accounting) or mftk-cpu (measured on mftk's CPU engine).")] = "accelerator",
 ) -> None:
     """Search every parallel layout for N devices, reject invalid ones with the rule, estimate memory per device."""
     from commands._render import console, err_console, print_json
     from mftk.plan.report import plan_parallel as run_plan
 
     report = run_plan(config, world_size=world_size, nodes=nodes, device_memory=device_memory, check=check,
-                      explain=explain, device_tflops=device_tflops, link_gbps=link_gbps)
+                      explain=explain, device_tflops=device_tflops, link_gbps=link_gbps, assumptions=profile)
     if json_out:
         print_json(report.to_dict(top=top))
     else:

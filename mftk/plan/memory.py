@@ -83,13 +83,51 @@ class PlanInputs:
 
 @attrs.frozen(kw_only=True)
 class Assumptions:
-    """Knobs of the model that are not in the YAML; defaults are the documented choices."""
+    """Knobs of the model that are not in the YAML.
+
+    The defaults are the accelerator-style accounting of the published estimators (peers.md §4):
+    fp32 main grads only, Adam m/v (+ fp32 master for low-precision params), one kept copy of the
+    fp32 logits plus its gradient, the Korthikanti tensor inventory. `MFTK_CPU` describes what
+    mftk's own CPU engine holds instead (measured, see `bench/plan_calibration.py`).
+    """
 
     fused_attention: bool | None = None  # None: model.use_flash_attention (CPU runs: False)
-    attention_score_copies: int = 2      # unfused attention keeps scores and probabilities (S×S per head)
+    attention_score_copies: float = 2    # unfused attention: S×S tensors per head kept (scores, probabilities)
     gather_buffers: int = 2              # FSDP: gathered layer + prefetched next layer (peers.md §4.1)
     moe_imbalance: float = 1.0           # routed tokens per rank relative to perfectly balanced
-    overhead_bytes: float = 0.0          # constant per device (workspaces, allocator); calibrated, not guessed
+    overhead_bytes: float = 0.0          # constant per device (runtime, workspaces); measured, not guessed
+    framework_grad_bytes: float = 0.0    # per param: gradients the framework returns beside the fp32 main grad
+    always_master: bool = False          # the optimizer keeps its own fp32 master copy even for fp32 params
+    optimizer_scratch_bytes: float = 0.0  # per param: the update's scratch buffer
+    retained_bytes_per_param: float = 0.0  # per param: freed copies (init, replaced weights) the allocators keep
+    activation_factor: float = 1.0       # kept bytes per inventory byte (eager autograd keeps more than the inventory)
+    mla_activation_factor: float | None = None  # the same for MLA (DeepSeek-V3) layers; None: activation_factor
+    norm_scratch_bytes: float = 0.0      # per param, for at most 2**22 params: the grad-norm's float64 block
+    logits_copies: float = 2.0           # fp32 (tokens × V) tensors live at the loss: kept logits + their gradient
+    name: str = "accelerator"
+
+
+# mftk's CPU engine (PyNative, fp32, numpy AdamW), measured by bench/plan_calibration.py's sweep
+# (one dimension at a time: layers, hidden, batch, seq, vocab; medians of repeated runs):
+# - states, from the code (optim.py, trainer.py): MindSpore weights 4 + the grads value_and_grad returns 4
+#   + the flat fp32 accumulation buffer 4 + numpy master, m, v and the update scratch 4·4 = 28 B/param;
+# - retained: the model build alone raises RSS by ~2.5× the weights (init arrays, replaced tensors stay
+#   in glibc/MindSpore pools); the layer and vocab sweeps give the per-param slope above 28 B;
+# - activations, scores, logits: slopes of the batch, seq and vocab sweeps over the inventory's bytes;
+# - overhead: a 1-layer hidden-16 model (MindSpore's kernels, pools and autograd graph at first step).
+MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=5.0, overhead_bytes=27 * 2 ** 20,
+                       framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=4.0,
+                       retained_bytes_per_param=2.5, norm_scratch_bytes=8.0, activation_factor=1.7,
+                       mla_activation_factor=5.5, logits_copies=2.8, name="mftk-cpu")
+PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
+
+
+def preset(name: str) -> Assumptions:
+    """The named assumption profile; InputError naming the known ones otherwise."""
+    if name not in PRESETS:
+        raise InputError(message=f"unknown memory profile {name!r}",
+                         hint=f"use one of: {', '.join(PRESETS)}")
+    return PRESETS[name]
 
 
 @attrs.frozen
@@ -213,6 +251,17 @@ def _bytes(dtype: str) -> int:
 
 # ----------------------------------------------------------------------------- activations
 
+_SCORES = "attention scores/probs (S per head)"
+_NORM_BLOCK = 1 << 22  # mftk.engine.optim.global_norm's block
+
+
+def _act_factor(cfg: Any, asm: Assumptions) -> float:
+    """Kept bytes per inventory byte for this model's layers (MLA layers have their own measured factor)."""
+    if F._is_mla(cfg) and asm.mla_activation_factor is not None:
+        return asm.mla_activation_factor
+    return asm.activation_factor
+
+
 def activation_inventory(cfg: Any, moe: bool, *, seq_per_rank: int, fused: bool, selective: bool,
                          score_copies: int = 2, imbalance: float = 1.0) -> dict[str, float]:
     """Bytes kept for backward per token of one layer, before TP/SP division (Korthikanti-style).
@@ -241,7 +290,7 @@ def activation_inventory(cfg: Any, moe: bool, *, seq_per_rank: int, fused: bool,
     else:
         inv["attention output"] = out_dim * a
         if not selective:
-            inv["attention scores/probs (S per head)"] = score_copies * nh * seq_per_rank * a
+            inv[_SCORES] = score_copies * nh * seq_per_rank * a
     if moe:
         E, K, Fm = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
         Fs = cfg.moe_shared_expert_intermediate_size_resolved()
@@ -325,21 +374,36 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     table = n["embedding"] + n["output"]
     ins = {"dense_params": int(body), "expert_params": int(experts), "embedding_output_params": int(table),
            "fsdp = dp_shard·cp": fsdp, "efsdp = dp_shard·cp·tp/ep": efsdp}
+    shard = (body + table) / fsdp + experts / efsdp                      # params of this rank's shard
     terms = [
         Term("weights", (body * p + table * e) / fsdp + experts * p / efsdp,
              "(dense·p + emb·p_emb)/fsdp + experts·p/efsdp", {**ins, "p": p, "p_emb": e}),
-        Term("gradients", 4 * ((body + table) / fsdp + experts / efsdp),
-             "4·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered]", ins),
     ]
-    master = 4 if p < 4 else 0
-    low = body + table * (e < 4)
-    terms.append(Term("optimizer", 8 * ((body + table) / fsdp + experts / efsdp) + master * (low / fsdp + experts / efsdp),
-                      "Adam m,v 8·N/shard + fp32 master 4·N_lowp/shard (only when params are not fp32)",
-                      {**ins, "master_bytes": master}))
+    g = asm.framework_grad_bytes
+    terms.append(Term("gradients", (4 + g) * shard,
+                      "(4 + g_fw)·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered"
+                      + (" + the framework's own grads]" if g else "]"), {**ins, "g_fw": g}))
+    master = 4 if p < 4 or asm.always_master else 0
+    low = body + table * (e < 4 or asm.always_master)
+    scratch = asm.optimizer_scratch_bytes
+    terms.append(Term("optimizer", (8 + scratch) * shard + master * (low / fsdp + experts / efsdp),
+                      "(Adam m,v 8 + scratch)·N/shard + fp32 master 4·N_master/shard"
+                      + (" (a separate master for every param)" if asm.always_master else
+                         " (only when params are not fp32)"),
+                      {**ins, "master_bytes": master, "scratch": scratch}))
+    if asm.retained_bytes_per_param:
+        terms.append(Term("allocator retained", asm.retained_bytes_per_param * shard,
+                          "r·N/shard  [freed init/replaced weight copies the allocators keep; measured]",
+                          {"r": asm.retained_bytes_per_param, "N/shard": int(shard)}))
+    if asm.norm_scratch_bytes:
+        terms.append(Term("grad-norm scratch", asm.norm_scratch_bytes * min(shard, _NORM_BLOCK),
+                          "s·min(N/shard, 2^22)  [global_norm casts one block of grads to float64]",
+                          {"s": asm.norm_scratch_bytes, "N/shard": int(shard)}))
     terms.append(_gathered_term(n, lay, inputs, asm, p, fsdp, efsdp))
     terms += _activation_terms(cfg, lay, inputs, asm, stage, ids, m, recompute, first, last)
     if asm.overhead_bytes:
-        terms.append(Term("overhead", asm.overhead_bytes, "constant (calibrated)", {}))
+        terms.append(Term("overhead", asm.overhead_bytes, "constant per process (measured runtime baseline)",
+                          {"profile": asm.name}))
     return StageMemory(stage=stage, layers=tuple(ids), terms=tuple(terms))
 
 
@@ -372,10 +436,12 @@ def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, st
         inv = activation_inventory(cfg, moe, seq_per_rank=S // lay.cp, fused=fused,
                                    selective=recompute == "selective", score_copies=asm.attention_score_copies,
                                    imbalance=asm.moe_imbalance)
-        per_layer[moe] = sum(inv.values())
+        scores = inv.get(_SCORES, 0.0)
+        per_layer[moe] = _act_factor(cfg, asm) * (sum(inv.values()) - scores) + scores
     n_moe = sum(1 for i in ids if pattern[i])
     n_dense = len(ids) - n_moe
-    ins = {"tokens = b·S/cp": tokens, "sp_div": sp, "in_flight": round(k, 3), "layers": len(ids),
+    ins = {"tokens = b·S/cp": tokens, "sp_div": sp, "activation_factor": _act_factor(cfg, asm),
+           "in_flight": round(k, 3), "layers": len(ids),
            "moe_layers": n_moe, "recompute": recompute, "fused_attention": fused}
     terms = []
     if recompute == "full":
@@ -402,7 +468,8 @@ def _logits_term(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, tokens:
                  fused: bool, recompute: str) -> Term:
     a, H, V = _bytes(cfg.compute_dtype), cfg.hidden_size, cfg.vocab_size
     heads = 1 + cfg.mtp_num_layers()
-    per_token = heads * (2 * H * a / sp + V * 4 / lay.tp)   # final-norm in/out; fp32 logits kept by the CE
+    kept = asm.logits_copies - 1                            # fp32 logits kept by the CE (1 on accelerators)
+    per_token = heads * (2 * H * a / sp + kept * V * 4 / lay.tp)   # final-norm in/out; kept logits
     grad = V * 4 / lay.tp
     value = tokens * (k_last(inputs, lay, k) * per_token + grad)
     extra = 0.0
@@ -410,11 +477,14 @@ def _logits_term(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, tokens:
         moe = bool(cfg.moe_layer_pattern()) and cfg.moe_layer_pattern()[-1]
         inv = activation_inventory(cfg, moe, seq_per_rank=cfg.seq_length // lay.cp, fused=fused,
                                    selective=recompute == "selective", score_copies=asm.attention_score_copies)
-        extra = tokens / sp * cfg.mtp_num_layers() * (sum(inv.values()) + 4 * H * a)
+        scores = inv.get(_SCORES, 0.0)
+        layer = _act_factor(cfg, asm) * (sum(inv.values()) - scores + 4 * H * a) + scores
+        extra = tokens / sp * cfg.mtp_num_layers() * layer
         value += k_last(inputs, lay, k) * extra
     return Term("logits + loss", value,
-                "tokens·(in_flight·heads·(2H·a/sp + 4V/tp) + 4V/tp [logit grad]) + MTP layer acts",
-                {"tokens": tokens, "heads (1+MTP)": heads, "H": H, "V": V, "a": a, "tp": lay.tp,
+                "tokens·(in_flight·heads·(2H·a/sp + (copies−1)·4V/tp) + 4V/tp [logit grad]) + MTP layer acts",
+                {"tokens": tokens, "copies": asm.logits_copies, "heads (1+MTP)": heads, "H": H, "V": V, "a": a,
+                 "tp": lay.tp,
                  "mtp_layer_bytes": round(extra)})
 
 

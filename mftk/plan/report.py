@@ -18,7 +18,7 @@ from mftk.config.yamlio import parse_yaml, read_config_file
 from mftk.errors import InputError, PlanError
 from mftk.plan import search as S
 from mftk.plan.layout import Layout, layout_from_config
-from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, parse_bytes
+from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, parse_bytes, preset
 
 SHAPE_KEYS = ("vocab_size", "seq_length", "hidden_size", "num_hidden_layers", "num_attention_heads")
 _RESET = {"tensor_parallel": 1, "pipeline_parallel": 1, "context_parallel": 1, "expert_parallel": 1,
@@ -137,8 +137,13 @@ def _nodes_ok(world: int, nodes: int | None) -> None:
 
 def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None, device_memory: str = "64GiB",
                   check: bool = False, explain: str | None = None, device_tflops: float | None = None,
-                  link_gbps: float | None = None, assumptions: Assumptions = Assumptions()) -> PlanReport:
-    """Search (or, with check, evaluate the YAML's own) layouts for `world_size` devices."""
+                  link_gbps: float | None = None, assumptions: Assumptions | str = Assumptions()) -> PlanReport:
+    """Search (or, with check, evaluate the YAML's own) layouts for `world_size` devices.
+
+    ``assumptions`` may name a profile: "accelerator" (default accounting) or "mftk-cpu" (this engine on CPU).
+    """
+    if isinstance(assumptions, str):
+        assumptions = preset(assumptions)
     if world_size < 1:
         raise PlanError(message=f"world size must be ≥ 1, got {world_size}", rule="world_size",
                         values={"world_size": world_size}, hint="pass --world-size N with N devices")

@@ -126,3 +126,20 @@ def test_published_size_templates_plan(template):
     r = run(str(ROOT / f"templates/{template}.yaml"), "--world-size", "8", "--json", "--top", "1")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["valid"] > 0
+
+
+def test_profile_option_changes_the_estimate_and_rejects_unknown_names():
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from commands.app import app
+
+    args = ["plan-parallel", "templates/qwen3_tiny.yaml", "--world-size", "1", "--json", "--check"]
+    runner = CliRunner()
+    acc = runner.invoke(app, args)
+    cpu = runner.invoke(app, args + ["--profile", "mftk-cpu"])
+    assert acc.exit_code == 0 and cpu.exit_code == 0, (acc.output, cpu.output)
+    assert _json.loads(acc.stdout) != _json.loads(cpu.stdout)
+    bad = runner.invoke(app, args + ["--profile", "gpu-ish"])
+    assert bad.exit_code == 2
