@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from commands._options import ConfigArg, JsonOpt, NprocOpt, OutputDirOpt, SetOpt
+from commands.train import JoinOpt, LogDirOpt, MasterAddrOpt, MasterPortOpt, NnodesOpt, NodeRankOpt
 
 EPILOG = """Examples:
 
@@ -17,6 +18,8 @@ EPILOG = """Examples:
   mftk resume my.yaml --from ./hf_weights --weights-only     # step 0, fresh optimizer
 
   mftk resume my.yaml --dry-run                              # what would load, without loading
+
+  mftk resume my.yaml --nproc 2                              # any number of workers: shards are re-cut
 
 training.steps stays the absolute target step. A changed global_batch_size rescales the step
 to int(step·old/new) and keeps consumed_samples.
@@ -31,13 +34,16 @@ DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show what would be l
 
 def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOpt = False, dry_run: DryRunOpt = False,
            overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
+           nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
+           master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
            json_out: JsonOpt = False) -> None:
-    """Resume training from a checkpoint (bit-exact with mftk's own checkpoints)."""
-    from commands.train import run_command
+    """Resume training from a checkpoint (bit-exact with mftk's own checkpoints; reshards to this layout)."""
+    from commands.train import launcher_spec, run_command
 
     source = from_ or _default_source(config, overrides)
     result = run_command(config, overrides, output_dir, nproc, resume_from=source, weights_only=weights_only,
-                         dry_run=dry_run)
+                         dry_run=dry_run, launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port,
+                                                                 log_dir, join))
     if dry_run:
         plan = result.resume
         _render_plan(plan, result.total_steps, json_out)

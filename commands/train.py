@@ -4,7 +4,9 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
+
+import typer
 
 from commands._options import ConfigArg, NprocOpt, OutputDirOpt, SetOpt
 
@@ -14,27 +16,55 @@ EPILOG = """Examples:
 
   mftk train my.yaml --set training.steps=20 --set checkpoint.save_path=./ckpt --output-dir ./output
 
-Step lines go to stdout and to OUTPUT/log/rank_0/info.log (metrics.jsonl next to it).
+  mftk train templates/qwen3_tiny.yaml --nproc 2          # 2 workers through msrun (data parallel / FSDP)
+
+  mftk train my.yaml --nproc 1 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 20480   # node 0 of 2
+
+Step lines go to stdout and to OUTPUT/log/rank_<r>/info.log (metrics.jsonl next to it); with --nproc > 1,
+msrun's worker_<rank>.log files go to OUTPUT/msrun_log (or --log-dir) and rank 0's progress is shown here.
 SIGTERM/SIGINT save a checkpoint at the current step and exit with code 75; continue with `mftk resume`.
 """
 
+NnodesOpt = Annotated[int, typer.Option("--nnodes", min=1, help="Machines in the job (each runs --nproc workers).")]
+NodeRankOpt = Annotated[int, typer.Option("--node-rank", min=0, help="This machine's index, 0..nnodes-1.")]
+MasterAddrOpt = Annotated[str, typer.Option("--master-addr", help="Address of node 0 (the msrun scheduler).")]
+MasterPortOpt = Annotated[Optional[int], typer.Option(
+    "--master-port", min=1024, max=65535, help="Scheduler port (default: a free one; required with --nnodes > 1).")]
+LogDirOpt = Annotated[Optional[Path], typer.Option("--log-dir", help="Where msrun writes worker_<rank>.log "
+                                                   "(default: OUTPUT/msrun_log).")]
+JoinOpt = Annotated[bool, typer.Option("--join/--no-join", help="Wait for the workers (default) or start them "
+                                       "and return at once.")]
 
-def train(config: ConfigArg, overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1) -> None:
+
+def train(config: ConfigArg, overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
+          nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
+          master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True) -> None:
     """Train a model from one YAML (validated first; a bad config never starts a run)."""
-    run_command(config, overrides, output_dir, nproc)
+    run_command(config, overrides, output_dir, nproc, launcher=launcher_spec(nproc, nnodes, node_rank, master_addr,
+                                                                            master_port, log_dir, join))
+
+
+def launcher_spec(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: Optional[int],
+                  log_dir: Optional[Path], join: bool) -> Any:
+    from mftk.engine.launch import LaunchSpec
+
+    return LaunchSpec(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                      master_port=master_port, log_dir=log_dir, join=join)
 
 
 def run_command(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], nproc: int, *,
-                resume_from: Optional[Path] = None, weights_only: bool = False, dry_run: bool = False) -> Any:
+                resume_from: Optional[Path] = None, weights_only: bool = False, dry_run: bool = False,
+                launcher: Any = None) -> Any:
     """Shared by `train` and `resume`: load + validate, attach the console log, run, render the result."""
-    from mftk.errors import InputError
-
-    if nproc != 1:
-        raise InputError(message=f"--nproc {nproc}: multi-process training (msrun) is not available yet",
-                         hint="use --nproc 1 (in-process, the default)")
     from mftk.config.load import load_config
 
-    loaded = load_config(config, overrides=overrides or [], world_size=nproc)
+    world = launcher.world if launcher is not None else nproc
+    loaded = load_config(config, overrides=overrides or [], world_size=world)
+    from mftk.engine.run import check_supported_layout
+
+    check_supported_layout(loaded, world)  # before any worker starts: TP/PP/CP/EP are refused with exit 1
+    if world > 1 and not dry_run:
+        return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only)
     import logging
 
     from mftk.engine.run import mf_console_handler, train as run_train
@@ -45,10 +75,31 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     display = LiveDisplay()
     try:
         result = run_train(loaded, output_dir=output_dir or Path("output"), sinks=[display],
-                           resume_from=resume_from, weights_only=weights_only, dry_run=dry_run)
+                           resume_from=resume_from, weights_only=weights_only, dry_run=dry_run, world_size=world)
     finally:
         display.close()
         logger.removeHandler(handler)
+    render(result)
+    return result
+
+
+def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
+                     resume_from: Optional[Path], weights_only: bool) -> Any:
+    """msrun with ``launcher.nproc`` workers here; rank 0's log lines are echoed to stdout as they come."""
+    from mftk.engine.run import train_distributed
+
+    display = LiveDisplay()
+
+    def echo(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:
+        result = train_distributed(config, overrides=overrides or [], output_dir=output_dir or Path("output"),
+                                   spec=launcher, resume_from=resume_from, weights_only=weights_only,
+                                   on_log_line=echo, sinks=[display])
+    finally:
+        display.close()
     render(result)
     return result
 
@@ -57,6 +108,10 @@ def render(result: Any) -> None:
     from commands._render import console
 
     if result.dry_run:
+        return
+    if not result.log_file:  # --no-join: the workers run on
+        for note in result.notes:
+            console.print(note, highlight=False)
         return
     done = result.final_step - result.start_step
     last = f", last loss {result.losses[-1]:.6f}" if result.losses else ""

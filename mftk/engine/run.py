@@ -138,12 +138,15 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
     ``dry_run`` decides the resume plan (or checks the start) and returns without training.
     """
     config = loaded.config
-    if world_size != 1:
-        raise InputError(message=f"world size {world_size}: multi-process training is not available yet",
-                         hint="run with --nproc 1")
+    layout = check_supported_layout(loaded, world_size)
+    rank = 0
+    if world_size > 1 and not dry_run:
+        from mindspore import communication
+
+        rank = communication.get_rank()
     phases: list[tuple[str, float]] = []
     out_dir = Path(output_dir)
-    log_dir = out_dir / "log" / "rank_0"
+    log_dir = out_dir / "log" / f"rank_{rank}"
     handlers = [] if dry_run else _attach_file_log(log_dir)
     own_sinks: list[Any] = []
     try:
@@ -152,7 +155,7 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
         phases.append(("process setup", time.perf_counter() - t))
         return _run(loaded, ms, out_dir=out_dir, log_dir=log_dir, sinks=list(sinks), own_sinks=own_sinks,
                     phases=phases, resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
-                    install_signals=install_signals, stop=stop)
+                    install_signals=install_signals, stop=stop, layout=layout)
     finally:
         for s in own_sinks:
             s.close()
@@ -161,18 +164,128 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
             h.close()
 
 
+_UNSUPPORTED_DEGREES = (("tensor_parallel", "tp"), ("pipeline_parallel", "pp"), ("context_parallel", "cp"),
+                        ("expert_parallel", "ep"))
+
+
+def check_supported_layout(loaded: Any, world_size: int) -> Any:
+    """The data-parallel layout (DP, FSDP, HSDP) of ``world_size`` ranks; TP/PP/CP/EP are refused here.
+
+    The parallel layers exist (`engine.parallel`) but the models do not use them yet, so a run with
+    those degrees would silently train something else than asked.
+    """
+    from mftk.plan.layout import Layout, layout_from_config
+
+    p = loaded.config.parallelism
+    problems = [Problem(path=f"parallelism.{field}", value=getattr(p, field),
+                        message=f"{field}={getattr(p, field)} is not supported yet by mftk train (only data "
+                                "parallel: DP, FSDP via data_parallel_shard, HSDP)",
+                        hint=f"set parallelism.{field}: 1", line=_line(loaded, f"parallelism.{field}"))
+                for field, _ in _UNSUPPORTED_DEGREES if int(getattr(p, field) or 1) > 1]
+    if problems:
+        raise ConfigError(message=f"{loaded.source}: " + "; ".join(pr.message.split(" (")[0] for pr in problems),
+                          problems=problems, source=loaded.source)
+    if world_size <= 1:
+        return Layout(world=1)
+    return layout_from_config(p, world_size)
+
+
+def _line(loaded: Any, path: str) -> int | None:
+    lines = getattr(loaded, "lines", None)
+    try:
+        return lines.line(path) if lines is not None else None
+    except Exception:  # noqa: BLE001 - a line number is a courtesy
+        return None
+
+
+def train_worker(config: str, overrides: list[str], output_dir: str, resume_from: str | None = None,
+                 weights_only: bool = False) -> dict[str, Any]:
+    """The msrun worker body (`launch.worker_main` calls it after ``communication.init()``).
+
+    Loads the config for this job's world size, logs to stdout (msrun's ``worker_<rank>.log``; the
+    parent follows rank 0's) and returns the `TrainResult` as JSON-able data.
+    """
+    import sys
+
+    from mindspore import communication
+
+    from mftk.config.load import load_config
+
+    world = communication.get_group_size()
+    loaded = load_config(config, overrides=overrides, world_size=world)
+    handler = mf_console_handler(sys.stdout)
+    log.addHandler(handler)
+    try:
+        result = train(loaded, output_dir=output_dir, resume_from=resume_from, weights_only=weights_only,
+                       world_size=world)
+    finally:
+        log.removeHandler(handler)
+    return attrs.asdict(result)
+
+
+def result_from_json(data: dict[str, Any]) -> TrainResult:
+    """The `TrainResult` a worker returned (lists back to tuples)."""
+    d = dict(data)
+    plan = d.pop("resume", None)
+    for key in ("losses", "grad_norms", "notes"):
+        d[key] = tuple(d.get(key) or ())
+    d["phases"] = tuple(tuple(p) for p in d.get("phases") or ())
+    if plan is not None:
+        plan = {k: tuple(v) if isinstance(v, list) else v for k, v in plan.items()}
+        plan = ResumePlan(**plan)
+    return TrainResult(**d, resume=plan)
+
+
+def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (),
+                      output_dir: str | os.PathLike = "output", spec: Any, resume_from: Any = None,
+                      weights_only: bool = False, on_log_line: Any = None, sinks: Iterable[StepSink] = (),
+                      timeout_s: float | None = None) -> TrainResult:
+    """Run `train_worker` on every rank through msrun (`engine.launch`); rank 0's log lines go to
+    ``on_log_line`` and its step lines (parsed) to ``sinks``. A failing worker raises TrainingError."""
+    from mftk.engine.launch import launch
+    from mftk.logs.format import parse_step_line
+
+    out = Path(output_dir).resolve()
+    payload = {"config": str(Path(config).resolve()), "overrides": list(overrides), "output_dir": str(out),
+               "resume_from": str(Path(resume_from).resolve()) if resume_from else None, "weights_only": weights_only}
+    sinks = list(sinks)
+
+    def on_line(line: str) -> None:
+        if " - mindformers[" not in line:
+            return  # MindSpore's own log lines and the launcher's markers stay in the worker logs
+        if on_log_line is not None:
+            on_log_line(line)
+        try:
+            record = parse_step_line(line)
+        except ValueError:
+            record = None
+        if record is not None:
+            for s in sinks:
+                s.on_step(record)
+
+    if spec.log_dir is None:
+        spec = attrs.evolve(spec, log_dir=out / "msrun_log")
+    result = launch("mftk.engine.run:train_worker", payload, spec=spec, on_line=on_line, timeout_s=timeout_s)
+    if not result.results:
+        return TrainResult(start_step=0, final_step=0, total_steps=0, consumed_samples=0, losses=(), grad_norms=(),
+                           skipped_steps=0, checkpoint="", output_dir=str(out), log_file="", metrics_file="",
+                           phases=(), notes=(f"job detached; worker logs in {result.log_dir}",))
+    return result_from_json(result.results[min(result.results)])
+
+
 def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own_sinks: list, phases: list,
          resume_from: Any, weights_only: bool, dry_run: bool, install_signals: bool,
-         stop: Any) -> TrainResult:
+         stop: Any, layout: Any) -> TrainResult:
     from mftk.engine import trainer as T
     from mftk.engine.state import TrainState, extra_state, restore_rng
 
     config = loaded.config
     tr, ck = config.training, config.checkpoint
-    lbs, gbs, dp = tr.local_batch_size, tr.global_batch_size, 1
+    lbs, gbs, dp = tr.local_batch_size, tr.global_batch_size, layout.dp
     _phase_log(phases[-1])
-    log.info("Got parallelism settings: data_parallel=1(dp_shard[1] * dp_replicate[1]), tensor_parallel=1, "
-             "pipeline_parallel=1, context_parallel=1")
+    log.info("Got parallelism settings: data_parallel=%d(dp_shard[%d] * dp_replicate[%d]), tensor_parallel=%d, "
+             "pipeline_parallel=%d, context_parallel=%d", layout.dp, layout.dp_shard, layout.dp_replicate, layout.tp,
+             layout.pp, layout.cp)
     log.info("Calculate global_batch_size=%d, num_accumulation_steps=%d.", gbs, max(1, gbs // (dp * lbs)))
 
     weights_only = weights_only or ck.no_load_optim
@@ -185,7 +298,7 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
     phases.append(("model build", time.perf_counter() - t))
     _phase_log(phases[-1])
     if load_path:
-        plan = plan_resume(config, load_path, weights_only=weights_only, model=model)
+        plan = plan_resume(config, load_path, weights_only=weights_only, model=model, world=layout.world)
         for n in plan.notes:
             log.info(n)
     if dry_run:
@@ -195,18 +308,32 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
                            metrics_file="", phases=tuple(phases), resume=plan, dry_run=True, notes=tuple(notes))
     if ck.enable_save:
         _check_writable(ck.save_path)
+    dist = None
+    if layout.world > 1:
+        from mftk.engine.distributed import make_context
+
+        t = time.perf_counter()
+        params = list(model.trainable_params())
+        dist = make_context(layout, [p.name for p in params], [tuple(p.shape) for p in params])
+        phases.append(("process groups", time.perf_counter() - t))
+        _phase_log(phases[-1])
+        if dist.sharding.enabled:
+            n = sum(1 for r in dist.sharding.rows if r is not None)
+            log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks (the rest replicated: dim 0 "
+                     "does not divide evenly); optimizer states sharded the same way", n, len(params),
+                     dist.sharding.size)
 
     state = TrainState()
     loaded_ckpt = None
     if plan is not None:
         t = time.perf_counter()
-        loaded_ckpt = load_checkpoint(plan, model, config)
+        loaded_ckpt = load_checkpoint(plan, model, config, rank=dist.rank if dist else 0)
         state = TrainState(global_step=plan.start_step, consumed_samples=plan.consumed_samples)
         phases.append(("checkpoint load", time.perf_counter() - t))
         _phase_log(phases[-1])
 
     t = time.perf_counter()
-    data = _build_data(config, dp=dp)
+    data = _build_data(config, dp=dp, dp_rank=dist.groups.dp_rank if dist else 0)
     phases.append(("data index build", time.perf_counter() - t))
     _phase_log(phases[-1])
     loader = data.loader
@@ -216,9 +343,10 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
                  start_batch, state.consumed_samples, state.global_step)
 
     t = time.perf_counter()
-    optimizer = _build_optimizer(config, model)
+    optimizer = _build_optimizer(config, model, dist.sharding if dist else None)
     if loaded_ckpt is not None and loaded_ckpt.optimizer is not None:
-        optimizer.load_state_dict(loaded_ckpt.optimizer, where=str(plan.step_dir))
+        opt_state = dist.sharding.cut(loaded_ckpt.optimizer) if dist else loaded_ckpt.optimizer
+        optimizer.load_state_dict(opt_state, where=str(plan.step_dir))
         optimizer.global_step = state.global_step if plan.scenario == 3 else optimizer.global_step
         if plan.scenario == 3:
             log.info("LR position: optimizer step set to the rescaled step %d", state.global_step)
@@ -247,7 +375,7 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
     if ck.enable_save:
         checkpointer = T.Checkpointer(root=os.path.realpath(ck.save_path), interval=ck.save_interleaved_steps,
                                       save_max=ck.save_max, prefix=ck.prefix, save_optim=not ck.no_save_optim,
-                                      async_save=ck.async_save)
+                                      async_save=ck.async_save, dist=dist)
         if plan is not None and plan.scenario != 2 and Path(plan.step_dir).parent == Path(checkpointer.root):
             checkpointer.last_saved_step = state.global_step  # that step is already on disk
     monitor = TrainStateMonitor(config.monitor.train_state, config.monitor.tensorboard.output_dir)
@@ -262,10 +390,10 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
         sinks=sink, checkpointer=checkpointer,
         extra_state=lambda s, g: extra_state(s, global_batch_size=g, dp=dp, local_batch_size=lbs,
                                              model_section=model_section),
-        flops_per_sample=flops_per_step(cfg_model, global_batch_size=1), columns=_columns(config),
+        flops_per_sample=flops_per_step(cfg_model, global_batch_size=1) / layout.world, columns=_columns(config),
         nan_policy=nan_policy_from(config), monitor=monitor if monitor.enabled else None,
         stop=stop, epoch_micro_batches=len(loader), show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
-        seq_length=int(getattr(cfg_model, "seq_length", 0) or 0))
+        seq_length=int(getattr(cfg_model, "seq_length", 0) or 0), dist=dist)
     trainer.micro_batches_read = start_batch + (state.epoch * len(loader) if len(loader) else 0)
     start_step = state.global_step
     if start_step >= tr.steps:
@@ -331,12 +459,12 @@ def _build_model(config: Any, *, lazy: bool = False) -> Any:
     return model
 
 
-def _build_data(config: Any, *, dp: int) -> Any:
+def _build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     from mftk.data.loader import build_train_dataset
 
     tr = config.training
     data = build_train_dataset(config.train_dataset.dataloader, global_batch_size=tr.global_batch_size,
-                               local_batch_size=tr.local_batch_size, dp_size=dp, dp_rank=0,
+                               local_batch_size=tr.local_batch_size, dp_size=dp, dp_rank=dp_rank,
                                drop_remainder=config.train_dataset.drop_remainder,
                                seq_length=config.model.seq_length)
     for w in data.warnings:
@@ -350,7 +478,8 @@ def _build_data(config: Any, *, dp: int) -> Any:
     return data
 
 
-def _build_optimizer(config: Any, model: Any) -> Any:
+def _build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
+    """AdamW over the trainable parameters; under FSDP over this rank's rows of each (sharded states)."""
     from mftk.engine.optim import AdamW, decide_weight_decay
 
     o = config.optimizer
@@ -359,7 +488,10 @@ def _build_optimizer(config: Any, model: Any) -> Any:
                                     include=o.weight_decay_include, exclude=o.weight_decay_exclude)
     for d in decisions:
         log.info(d.log_line())
-    return AdamW([p.name for p in params], [p.asnumpy() for p in params], decisions, betas=o.betas, eps=o.eps)
+    arrays = [p.asnumpy() for p in params]
+    if sharding is not None:
+        arrays = [sharding.local(i, a) for i, a in enumerate(arrays)]
+    return AdamW([p.name for p in params], arrays, decisions, betas=o.betas, eps=o.eps)
 
 
 def _schedule(config: Any):
@@ -426,15 +558,19 @@ class _signals:
 
 
 # --------------------------------------------------------------------------------------- resume
-def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any) -> ResumePlan:
-    """Decide the scenario and positions from ``common.json`` and headers; check names and shapes."""
+def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any, world: int = 1) -> ResumePlan:
+    """Decide the scenario and positions from ``common.json``, ``metadata.json`` and headers; check names and
+    shapes. A checkpoint saved by another number of processes is resharded (global tensors → this layout)."""
     from mftk.ckpt.common import read_common
     from mftk.ckpt.layout import locate, scan_step_dir
     from mftk.ckpt.load import hf_weight_files
+    from mftk.ckpt.metadata import read_metadata
     from mftk.ckpt.safetensors_io import read_header
+    from mftk.plan.layout import layout_from_config
 
     tr = config.training
-    gbs, lbs, dp = tr.global_batch_size, tr.local_batch_size, 1
+    gbs, lbs = tr.global_batch_size, tr.local_batch_size
+    dp = layout_from_config(config.parallelism, world).dp if world > 1 else 1
     loc = locate(path)
     if loc.kind == "file":
         raise CheckpointError(message=f"{path} is a single file; resume needs a checkpoint directory", path=str(path),
@@ -447,7 +583,7 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any) -> Re
                                   path=str(path), hint="use --weights-only (no_load_optim: true) to initialise from it")
         names = {n for f in hf_weight_files(loc.step_dir) for n in read_header(f).tensors}
         return ResumePlan(source=str(path), kind="hf", step_dir=str(loc.step_dir), scenario=2, saved_step=0,
-                          saved_global_batch_size=None, global_batch_size=gbs, saved_world=1, world=1, start_step=0,
+                          saved_global_batch_size=None, global_batch_size=gbs, saved_world=1, world=world, start_step=0,
                           consumed_samples=0, skip_micro_batches=0, loads=("model weights (HF names mapped)",),
                           notes=(f"weights-only init from Hugging Face dir {loc.step_dir} ({len(names)} tensors)",))
     files = scan_step_dir(loc.step_dir)
@@ -455,18 +591,30 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any) -> Re
         raise CheckpointError(message=f"{loc.step_dir}: inconsistent rank files", path=str(loc.step_dir),
                               problems=list(files.problems))
     common = read_common(loc.step_dir)
-    if files.world != 1:
-        raise CheckpointError(message=f"{loc.step_dir} was saved by {files.world} processes; this run has 1",
-                              path=str(loc.step_dir), hint="resume with the same --nproc (re-sharding comes with "
-                              "distributed training)")
-    if not weights_only and 0 not in files.opt:
-        raise CheckpointError(message=f"no optimizer file in {loc.step_dir}", path=str(loc.step_dir),
+    if missing_ranks := files.missing_model_ranks:
+        raise CheckpointError(message=f"{loc.step_dir}: model files of ranks {missing_ranks} are missing "
+                              f"(saved by {files.world} processes)", path=str(loc.step_dir))
+    if not weights_only and files.missing_opt_ranks:
+        raise CheckpointError(message=f"no optimizer file for ranks {files.missing_opt_ranks} in {loc.step_dir}",
+                              path=str(loc.step_dir),
                               hint="resume with --weights-only (no_load_optim: true) for a fresh optimizer at step 0")
-    header = read_header(files.model[0]).tensors
-    missing = tuple(sorted(n for n in params if n not in header))
-    unexpected = tuple(sorted(n for n in header if n not in params))
-    mismatched = tuple(f"{n}: model {params[n]}, checkpoint {tuple(header[n].shape)}" for n in sorted(params)
-                       if n in header and tuple(header[n].shape) != params[n])
+    if files.world > 1:
+        meta = read_metadata(loc.step_dir)
+        if meta is None:
+            raise CheckpointError(message=f"{loc.step_dir} was saved by {files.world} processes but has no "
+                                  "metadata.json, so its shards cannot be put together", path=str(loc.step_dir))
+        shapes = {n: t.global_shape for n, t in meta.items() if not _is_opt_name(n)}
+        if files.world != world:
+            notes.append(f"Resharding: saved by {files.world} processes, loading into {world}; global tensors "
+                         "are assembled from metadata.json and cut for this layout")
+    else:
+        shapes = {n: tuple(h.shape) for n, h in read_header(files.model[0]).tensors.items()}
+        if world > 1:
+            notes.append(f"Resharding: saved by 1 process, loading into {world}")
+    missing = tuple(sorted(n for n in params if n not in shapes))
+    unexpected = tuple(sorted(n for n in shapes if n not in params))
+    mismatched = tuple(f"{n}: model {params[n]}, checkpoint {shapes[n]}" for n in sorted(params)
+                       if n in shapes and tuple(shapes[n]) != params[n])
     saved_step, saved_gbs = common.step, common.global_batch_size
     loads = ["model weights"]
     if weights_only:
@@ -490,7 +638,7 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any) -> Re
                      f"consumed_samples={consumed}, skip {skip} micro-batches")
     return ResumePlan(source=str(path), kind="mf", step_dir=str(loc.step_dir), scenario=scenario,
                       saved_step=saved_step, saved_global_batch_size=saved_gbs, global_batch_size=gbs,
-                      saved_world=files.world, world=1, start_step=start, consumed_samples=consumed,
+                      saved_world=files.world, world=world, start_step=start, consumed_samples=consumed,
                       skip_micro_batches=skip, loads=tuple(loads), notes=tuple(notes), missing=missing,
                       unexpected=unexpected, mismatched=mismatched)
 
@@ -501,8 +649,13 @@ class _Loaded:
     extra: dict | None
 
 
-def load_checkpoint(plan: ResumePlan, model: Any, config: Any) -> _Loaded:
-    """Load tensors per ``plan`` into ``model``; returns the optimizer state and extra state to apply."""
+def _is_opt_name(name: str) -> bool:
+    return name == "global_step" or name.startswith(("adam_m.", "adam_v.", "main_param.", "muon_m."))
+
+
+def load_checkpoint(plan: ResumePlan, model: Any, config: Any, *, rank: int = 0) -> _Loaded:
+    """Load tensors per ``plan`` into ``model``; returns the optimizer state (global tensors; the caller cuts
+    its shard) and the extra state to apply. Multi-process checkpoints are assembled through metadata.json."""
     from mftk.ckpt.load import load_global, load_rank
     from mftk.engine.models.build import load_state_dict
 
@@ -518,9 +671,19 @@ def load_checkpoint(plan: ResumePlan, model: Any, config: Any) -> _Loaded:
         hf = load_global(plan.step_dir)
         load_state_dict(model, _with_buffers(model, family.hf_to_mf(hf, config.model)))
         return _Loaded(None, None)
-    rank = load_rank(plan.step_dir, optimizer=plan.scenario != 2)
-    load_state_dict(model, rank.model)
-    return _Loaded(rank.optimizer, rank.extra)
+    if plan.saved_world == 1:
+        one = load_rank(plan.step_dir, optimizer=plan.scenario != 2)
+        load_state_dict(model, one.model)
+        return _Loaded(one.optimizer, one.extra)
+    from mftk.ckpt.extra_state import read_extra_state
+    from mftk.ckpt.metadata import read_metadata
+
+    names = list(read_metadata(plan.step_dir))
+    tensors = load_global(plan.step_dir, names)
+    load_state_dict(model, {n: a for n, a in tensors.items() if not _is_opt_name(n)})
+    opt = {n: a for n, a in tensors.items() if _is_opt_name(n)} if plan.scenario != 2 else None
+    same_rank = rank if rank < plan.saved_world else 0  # the data position and RNG are the same on every rank
+    return _Loaded(opt, read_extra_state(plan.step_dir, same_rank, plan.saved_world))
 
 
 def _with_buffers(model: Any, tensors: dict) -> dict:

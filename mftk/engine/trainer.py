@@ -100,6 +100,7 @@ class Checkpointer:
     prefix: str | None = "checkpoint"
     save_optim: bool = True
     async_save: bool = False
+    dist: Any = None  # distributed.DistContext: every rank writes its files, rank 0 publishes
     last_saved_step: int | None = None
     last_path: str = ""
     _thread: threading.Thread | None = None
@@ -111,7 +112,7 @@ class Checkpointer:
     def save(self, step: int, payload: dict[str, Any], sink: StepSink) -> None:
         self.wait()
         self.last_saved_step = step
-        if self.async_save:
+        if self.async_save and self.dist is None:  # a multi-process save needs barriers: synchronous
             self._thread = threading.Thread(target=self._write_async, args=(step, payload, sink),
                                             name=f"mftk-save-{step}", daemon=True)
             self._thread.start()
@@ -138,7 +139,10 @@ class Checkpointer:
 
         t0 = time.perf_counter()
         try:
-            saved = save_checkpoint(self.root, step=step, prefix=self.prefix, save_max=self.save_max, **payload)
+            if self.dist is not None:
+                saved = self._write_distributed(step, payload)
+            else:
+                saved = save_checkpoint(self.root, step=step, prefix=self.prefix, save_max=self.save_max, **payload)
         except CheckpointError as exc:
             raise TrainingError(message=f"checkpoint save at step {step} failed: {exc.message}",
                                 hint=exc.hint or "check checkpoint.save_path", step=step) from exc
@@ -146,8 +150,37 @@ class Checkpointer:
         for old in saved.removed:
             log.info("save_max=%d: removed the oldest checkpoint %s", self.save_max, old)
         log.info("Checkpoint saved at step %d to %s (async=%s, remove_redundancy=False) in %.2fs",
-                 step, self.root, self.async_save, time.perf_counter() - t0)
+                 step, self.root, self.async_save and self.dist is None, time.perf_counter() - t0)
         sink.on_checkpoint(step, saved.path)
+
+    def _write_distributed(self, step: int, payload: dict[str, Any]) -> Any:
+        """Reference order (§3.1): rank 0 prepares the dir → barrier → every rank writes its files →
+        barrier → rank 0 writes common.json + metadata.json, publishes, tracker, retention → barrier."""
+        from pathlib import Path
+
+        from mftk.ckpt.layout import iteration_dir_name
+        from mftk.ckpt.metadata import build_metadata
+        from mftk.ckpt.save import SavedCheckpoint, begin_save, finalize_save, temp_dir_for, write_rank_files
+
+        d = self.dist
+        if d.rank == 0:
+            begin_save(self.root, step)
+        d.barrier()
+        write_rank_files(temp_dir_for(self.root, step), rank=d.rank, world=d.world, step=step, model=payload["model"],
+                         optimizer=payload["optimizer"], extra=payload["extra"], prefix=self.prefix)
+        d.barrier()
+        saved = None
+        if d.rank == 0:
+            model_specs, opt_specs = d.metadata_specs(payload["model"], payload["optimizer"])
+            meta = build_metadata(model_specs, opt_specs, world=d.world, prefix=self.prefix)
+            saved = finalize_save(self.root, step, common=payload["common"], world=d.world,
+                                  optimizer_saved=payload["optimizer"] is not None, metadata=meta,
+                                  save_max=self.save_max)
+        d.barrier()
+        if saved is None:
+            path = Path(self.root) / iteration_dir_name(step)
+            saved = SavedCheckpoint(step=step, path=str(path), files=(), bytes=0)
+        return saved
 
 
 # --------------------------------------------------------------------------------------- timing
@@ -180,7 +213,7 @@ class Trainer:
                  flops_per_sample: float = 0.0,
                  nan_policy: NanPolicy, columns: tuple[str, ...] = ("input_ids", "labels"),
                  monitor: Any = None, stop: StopFlag | None = None, epoch_micro_batches: int = 0,
-                 show_mtp: bool = True, seq_length: int = 0) -> None:
+                 show_mtp: bool = True, seq_length: int = 0, dist: Any = None) -> None:
         import mindspore as ms
 
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
@@ -198,6 +231,9 @@ class Trainer:
         self.grad_fn = ms.value_and_grad(model, None, self.params, has_aux=True)
         self.micro_batches_read = 0
         self.first_step_seconds: float | None = None
+        self.dist = dist  # distributed.DistContext for a data-parallel (DP/FSDP) job, else None
+        self.sharded = dist is not None and dist.sharding.enabled
+        self._norm_weights = dist.sharding.norm_weights(optimizer) if self.sharded else None
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self, state: TrainState) -> TrainState:
@@ -212,7 +248,7 @@ class Trainer:
         timer = PhaseTimer()
         plan = self.batch_schedule.at(state.consumed_samples)
         grads, out = self.forward_backward(plan, timer)
-        norm = global_norm(grads)
+        norm = self.grad_norm(grads)
         applied = self.nan_guard(state, out.loss, norm)
         lr = None
         if applied:
@@ -233,7 +269,9 @@ class Trainer:
         """Every micro-batch's gradient, scaled by 1/accum and summed in fp32 (reference §2.5)."""
         from mindspore import Tensor
 
-        acc = self.optimizer.zeros_like_flat()
+        # FSDP: a full-size buffer (then this rank's rows are kept); else the optimizer's own flat layout
+        layout = self.dist.sharding if self.sharded else self.optimizer
+        acc = layout.zeros_full() if self.sharded else self.optimizer.zeros_like_flat()
         scale = 1.0 / plan.accumulation
         losses, aux_sum, mtp_sum, counts = [], None, None, None
         for _ in range(plan.accumulation):
@@ -250,7 +288,7 @@ class Trainer:
                 raise TrainingError(message=f"error in the forward/backward pass: {exc}",
                                     hint="run with MFTK_DEBUG=1 for the traceback") from exc
             _, lm, aux, mtp, tpe = outputs
-            self.optimizer.add_grads(acc, [g.asnumpy() for g in grads], scale)
+            layout.add_grads(acc, [g.asnumpy() for g in grads], scale)
             losses.append(float(lm.asnumpy()))
             a = np.array([float(x.asnumpy()) for x in aux], np.float64)
             m = np.array([float(x.asnumpy()) for x in mtp], np.float64)
@@ -263,7 +301,30 @@ class Trainer:
         n = plan.accumulation
         out = StepOutput(loss=float(np.mean(losses)), aux=list(aux_sum / n), mtp=list(mtp_sum / n),
                          tokens_per_expert=counts, local_losses=[x * scale for x in losses])
+        if self.dist is not None:
+            t = time.perf_counter()
+            acc, out = self.sync(acc, out)
+            timer.add("communication", time.perf_counter() - t)
         return acc, out
+
+    def sync(self, acc: np.ndarray, out: StepOutput) -> tuple[np.ndarray, StepOutput]:
+        """Data parallel: gradients and logged losses averaged over dp×cp, expert counts summed;
+        FSDP keeps this rank's rows of the averaged gradient."""
+        d = self.dist
+        acc = d.sync_grads(acc)
+        if self.sharded:
+            acc = d.sharding.scatter(acc, self.optimizer)
+        means = d.mean([out.loss, *out.aux, *out.mtp])
+        na = len(out.aux)
+        counts = d.sum_counts(out.tokens_per_expert) if out.tokens_per_expert is not None else None
+        return acc, StepOutput(loss=float(means[0]), aux=[float(x) for x in means[1:1 + na]],
+                               mtp=[float(x) for x in means[1 + na:]], tokens_per_expert=counts,
+                               local_losses=out.local_losses)
+
+    def grad_norm(self, grads: np.ndarray) -> float:
+        if self.sharded:
+            return self.dist.grad_norm(grads, self._norm_weights)
+        return global_norm(grads)
 
     def nan_guard(self, state: TrainState, loss: float, norm: float) -> bool:
         """True when the update may be applied; a non-finite loss/norm is skipped or stops the run."""
@@ -295,7 +356,14 @@ class Trainer:
         t = time.perf_counter()
         lr = self.schedule(self.optimizer.global_step)
         self.optimizer.step(grads, lr)
-        write_masters(self.model, self.params, self.optimizer.masters())
+        if self.sharded:
+            t1 = time.perf_counter()
+            full = self.dist.gather_params(self.optimizer)
+            timer.add("communication", time.perf_counter() - t1)
+            t -= time.perf_counter() - t1  # keep the optimizer phase free of communication time
+        else:
+            full = self.optimizer.masters()
+        write_masters(self.model, self.params, full)
         timer.add("optimizer", time.perf_counter() - t)
         return lr
 
@@ -343,6 +411,9 @@ class Trainer:
                 timer.add("save", time.perf_counter() - t)
 
     def stop_if_requested(self, state: TrainState) -> None:
+        if self.dist is not None:  # every rank must stop (and save) at the same step
+            if self.dist.any_flag(self.stop.requested) and not self.stop.requested:
+                self.stop.request("SIGTERM (on another rank)")
         if not self.stop.requested:
             return
         path = ""
@@ -372,6 +443,9 @@ class Trainer:
             from mftk.engine.state import low_precision
 
             opt = self.optimizer.state_dict(with_masters=low_precision(self.params))
-        payload = {"common": common, "model": model_tensors(self.model), "optimizer": opt,
+        model = model_tensors(self.model)
+        if self.sharded:  # this rank's rows of each sharded parameter; the rest whole
+            model = self.dist.sharding.cut(model)
+        payload = {"common": common, "model": model, "optimizer": opt,
                    "extra": self.extra_state(state, gbs) if self.extra_state else None}
         self.checkpointer.save(state.global_step, payload, self.sink)

@@ -56,10 +56,13 @@ def test_missing_data_files(tmp_path, corpus):
     assert not (tmp_path / "out").exists()
 
 
-def test_nproc_above_one_is_refused(tmp_path, corpus):
+def test_model_parallel_degrees_are_refused_before_launch(tmp_path, corpus):
     cfg = write_config(tmp_path, corpus)
-    r = runner.invoke(app, ["train", str(cfg), "--nproc", "2"])
-    assert r.exit_code == 2 and "--nproc 2" in r.stderr
+    r = runner.invoke(app, ["train", str(cfg), "--nproc", "2", "--output-dir", str(tmp_path / "out"),
+                            "--set", "parallelism.tensor_parallel=2", "--set", "parallelism.sequence_parallel=true"])
+    assert r.exit_code == 1, r.output
+    assert "parallelism.tensor_parallel" in r.stderr and "not supported yet by mftk train" in r.stderr
+    assert not (tmp_path / "out").exists()  # no worker was started
 
 
 def test_missing_config_file(tmp_path):

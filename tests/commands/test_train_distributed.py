@@ -1,0 +1,191 @@
+"""`mftk train/resume --nproc 2` through msrun: the same losses and grad norms as one process with the same
+global batch, per-rank checkpoints with metadata.json, bit-exact resume, resharding 2 → 1 and 1 → 2
+(the latter as a simulated 2-node job), and a killed worker ending the job fast.
+
+Each msrun job costs 20–35 s here, so every job runs once (module fixtures) and several tests read it.
+The single-process references run in-process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from commands.app import app
+from tests.engine.tiny import load, tiny_raw, write_corpus
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
+REL = 1e-5
+
+
+def metrics(out: Path, rank: int = 0) -> list[dict]:
+    return [json.loads(line) for line in (out / "log" / f"rank_{rank}" / "metrics.jsonl").read_text().splitlines()]
+
+
+def column(records: list[dict], key: str) -> np.ndarray:
+    return np.array([r[key] for r in records], np.float64)
+
+
+def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
+    from mftk.engine.run import train
+
+    return train(load(raw, *overrides), output_dir=out, resume_from=resume_from, install_signals=False)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist")
+    corpus = write_corpus(d / "corpus" / "tiny_text_document")
+    q = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt_dp", steps=4, gbs=4)  # data_parallel_shard -1: FSDP over 2
+    (d / "q.yaml").write_text(yaml.safe_dump(q))
+    ds = tiny_raw("deepseek_v3_tiny.yaml", corpus, d / "ckpt_ds", steps=3, gbs=4)
+    ds["parallelism"]["data_parallel_shard"] = 1  # pure DP: 2 replicas
+    ds["checkpoint"]["enable_save"] = False
+    (d / "ds.yaml").write_text(yaml.safe_dump(ds))
+    return {"dir": d, "q": q, "ds": ds}
+
+
+@pytest.fixture(scope="module")
+def single_q(work):
+    d = work["dir"]
+    return run_single(work["q"], d / "out_single", f"checkpoint.save_path={d / 'ckpt_single'}")
+
+
+@pytest.fixture(scope="module")
+def fsdp_q(work):
+    d = work["dir"]
+    r = runner.invoke(app, ["train", str(d / "q.yaml"), "--nproc", "2", "--output-dir", str(d / "out_dp")])
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def test_fsdp2_matches_single_process(work, single_q, fsdp_q):
+    out = work["dir"] / "out_dp"
+    m = metrics(out)
+    assert [r["step"] for r in m] == [1, 2, 3, 4]
+    np.testing.assert_allclose(column(m, "loss"), single_q.losses, rtol=REL)
+    np.testing.assert_allclose(column(m, "grad_norm"), single_q.grad_norms, rtol=REL)
+    assert len(metrics(out, rank=1)) == 4  # every rank logs under log/rank_<r>
+    assert "Got parallelism settings: data_parallel=2(dp_shard[2] * dp_replicate[1])" in fsdp_q.stdout
+    assert sum("{ step:[" in line for line in fsdp_q.stdout.splitlines()) == 4  # rank 0's lines, echoed once
+    assert (out / "msrun_log" / "worker_0.log").is_file() and (out / "msrun_log" / "worker_1.log").is_file()
+
+
+def test_multi_process_checkpoint_layout(work, fsdp_q):
+    step = work["dir"] / "ckpt_dp" / "iteration_00000004"
+    names = sorted(p.name for p in step.iterdir())
+    assert names == ["checkpoint-model-0000000-0000002.safetensors", "checkpoint-model-0000001-0000002.safetensors",
+                     "checkpoint-opt-0000000-0000002.safetensors", "checkpoint-opt-0000001-0000002.safetensors",
+                     "common.json", "metadata.json", "mftk-state-0000000-0000002.json",
+                     "mftk-state-0000001-0000002.json"]
+    meta = json.loads((step / "metadata.json").read_text())["state_dict_metadata"]
+    emb = meta["embedding.word_embeddings.weight"]
+    assert emb["global_shape"] == [256, 64] and emb["axis_fragmentations"] == [2, 1]
+    assert [c["local_shape"] for c in emb["chunk"]] == [[128, 64], [128, 64]]
+    assert meta["adam_m.embedding.word_embeddings.weight"]["axis_fragmentations"] == [2, 1]  # optimizer sharded too
+    assert meta["global_step"]["axis_fragmentations"] == [1]
+    r = runner.invoke(app, ["inspect-ckpt", str(step), "--verify"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.fixture(scope="module")
+def resumed_2(work, fsdp_q):
+    d = work["dir"]
+    r = runner.invoke(app, ["resume", str(d / "q.yaml"), "--from", str(d / "ckpt_dp" / "iteration_00000002"),
+                            "--nproc", "2", "--output-dir", str(d / "out_resume2"),
+                            "--set", f"checkpoint.save_path={d / 'ckpt_resume2'}"])
+    assert r.exit_code == 0, r.output
+    return metrics(d / "out_resume2")
+
+
+def test_resume_with_two_processes_is_bit_exact(work, resumed_2):
+    full = metrics(work["dir"] / "out_dp")
+    assert [r["step"] for r in resumed_2] == [3, 4]
+    assert column(resumed_2, "loss").tolist() == column(full[2:], "loss").tolist()
+    assert column(resumed_2, "grad_norm").tolist() == column(full[2:], "grad_norm").tolist()
+
+
+def test_reshard_two_processes_to_one(work, single_q, fsdp_q):
+    d = work["dir"]
+    res = run_single(work["q"], d / "out_resume1", f"checkpoint.save_path={d / 'ckpt_resume1'}",
+                     resume_from=d / "ckpt_dp" / "iteration_00000002")
+    assert res.resume.saved_world == 2 and res.resume.world == 1
+    assert any("Resharding" in n for n in res.resume.notes)
+    np.testing.assert_allclose(res.losses, single_q.losses[2:], rtol=REL)
+    np.testing.assert_allclose(res.grad_norms, single_q.grad_norms[2:], rtol=REL)
+
+
+def test_deepseek_dp2_syncs_moe_losses_and_expert_bias(work):
+    d = work["dir"]
+    single = run_single(work["ds"], d / "out_ds1")
+    r = runner.invoke(app, ["train", str(d / "ds.yaml"), "--nproc", "2", "--output-dir", str(d / "out_ds2")])
+    assert r.exit_code == 0, r.output
+    assert "dp_shard[1] * dp_replicate[2]" in r.stdout
+    dp, one = metrics(d / "out_ds2"), metrics(d / "out_ds1")
+    assert len(dp) == 3  # step 3 is the first whose routing depends on the synced expert-bias update
+    for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_1_loss"):
+        np.testing.assert_allclose(column(dp, key), column(one, key), rtol=REL, err_msg=key)
+    np.testing.assert_allclose(column(dp, "loss"), single.losses, rtol=REL)
+
+
+def _mftk(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mftk", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_two_nodes_resume_a_single_process_checkpoint(work, single_q):
+    """Two `--nnodes 2` invocations form one 2-worker job; it reshards a 1-process checkpoint to 2."""
+    from mftk.engine.launch import pick_free_port
+
+    d = work["dir"]
+    port = pick_free_port()
+    common = ["resume", str(d / "q.yaml"), "--from", str(d / "ckpt_single" / "iteration_00000002"), "--nproc", "1",
+              "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--output-dir",
+              str(d / "out_nodes"), "--set", f"checkpoint.save_path={d / 'ckpt_nodes'}"]
+    nodes = [_mftk(*common, "--node-rank", str(i), "--log-dir", str(d / f"msrun_node{i}")) for i in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    assert (d / "msrun_node0" / "worker_0.log").is_file() and (d / "msrun_node1" / "worker_1.log").is_file()
+    m = metrics(d / "out_nodes")
+    assert "Resharding: saved by 1 process, loading into 2" in outs[0][0]
+    np.testing.assert_allclose(column(m, "loss"), single_q.losses[2:], rtol=REL)
+    np.testing.assert_allclose(column(m, "grad_norm"), single_q.grad_norms[2:], rtol=REL)
+    assert sorted(p.name for p in (d / "ckpt_nodes" / "iteration_00000004").glob("*-model-*")) == [
+        "checkpoint-model-0000000-0000002.safetensors", "checkpoint-model-0000001-0000002.safetensors"]
+
+
+def test_killed_worker_ends_the_job_with_its_rank(work):
+    d = work["dir"]
+    log_dir = d / "msrun_kill"
+    p = _mftk("train", str(d / "q.yaml"), "--nproc", "2", "--output-dir", str(d / "out_kill"), "--log-dir",
+              str(log_dir), "--set", "training.steps=500", "--set", "checkpoint.enable_save=false")
+    try:
+        deadline, pid = time.monotonic() + 150, None
+        while time.monotonic() < deadline and pid is None:
+            log = log_dir / "worker_1.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if "{ step:[" in text:
+                pid = int(text.split("MFTK_WORKER_START rank=1 pid=", 1)[1].split()[0])
+            time.sleep(0.3)
+        assert pid is not None, "worker 1 never reached a step"
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = p.communicate(timeout=60)
+        elapsed = time.monotonic() - killed
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 4, err
+    assert "worker 1 failed" in err and "exited with code -9" in err
+    assert elapsed < 20
