@@ -1,12 +1,212 @@
-"""`mftk quickstart` (not built yet: its issue replaces this placeholder)."""
+"""`mftk quickstart`: the whole workflow on built-in data, every command once, in a few minutes.
+
+Stages 1, 2 and the config file are library calls (`mftk/quickstart.py`); every other stage runs
+the real `mftk <verb>` command as its own process, from the work directory, and shows the line it
+runs, so a newcomer can copy it. A separate process per command keeps MindSpore (and msrun) out of
+this process and makes each stage's exit code the quick-start's verdict: the first stage that
+fails stops the run with its own error on stderr and its own exit code.
+"""
 from __future__ import annotations
 
-from mftk.errors import NotBuiltError
+import time
+from pathlib import Path
+from typing import Annotated, Callable, Optional
 
-CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+import typer
+
+from commands._options import NprocOpt
+
+EPILOG = """[bold]Examples[/]
+
+  mftk quickstart                          [dim]# in ./quickstart, 2 workers through msrun[/]
+  mftk quickstart --workdir /tmp/qs --model deepseek_v3 --nproc 1 --steps 30
+
+Stages: 1 corpus from Python's own text, 2 byte-level BPE tokenizer, 3 preprocess, \
+4 config + validate-config + plan-parallel, 5 train, 6 inspect-ckpt + resume + parse-log --plot.
+
+Exit codes: 0 done; otherwise the exit code of the stage that failed (its error is shown above it)."""
+
+STAGES = 6
 
 
-def quickstart() -> None:
-    """Not built yet in this version of mftk."""
-    raise NotBuiltError(message="'mftk quickstart' is not built yet in this version of mftk.",
-                        hint="see the README for the commands available now")
+def quickstart(
+    workdir: Annotated[Path, typer.Option(
+        "--workdir", help="Directory for every output (created; reused if it exists, the previous output/ kept as "
+                          "output.previous/).")] = Path("quickstart"),
+    model: Annotated[str, typer.Option("--model", help="qwen3 (dense) or deepseek_v3 (MLA + MoE + MTP).")] = "qwen3",
+    nproc: NprocOpt = 2,
+    steps: Annotated[Optional[int], typer.Option(
+        "--steps", min=2, help="Training steps (default: per model, enough for the loss to drop visibly); "
+                               "resume then adds --resume-steps.")] = None,
+    resume_steps: Annotated[int, typer.Option("--resume-steps", min=1,
+                                              help="Extra steps run by `mftk resume`.")] = 10,
+    max_chars: Annotated[Optional[int], typer.Option("--max-chars", min=10_000, hidden=True)] = None,
+    vocab_size: Annotated[Optional[int], typer.Option("--vocab-size", min=257, hidden=True)] = None,
+) -> None:
+    """Run the whole workflow on built-in data: corpus, tokenizer, preprocess, config, train, inspect, resume, plot."""
+    from mftk.quickstart import make_plan
+
+    started = time.perf_counter()
+    plan = make_plan(workdir, model=model, nproc=nproc, steps=steps, resume_steps=resume_steps,
+                     max_chars=max_chars, vocab_size=vocab_size)
+    commands = plan.commands()
+    docs = _stage(1, "corpus from Python's own documentation and sources", lambda: _corpus(plan))
+    tok = _stage(2, "byte-level BPE tokenizer", lambda: _tokenizer(plan, docs))
+    _stage(3, "preprocess: JSON lines -> Megatron .bin/.idx", lambda: _mftk(plan, commands["preprocess"]))
+    _stage(4, "config from the template, validate-config, plan-parallel",
+           lambda: _config(plan, tok, commands))
+    _stage(5, f"train a tiny {model} for {plan.steps} steps on {nproc} worker(s)",
+           lambda: _train(plan, commands))
+    _stage(6, "inspect-ckpt the last step, resume, parse-log with a plot",
+           lambda: [_mftk(plan, commands[v]) for v in ("inspect-ckpt", "resume", "parse-log")])
+    _finish(plan, time.perf_counter() - started)
+
+
+def _stage(n: int, title: str, body: Callable):
+    """A header, the body, and a ✓/✗ line; an error stops the quick-start with its own exit code."""
+    from commands._render import console, err_console
+    from mftk.errors import MftkError
+
+    console.rule(f"[bold]{n}/{STAGES}[/] {title}", align="left")
+    t0 = time.perf_counter()
+    try:
+        result = body()
+    except (MftkError, typer.Exit) as exc:
+        code = getattr(exc, "exit_code", None)
+        err_console.print(f"[bold red]✗ stage {n}/{STAGES} failed[/]" + (f" (exit code {code})" if code else ""),
+                          highlight=False)
+        raise
+    console.print(f"[green]✓[/] stage {n} done in {time.perf_counter() - t0:.1f} s", highlight=False)
+    return result
+
+
+def _corpus(plan) -> list[dict]:
+    from commands._render import console
+    from mftk.quickstart import build_corpus
+
+    result, docs = build_corpus(plan)
+    console.print(f"{result.documents:,} documents, {result.chars:,} characters -> {plan.corpus} "
+                  f"({result.bytes / 2**20:.1f} MiB)", highlight=False)
+    return docs
+
+
+def _tokenizer(plan, docs):
+    from commands._render import console
+    from mftk.quickstart import build_tokenizer
+
+    tok = build_tokenizer(plan, docs)
+    console.print(f"vocabulary {tok.vocab_size:,}, EOD {tok.eod_token} = id {tok.eod_id} -> {plan.tokenizer}",
+                  highlight=False)
+    return tok
+
+
+def _config(plan, tok, commands) -> None:
+    from commands._render import console
+    from mftk.quickstart import template_path, write_config
+
+    path = write_config(plan, tok.vocab_size, tok.eod_id)
+    console.print(f"templates/{template_path(plan.model).name} -> {plan.config} (data, vocab, steps, "
+                  f"checkpoint dir overridden; see the header of {path.name})", highlight=False)
+    _mftk(plan, commands["validate-config"])
+    _mftk(plan, commands["plan-parallel"])
+
+
+def _train(plan, commands) -> None:
+    from commands._render import console
+    from mftk.quickstart import set_aside_previous_output
+
+    previous = set_aside_previous_output(plan)
+    if previous is not None:
+        console.print(f"the previous run's {plan.output_dir}/ is now {previous.name}/", highlight=False)
+    _mftk(plan, commands["train"])
+
+
+def _mftk(plan, argv: list[str]) -> None:
+    """Run `mftk ARGV` from the work directory, streaming its stdout/stderr; stop on a non-zero exit."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from commands._render import console, err_console
+
+    from rich.markup import escape
+
+    console.print(f"[dim]$ mftk {escape(' '.join(_quote(a) for a in argv))}[/]", highlight=False, soft_wrap=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS=str(console.width))
+    if console.is_terminal:
+        env["FORCE_COLOR"] = "1"  # the child's stdout is a pipe; let it draw tables and bars in colour anyway
+    proc = subprocess.Popen([sys.executable, "-m", "mftk", *argv], cwd=plan.workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    pumps = [threading.Thread(target=_pump, args=(stream, target), daemon=True)
+             for stream, target in ((proc.stdout, console), (proc.stderr, err_console))]
+    for t in pumps:
+        t.start()
+    try:
+        code = proc.wait()
+    finally:
+        for t in pumps:
+            t.join()
+    if code != 0:
+        err_console.print(f"[bold red]error:[/] `mftk {argv[0]}` exited with code {code}", highlight=False)
+        err_console.print(f"[cyan]hint:[/] fix the problem above, then rerun the stage by hand: "
+                          f"cd {plan.workdir} && mftk {' '.join(_quote(a) for a in argv)}", highlight=False)
+        raise typer.Exit(code)
+
+
+def _pump(stream, console) -> None:
+    """Copy a child's output to our console's file as it arrives (chunks, so progress bars redraw)."""
+    import codecs
+    import os
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    fd = stream.fileno()
+    while chunk := os.read(fd, 65536):
+        console.file.write(decoder.decode(chunk))
+        console.file.flush()
+    console.file.write(decoder.decode(b"", final=True))
+    console.file.flush()
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def _finish(plan, wall_s: float) -> None:
+    """Where everything is, the loss curve in two numbers, and what to try next."""
+    from rich.table import Table
+
+    from commands._render import console, err_console
+    from mftk.logs.report import parse_log
+    from mftk.quickstart import checkpoint_steps, list_outputs
+
+    console.rule("[bold]done[/]", align="left")
+    table = Table(title=f"outputs under {plan.workdir}", title_justify="left")
+    for col in ("what", "path", "size"):
+        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    for out in list_outputs(plan):
+        table.add_row(out.what, str(out.path), _human(out.bytes) if out.bytes else "[red]missing[/]")
+    console.print(table)
+    steps = checkpoint_steps(plan)
+    console.print(f"checkpoints at steps {', '.join(map(str, steps)) or 'none'}", highlight=False)
+    summary = parse_log([plan.at(plan.rank0_log)]).runs[0].summary
+    if summary.loss_first is not None:
+        drop = summary.loss_first - summary.loss_last
+        colour = "green" if drop > 0 else "yellow"
+        console.print(f"loss [{colour}]{summary.loss_first:.3f} -> {summary.loss_last:.3f}[/] (min "
+                      f"{summary.loss_min:.3f}) over steps {summary.first_step}..{summary.last_step}", highlight=False)
+        if drop <= 0:
+            err_console.print("[yellow]warning:[/] the loss did not drop; try more --steps", highlight=False)
+    console.print(f"total wall time {wall_s:.0f} s", highlight=False)
+    console.print(f"next: cd {plan.workdir} && mftk parse-log {plan.rank0_log} --follow   "
+                  f"[dim]or edit {plan.config} and mftk train it[/]", highlight=False)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
