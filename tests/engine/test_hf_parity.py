@@ -10,6 +10,8 @@ from mftk.engine import build_model, state_dict
 from mftk.engine.models.deepseek_v3 import state_dict as dsv3_sd
 from mftk.engine.models.qwen3 import state_dict as qwen3_sd
 
+from tests.engine.model_fixtures import gradcheck, rng, tiny_dsv3, tiny_qwen3  # noqa: F401  (fixtures)
+
 pytestmark = [pytest.mark.engine, pytest.mark.torch]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -9,6 +9,8 @@ from mindspore import nn
 from mftk.engine import ModelOutput, build_model, build_spec, load_state_dict, state_dict
 from mftk.errors import CheckpointError, ConfigError
 
+from tests.engine.model_fixtures import gradcheck, rng, tiny_dsv3, tiny_qwen3  # noqa: F401  (fixtures)
+
 pytestmark = pytest.mark.engine
 
 
@@ -113,3 +115,46 @@ def test_tiny_model_overfits_one_batch(rng, tiny_qwen3, tiny_dsv3, family):
         first = first if first is not None else float(out[1].asnumpy())
     last = model.forward(batch)
     assert first > 4.0 and last.loss < 0.05, (first, last.loss)
+
+
+def test_jit_blocks_keeps_loss_and_gradients(rng, tiny_qwen3):
+    cfg = tiny_qwen3()
+    eager, jitted = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    jitted.jit_blocks()
+    args = tuple(_batch(rng, cfg).values())
+    (oe, ge), (oj, gj) = (ms.value_and_grad(m, None, m.trainable_params(), has_aux=True)(*args)
+                          for m in (eager, jitted))
+    assert float(oe[0].asnumpy()) == pytest.approx(float(oj[0].asnumpy()), rel=1e-5)
+    assert all(np.allclose(a.asnumpy(), b.asnumpy(), atol=1e-6) for a, b in zip(ge, gj))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_tied", "deepseek_v3"])
+def test_parameter_count_equals_plan_arithmetic(tiny_qwen3, tiny_dsv3, family):
+    from mftk.plan.flops import param_counts
+
+    cfg = {"qwen3": tiny_qwen3, "qwen3_tied": lambda: tiny_qwen3(tie_word_embeddings=True),
+           "deepseek_v3": tiny_dsv3}[family]()
+    total = sum(int(np.prod(p.shape)) for p in build_model(cfg, seed=0).get_parameters())
+    assert total == param_counts(cfg)[0]
+
+
+def test_hidden_dropout_applies_in_training_mode_only(rng, tiny_qwen3):
+    cfg = tiny_qwen3(hidden_dropout=0.5)
+    model = build_model(cfg, seed=0)
+    batch = _batch(rng, cfg)
+    assert model.forward(batch).loss != model.forward(batch).loss  # a fresh dropout mask each call
+    model.set_train(False)
+    assert model.forward(batch).loss == model.forward(batch).loss
+
+
+def test_global_aux_loss_uses_running_counts_until_reset(rng, tiny_dsv3):
+    cfg = tiny_dsv3(moe_router_load_balancing_type="global_aux_loss")
+    model = build_model(cfg, seed=0)
+    batch = _batch(rng, cfg)
+    model.forward(batch)
+    model.forward(batch)
+    router = model.moe_layers()[0].router
+    assert float(router.ga_steps.asnumpy()[0]) == 2.0
+    assert router.global_tokens_per_expert.asnumpy().sum() == 2 * 2 * 8 * cfg.num_experts_per_tok
+    model.reset_global_aux_stats()
+    assert not router.ga_steps.asnumpy().any() and not router.global_tokens_per_expert.asnumpy().any()

@@ -7,9 +7,7 @@ fully masked row (a sequence starting with the pad token) yields a uniform row i
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, mint, ops
-
-from mindspore import nn
+from mindspore import Tensor, mint, nn, ops
 
 from .linear import Linear
 from .norm import RMSNorm

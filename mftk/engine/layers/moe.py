@@ -17,10 +17,6 @@ from .linear import Linear
 from .mlp import MLP
 from .ops_cpu import split_last
 
-SCORE_FUNCTIONS = ("sigmoid", "softmax", "sqrtsoftplus")
-AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
-
-
 def _buffer(shape, name: str) -> Parameter:
     return Parameter(Tensor(np.zeros(shape, np.float32)), name=name, requires_grad=False)
 
@@ -75,7 +71,9 @@ class TopKRouter(nn.Cell):
 def aux_loss(scores, k: int, kind: str, batch: int, router: TopKRouter | None = None):
     """α-free load-balancing loss from un-biased, un-grouped top-K statistics (reference §2.12)."""
     t, e = scores.shape
-    p = scores if router is None or router.score_function == "softmax" else scores / (scores.sum(-1, keepdims=True) + 1e-20)
+    p = scores  # softmax scores already sum to 1; sigmoid/sqrtsoftplus are normalised per token
+    if router is not None and router.score_function != "softmax":
+        p = scores / (scores.sum(-1, keepdims=True) + 1e-20)
     sel = ops.stop_gradient(ops.one_hot(ops.topk(p, k)[1], e, Tensor(1.0, p.dtype), Tensor(0.0, p.dtype)).sum(1))
     if kind == "seq_aux_loss":
         s = t // batch
@@ -95,7 +93,8 @@ class GroupedMLP(nn.Cell):
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
         super().__init__()
         self.e, self.f = num_experts, ffn_hidden_size
-        self.weight1 = Parameter(Tensor(np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)), name="weight1")
+        w1 = np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)
+        self.weight1 = Parameter(Tensor(w1), name="weight1")
         self.weight2 = Parameter(Tensor(np.zeros((num_experts, ffn_hidden_size, hidden_size), np.float32)), name="weight2")
 
     def expert(self, e: int, x):

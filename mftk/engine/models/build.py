@@ -29,10 +29,14 @@ def init_parameters(model: GPTModel, std: float, seed: int) -> None:
 
 
 def build_model(model_cfg: Any, *, seed: int) -> GPTModel:
-    """Build the family's model from its ``model:`` config (registry by model_type/architectures)."""
+    """Build the family's model from its ``model:`` config (registry by model_type/architectures).
+
+    The model is returned in training mode, so ``hidden_dropout`` applies (MindSpore cells default
+    to eval mode, which would silently turn dropout off)."""
     spec = build_spec(model_cfg)
     model = GPTModel(spec)
     init_parameters(model, spec.init_std, seed)
+    model.set_train(True)  # dropout (hidden_dropout) active; call ``set_train(False)`` for evaluation
     return model
 
 

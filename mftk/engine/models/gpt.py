@@ -20,7 +20,6 @@ from mftk.engine.layers.embedding import LanguageModelEmbedding
 from mftk.engine.layers.linear import Linear
 from mftk.engine.layers.loss import IGNORE_INDEX, masked_mean_ce
 from mftk.engine.layers.mtp import MultiTokenPredictionLayer
-from mftk.engine.layers.norm import RMSNorm
 from mftk.engine.spec import LayerSpec, ModelSpec
 
 
@@ -174,10 +173,30 @@ class GPTModel(nn.Cell):
         keys = ("input_ids", "labels", "loss_mask", "position_ids", "attention_mask")
         return ModelOutput.from_tuple(self(*(batch.get(k) for k in keys)))
 
+    def jit_blocks(self) -> None:
+        """Compile each layer's attention and dense MLP with ``mindspore.jit`` (a CPU speed lever; MoE
+        layers stay eager because their dispatch syncs with the host). Forward and gradients unchanged."""
+        import mindspore as ms
+
+        for layer in self.moe_free_cells():
+            layer.construct = ms.jit(layer.construct)
+
+    def moe_free_cells(self) -> list:
+        layers = list(self.decoder.layers) + ([m.transformer_layer for m in self.mtp.layers] if self.mtp else [])
+        return [c for layer in layers for c in (layer.self_attention, layer.mlp) if not (layer.is_moe and c is layer.mlp)]
+
     # -- aux-loss-free balancing ---------------------------------------------------------------------
     def moe_layers(self) -> list:
         layers = list(self.decoder.layers) + ([m.transformer_layer for m in self.mtp.layers] if self.mtp else [])
         return [layer.mlp for layer in layers if layer.is_moe]
+
+    def reset_global_aux_stats(self) -> None:
+        """Zero the ``global_aux_loss`` running counts (``router.global_tokens_per_expert``, ``ga_steps``);
+        the reference resets them at every logged step."""
+        for moe in self.moe_layers():
+            if hasattr(moe.router, "ga_steps"):
+                moe.router.global_tokens_per_expert.set_data(Tensor(np.zeros((moe.e,), np.float32)))
+                moe.router.ga_steps.set_data(Tensor(np.zeros((1,), np.float32)))
 
     def update_expert_bias(self, tokens_per_expert=None) -> None:
         """After the optimizer step: ``bias += γ·sign(mean − counts)`` per MoE layer, then reset the counts.

@@ -1,0 +1,77 @@
+"""Fixtures for the model tests (import them into a test module): tiny configs, rng, gradcheck.
+
+Kept out of ``conftest.py`` (shared with the trainer tests) so each side owns its file.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+ms.runtime.launch_blocking()  # synchronous errors, and faster on CPU (mindspore-cpu.md §10)
+
+from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig  # noqa: E402
+
+YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def make_qwen3(**kw) -> Qwen3ModelConfig:
+    base = dict(vocab_size=96, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, hidden_dropout=0.0, pad_token_id=0, rope_theta=1e6,
+                initializer_range=0.05)
+    return Qwen3ModelConfig(**{**base, **kw})
+
+
+def make_dsv3(**kw) -> DeepseekV3ModelConfig:
+    base = dict(vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+                qk_rope_head_dim=16, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+                topk_group=2, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5,
+                num_nextn_predict_layers=1, mtp_loss_scaling_factor=0.3, qk_layernorm=True, moe_grouped_gemm=True,
+                rope_scaling=dict(YARN), rope_theta=10000.0, moe_aux_loss_coeff=0.01,
+                moe_router_load_balancing_type="seq_aux_loss", initializer_range=0.05, pad_token_id=0)
+    return DeepseekV3ModelConfig(**{**base, **kw})
+
+
+def directional_check(fn, params, rng, eps=1e-3, rtol=2e-2):
+    """⟨∇f, v⟩ from autograd equals (f(θ+εv) − f(θ−εv)) / 2ε for a random direction v."""
+    from mindspore import Tensor
+
+    grads = ms.grad(fn, None, params)()
+    vs = [rng.normal(0, 1, p.shape).astype(np.float32) for p in params]
+    analytic = sum(float((g.asnumpy() * v).sum()) for g, v in zip(grads, vs))
+    base = [p.asnumpy().copy() for p in params]
+
+    def at(sign):
+        for p, b, v in zip(params, base, vs):
+            p.set_data(Tensor(b + sign * eps * v))
+        return float(fn().asnumpy())
+
+    numeric = (at(1) - at(-1)) / (2 * eps)
+    for p, b in zip(params, base):
+        p.set_data(Tensor(b))
+    assert analytic == pytest.approx(numeric, rel=rtol, abs=1e-4)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def tiny_qwen3():
+    """Factory: a tiny Qwen3 config; keyword overrides."""
+    return make_qwen3
+
+
+@pytest.fixture
+def tiny_dsv3():
+    """Factory: a tiny DeepSeek-V3 config with MoE (group-limited, biased), MLA, YaRN and MTP on."""
+    return make_dsv3
+
+
+@pytest.fixture
+def gradcheck():
+    """``gradcheck(fn, params, rng)``: autograd vs central finite differences along a random direction."""
+    return directional_check
