@@ -75,27 +75,31 @@ def estimate_bytes(template: str, over: dict) -> dict:
 
 
 def worker(template: str, over: dict) -> dict:
-    """Runs inside a fresh interpreter: baseline after imports, peak after training."""
-    import resource
+    """Runs inside a fresh interpreter: baseline after imports, peak after training.
 
+    The peak is VmHWM (this address space's high-water mark), not ``ru_maxrss``: Linux carries
+    ``ru_maxrss`` across exec, so a child of a large process (pytest after many tests) would
+    report its parent's size.
+    """
     import mindspore  # noqa: F401  (part of the idle baseline)
 
     from mftk.config.load import load_config
     from mftk.engine import run
 
     loaded = load_config(ROOT / template, overrides=_overrides(over), check_files=True)
-    base = _rss_now()
+    base = _status_bytes("VmRSS")
     with tempfile.TemporaryDirectory() as out:
         run.train(loaded, output_dir=out, install_signals=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_bytes("VmHWM")
     return {"baseline": base, "peak": peak, "measured": peak - base}
 
 
-def _rss_now() -> int:
+def _status_bytes(key: str) -> int:
+    """A memory figure of this process from /proc/self/status (kB there)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
-    return 0
+    raise RuntimeError(f"{key} not in /proc/self/status")
 
 
 def measure(template: str, over: dict) -> dict:
