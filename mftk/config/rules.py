@@ -53,8 +53,10 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
         r.error("lora_config.target_modules", "required to enable LoRA", hint="e.g. '.*linear_qkv.*'")
     if config.model is not None:
         from mftk.config.model import model_problems
+        from mftk.engine.support import unsupported_model_settings
 
         r.problems += model_problems(config.model)
+        r.problems += unsupported_model_settings(config.model)
     return r.problems
 
 

@@ -1,0 +1,50 @@
+"""Which `model:` settings mftk's engine implements, checked before a run (no MindSpore import).
+
+A setting the reference honours but our layers do not would otherwise be accepted and silently
+computed differently; `validate-config` and `train` report it instead. Each row: the field, the
+values the engine implements, and what to write instead.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from mftk.errors import Problem
+
+# (field, accepted?, what the engine does) — a field missing from a family is skipped.
+_ROWS: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("hidden_act", lambda v: v in ("silu", "fusedswiglu"), "the MLP is SwiGLU: use silu"),
+    ("gated_linear_unit", lambda v: v is True, "the MLP is gated (SwiGLU): set true"),
+    ("add_bias_linear", lambda v: v is False, "linear layers have no bias: set false"),
+    ("apply_residual_connection_post_layernorm", lambda v: v is False, "residuals are taken before the norm"),
+    ("rotary_interleaved", lambda v: v is False, "rotary pairs are the two halves (not interleaved)"),
+    ("rotary_percent", lambda v: v == 1.0, "the whole rope head dim is rotated"),
+    ("moe_router_force_expert_balance", lambda v: v is False, "routing follows the router scores"),
+    ("moe_apply_probs_on_input", lambda v: v is False, "routing probabilities scale the expert outputs"),
+    ("activation_func_clamp_value", lambda v: v is None, "the experts' SwiGLU is not clamped"),
+    ("track_max_attention_logit", lambda v: v is False, "max attention logits are not tracked"),
+]
+_FP32_ON_CPU = ("compute_dtype", "params_dtype", "embedding_params_dtype")
+
+
+def unsupported_model_settings(model: Any) -> list[Problem]:
+    """Errors for settings the engine does not implement; notes for dtypes computed in fp32."""
+    problems: list[Problem] = []
+    for name, accepted, does in _ROWS:
+        if not hasattr(model, name):
+            continue
+        value = getattr(model, name)
+        if not accepted(value):
+            problems.append(Problem(path=f"model.{name}", value=value,
+                                    message=f"{value!r} is not implemented by mftk's engine yet ({does})",
+                                    hint="change it, or train this model with MindSpore Transformers"))
+    if getattr(model, "model_type", "") == "qwen3":
+        if getattr(model, "rope_scaling", None) is not None or getattr(model, "position_embedding_type", "rope") != "rope":
+            problems.append(Problem(path="model.rope_scaling", value=getattr(model, "rope_scaling", None),
+                                    message="Qwen3 uses plain RoPE in mftk (the reference breaks with rope_scaling "
+                                    "on Qwen3 too)", hint="remove rope_scaling and position_embedding_type"))
+    for name in _FP32_ON_CPU:
+        value = getattr(model, name, "float32")
+        if value not in ("float32", "fp32"):
+            problems.append(Problem(path=f"model.{name}", value=value, severity="note",
+                                    message=f"{value} requested; mftk computes and stores in float32 on CPU"))
+    return problems
