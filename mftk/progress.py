@@ -35,6 +35,22 @@ class StepSink(Protocol):
     def close(self) -> None: ...
 
 
+class BaseSink:
+    """A `StepSink` that ignores everything; subclasses override only what they use."""
+
+    def on_step(self, metrics: dict[str, Any]) -> None:
+        pass
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        pass
+
+    def on_checkpoint(self, step: int, path: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class FanOut:
     """Passes each call to several sinks, in order."""
 

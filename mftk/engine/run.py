@@ -28,7 +28,7 @@ import numpy as np
 
 from mftk.errors import CheckpointError, ConfigError, InputError, Problem
 from mftk.logs.format import LOSS_CALLBACK_FILEPATH, LOSS_CALLBACK_LINENO, MetricsFileSink, format_step_line, mf_formatter
-from mftk.progress import FanOut, StepSink
+from mftk.progress import BaseSink, FanOut, StepSink
 
 log = logging.getLogger("mftk.train")
 log.setLevel(logging.INFO)
@@ -107,7 +107,7 @@ def emit_step_line(line: str) -> None:
     log.handle(record)
 
 
-class _StepLogSink:
+class _StepLogSink(BaseSink):
     def __init__(self, total_steps: int) -> None:
         self.total = total_steps
         self.losses: list[float] = []
@@ -117,15 +117,6 @@ class _StepLogSink:
         self.losses.append(metrics["loss"])
         self.norms.append(metrics["grad_norm"])
         emit_step_line(format_step_line(metrics, total_steps=self.total))
-
-    def on_event(self, kind: str, data: dict[str, Any]) -> None:
-        pass
-
-    def on_checkpoint(self, step: int, path: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 # --------------------------------------------------------------------------------------- entry point

@@ -14,6 +14,8 @@ reference's) and mftk's own JSON-lines metrics record, which keeps full precisio
 """
 from __future__ import annotations
 
+from mftk.progress import BaseSink
+
 import json
 import logging
 import math
@@ -194,7 +196,7 @@ def parse_metrics_record(line: str) -> dict[str, Any] | None:
     return {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in obj.items()}
 
 
-class StepLineSink:
+class StepLineSink(BaseSink):
     """A `StepSink` that writes each step as the MF line through `emit` (e.g. `logger.info`)."""
 
     def __init__(self, emit: Callable[[str], None], *, total_steps: int) -> None:
@@ -203,15 +205,6 @@ class StepLineSink:
 
     def on_step(self, metrics: dict[str, Any]) -> None:
         self._emit(format_step_line(metrics, total_steps=self._total))
-
-    def on_event(self, kind: str, data: dict[str, Any]) -> None:
-        pass
-
-    def on_checkpoint(self, step: int, path: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class MetricsFileSink:
