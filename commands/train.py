@@ -62,7 +62,7 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     loaded = load_config(config, overrides=overrides or [], world_size=world)
     from mftk.engine.run import check_supported_layout
 
-    check_supported_layout(loaded, world)  # before any worker starts: TP/PP/CP/EP are refused with exit 1
+    check_supported_layout(loaded, world)  # before any worker starts: PP/CP and unsupported TP/EP layouts exit 1
     if world > 1 and not dry_run:
         return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only)
     import logging

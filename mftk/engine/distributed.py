@@ -36,10 +36,13 @@ class FlatSharding:
     ``size``/``rank``: the FSDP (dp_shard·cp) group; size 1 means plain DP (everything whole).
     """
 
-    def __init__(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]], size: int, rank: int) -> None:
+    def __init__(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]], size: int, rank: int,
+                 exclude: Sequence[str] = ()) -> None:
         self.names, self.shapes = list(names), [tuple(s) for s in shapes]
         self.size, self.rank = int(size), int(rank)
-        self.rows: list[tuple[int, int] | None] = [self._rows(s) for s in self.shapes]
+        skip = set(exclude)  # expert-parallel weights: their replicas are the EDP group, not the FSDP group
+        self.rows: list[tuple[int, int] | None] = [None if n in skip else self._rows(s)
+                                                   for n, s in zip(self.names, self.shapes)]
         self.full_slices, start = [], 0
         for s in self.shapes:
             n = int(np.prod(s, dtype=np.int64))
@@ -111,6 +114,59 @@ class DistContext:
 
     groups: Any  # parallel.groups.ParallelGroups
     sharding: FlatSharding
+    splits: dict = attrs.field(factory=dict)  # name -> parallel.model_parallel.Split (TP / EP blocks)
+    norm_weights: np.ndarray | None = None  # set by `bind` under TP/EP: 1/replicas per local gradient element
+    _opt_slices: list | None = None
+
+    @property
+    def model_parallel(self) -> bool:
+        return bool(self.splits)
+
+    def bind(self, optimizer: Any) -> None:
+        """Learn the optimizer's flat layout (the trainer's gradient buffer when not FSDP) and, under TP/EP,
+        each local gradient element's weight in the global norm: 1 / (ranks holding the same element)."""
+        from mftk.engine.parallel.data_parallel import param_replicas
+
+        self._opt_slices = list(optimizer.slices)
+        if not self.model_parallel:
+            return
+        w = np.ones(optimizer.size, np.float32)
+        for i, name in enumerate(self.sharding.names):
+            split = self.splits.get(name)
+            over: tuple[str, ...] = (split.axis,) if split is not None else ()
+            if self.sharding.rows[i] is not None:
+                over += ("dp_shard", "cp")
+            w[optimizer.slices[i]] = 1.0 / param_replicas(self.groups, over)
+        self.norm_weights = w
+
+    def cut(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """Global tensors (a loaded checkpoint's optimizer state) → this rank's TP/EP block, then FSDP rows."""
+        from mftk.engine.parallel.model_parallel import cut
+
+        return self.sharding.cut(cut(tensors, self.splits))
+
+    def _buffer_slices(self) -> list:
+        return self.sharding.full_slices if self.sharding.enabled else self._opt_slices
+
+    def _pack(self, flat: np.ndarray, idx: Sequence[int]) -> np.ndarray:
+        sl = self._buffer_slices()
+        return np.concatenate([flat[sl[i]] for i in idx]) if idx else np.zeros(0, np.float32)
+
+    def _unpack(self, flat: np.ndarray, idx: Sequence[int], packed: np.ndarray) -> None:
+        sl, off = self._buffer_slices(), 0
+        for i in idx:
+            n = sl[i].stop - sl[i].start
+            flat[sl[i]] = packed[off:off + n]
+            off += n
+
+    def _all_reduce_np(self, packed: np.ndarray, group: Any, op: str = "sum") -> np.ndarray:
+        from mindspore import Tensor
+
+        from mftk.engine.parallel import comm
+
+        if group.is_trivial or not packed.size:
+            return packed
+        return comm.all_reduce(Tensor.from_numpy(np.ascontiguousarray(packed)), group, op).asnumpy()
 
     @property
     def rank(self) -> int:
@@ -121,9 +177,26 @@ class DistContext:
         return self.groups.layout.world
 
     def sync_grads(self, full: np.ndarray) -> np.ndarray:
+        """Average over dp×cp. Under TP (with SP) every replicated parameter first has its partial
+        gradients summed over TP (norms see only this rank's tokens or heads). Expert-parallel weights
+        are distinct per EP rank: summed over the ranks holding the same experts, divided by dp×cp."""
         from mftk.engine.parallel.data_parallel import sync_flat_gradients
 
-        return sync_flat_gradients(full, self.groups, op="avg")
+        if not self.model_parallel:
+            return sync_flat_gradients(full, self.groups, op="avg")
+        full = np.array(full, np.float32, copy=True)
+        names = self.sharding.names
+        if self.groups.tp.size > 1:
+            rep = [i for i, n in enumerate(names) if n not in self.splits]
+            self._unpack(full, rep, self._all_reduce_np(self._pack(full, rep), self.groups.tp))
+        experts = [i for i, n in enumerate(names) if n in self.splits and self.splits[n].axis == "ep"]
+        mine = self._pack(full, experts)
+        full = sync_flat_gradients(full, self.groups, op="avg")
+        if experts:
+            for g in (self.groups.edp, self.groups.dp_replicate):
+                mine = self._all_reduce_np(mine, g)
+            self._unpack(full, experts, mine / np.float32(max(self.groups.dp_cp.size, 1)))
+        return full
 
     def mean(self, values: Sequence[float]) -> np.ndarray:
         """Scalars averaged over dp×cp (the logged loss, aux and MTP losses), at float64 precision."""
@@ -144,6 +217,10 @@ class DistContext:
 
     def grad_norm(self, local: np.ndarray, weights: np.ndarray | None) -> float:
         """The full gradient's norm: local squares (replicated parts weighted 1/size) summed over the shard group."""
+        if self.norm_weights is not None:  # TP/EP: every element counted once over the whole world
+            g64 = local.astype(np.float64)
+            sq = float(np.dot(g64 * self.norm_weights, g64))
+            return float(np.sqrt(_sum_f64(np.array([sq]), self.groups.world)[0]))
         if weights is None:
             from mftk.engine.optim import global_norm
 
@@ -190,24 +267,35 @@ class DistContext:
         from mftk.engine.parallel.groups import mesh_groups
 
         layout = self.groups.layout
-        fsdp_index = [mesh_groups(layout, r).fsdp.rank for r in range(layout.world)]
+        mesh = [mesh_groups(layout, r) for r in range(layout.world)]
 
         def spec(key: str, local: np.ndarray) -> ShardedTensor:
             base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.")) else key
             i = self.sharding.index.get(base)
             dtype = _DTYPE_NAMES.get(str(getattr(local, "dtype", "")), "BFloat16")
-            if i is not None and self.sharding.rows[i] is not None:
-                shape = self.sharding.shapes[i]
-                holders = {r: fsdp_index[r] for r in range(layout.world)}
-                frag = (self.sharding.size,) + (1,) * (len(shape) - 1)
-            else:
-                shape, holders, frag = tuple(local.shape), {r: 0 for r in range(layout.world)}, (1,) * local.ndim
+            split = self.splits.get(base)
+            rows = i is not None and self.sharding.rows[i] is not None
+            shape = list(self.sharding.shapes[i] if rows else np.shape(local))  # the TP/EP block, before FSDP
+            frag = [1] * len(shape)
+            if split is not None:
+                frag[split.dim] *= split.group.size
+                shape[split.dim] *= split.group.size
+            if rows:  # FSDP rows inside the TP/EP block on dim 0
+                frag[0] *= self.sharding.size
+            holders = {}
+            for r in range(layout.world):
+                coords = [0] * len(shape)
+                if split is not None:
+                    coords[split.dim] = getattr(mesh[r], split.axis).rank
+                if rows:
+                    coords[0] = coords[0] * self.sharding.size + mesh[r].fsdp.rank
+                holders[r] = int(np.ravel_multi_index(coords, frag)) if coords else 0
             groups: dict[int, list[int]] = {}
             for r, s in holders.items():
                 groups.setdefault(s, []).append(r)
             replica = [groups[holders[r]].index(r) for r in range(layout.world)]
-            return ShardedTensor(global_shape=tuple(shape), axis_fragmentations=frag, holders=holders, dtype=dtype,
-                                 replica_id=replica)
+            return ShardedTensor(global_shape=tuple(shape), axis_fragmentations=tuple(frag), holders=holders,
+                                 dtype=dtype, replica_id=replica)
 
         return ({k: spec(k, v) for k, v in model.items()},
                 {k: spec(k, v) for k, v in (optimizer or {}).items()})
@@ -232,9 +320,14 @@ def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
     return total
 
 
-def make_context(layout: Any, names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> DistContext:
-    """Create the process groups (after ``communication.init()``) and the sharding plan of this rank."""
+def make_context(layout: Any, names: Sequence[str], shapes: Sequence[tuple[int, ...]], *, groups: Any = None,
+                 splits: dict | None = None) -> DistContext:
+    """The sharding plan of this rank; creates the process groups (after ``communication.init()``) unless given.
+    ``splits``: the TP/EP blocks of a model-parallel model (`parallel.model_parallel.param_splits`)."""
     from mftk.engine.parallel.groups import create_groups
 
-    groups = create_groups(layout)
-    return DistContext(groups=groups, sharding=FlatSharding(names, shapes, groups.fsdp.size, groups.fsdp.rank))
+    groups = groups if groups is not None else create_groups(layout)
+    splits = dict(splits or {})
+    experts = [n for n, s in splits.items() if s.axis == "ep"]
+    return DistContext(groups=groups, sharding=FlatSharding(names, shapes, groups.fsdp.size, groups.fsdp.rank,
+                                                            exclude=experts), splits=splits)

@@ -13,6 +13,12 @@ The update is the reference's non-fused AdamW (§2.7): with ``lr = schedule(glob
     p ← p·(1 − lr·wd);  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
     p ← p − (lr/(1−β1^t))·m / (sqrt(v/(1−β2^t)) + eps)
 
+Speed (CPU, memory-bound): the update runs chunk by chunk (``CHUNK`` elements), so every temporary
+stays in cache instead of streaming the 29 M-element buffers ten times; each element still sees the
+same float32 operations in the same order, so results are bit-identical to the unchunked form. The
+trainer fills one reused gradient buffer (``grad_buffer``/``put_grads``) instead of zero-filling a
+fresh one and adding into it every step.
+
 ``enable_fused_opt``/``use_fused`` select the same update (the reference's fused counter starts
 at −1, which evaluates ``lr(−1)`` on the first step; mftk does not reproduce that).
 
@@ -29,6 +35,8 @@ import attrs
 import numpy as np
 
 from mftk.errors import CheckpointError
+
+CHUNK = 1 << 16  # elements per update chunk: 7 fp32 arrays × 256 KiB stay in cache (bench: 1<<16 is fastest)
 
 
 @attrs.frozen
@@ -100,7 +108,9 @@ class AdamW:
         self.master = np.zeros(start, np.float32)
         self.m = np.zeros(start, np.float32)
         self.v = np.zeros(start, np.float32)
-        self._tmp = np.empty(start, np.float32)
+        self._tmp = np.empty(min(start, CHUNK), np.float32)
+        self._tmp2 = np.empty(min(start, CHUNK), np.float32)
+        self._grads: np.ndarray | None = None
         self.global_step = 0
         self.set_masters(arrays)
 
@@ -119,6 +129,22 @@ class AdamW:
     def zeros_like_flat(self) -> np.ndarray:
         return np.zeros(self.size, np.float32)
 
+    def grad_buffer(self) -> np.ndarray:
+        """A flat gradient buffer reused from step to step (contents undefined until ``put_grads``)."""
+        if self._grads is None:
+            self._grads = np.empty(self.size, np.float32)
+        return self._grads
+
+    def put_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray], scale: float = 1.0) -> None:
+        """``flat = scale·g`` for every gradient: the first micro-batch, with no zero-fill pass."""
+        for i, g in enumerate(grads):
+            dst = flat[self.slices[i]]
+            src = np.asarray(g, np.float32).reshape(-1)
+            if scale == 1.0:
+                np.copyto(dst, src)
+            else:
+                np.multiply(src, np.float32(scale), out=dst)
+
     def add_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray], scale: float = 1.0) -> None:
         """``flat += scale·g`` for every gradient (fp32 accumulation over micro-batches)."""
         for i, g in enumerate(grads):
@@ -132,24 +158,36 @@ class AdamW:
     # ---------------------------------------------------------------------------------- update
     def step(self, g: np.ndarray, lr: float) -> None:
         """One AdamW update with gradient ``g`` (flat, fp32, already clipped) at learning rate ``lr``."""
-        b1, b2, tmp = self.beta1, self.beta2, self._tmp
         self.global_step += 1
         t = self.global_step
-        if self.weight_decay > 0 and self.decay_end:
-            self.master[:self.decay_end] *= np.float32(1.0 - lr * self.weight_decay)
-        self.m *= np.float32(b1)
-        np.multiply(g, np.float32(1.0 - b1), out=tmp)
-        self.m += tmp
-        self.v *= np.float32(b2)
+        decay = np.float32(1.0 - lr * self.weight_decay) if self.weight_decay > 0 else None
+        c = (np.float32(self.beta1), np.float32(1.0 - self.beta1), np.float32(self.beta2), np.float32(1.0 - self.beta2),
+             np.float32(1.0 / (1.0 - self.beta2 ** t)), np.float32(self.eps), np.float32(lr / (1.0 - self.beta1 ** t)))
+        for start in range(0, self.size, CHUNK):
+            stop = min(start + CHUNK, self.size)
+            if decay is not None and start < self.decay_end:
+                self.master[start:min(stop, self.decay_end)] *= decay
+            self._update(slice(start, stop), g[start:stop], c)
+
+    def _update(self, sl: slice, g: np.ndarray, c: tuple) -> None:
+        """``m``, ``v`` and the masters of one chunk, in the float32 order of the docstring's formula."""
+        b1, one_b1, b2, one_b2, inv_bc2, eps, step_size = c
+        n = sl.stop - sl.start
+        tmp, tmp2 = self._tmp[:n], self._tmp2[:n]
+        m, v, p = self.m[sl], self.v[sl], self.master[sl]
+        m *= b1
+        np.multiply(g, one_b1, out=tmp)
+        m += tmp
+        v *= b2
         np.multiply(g, g, out=tmp)
-        tmp *= np.float32(1.0 - b2)
-        self.v += tmp
-        np.multiply(self.v, np.float32(1.0 / (1.0 - b2 ** t)), out=tmp)
-        np.sqrt(tmp, out=tmp)
-        tmp += np.float32(self.eps)
-        np.divide(self.m, tmp, out=tmp)
-        tmp *= np.float32(lr / (1.0 - b1 ** t))
-        self.master -= tmp
+        tmp *= one_b2
+        v += tmp
+        np.multiply(v, inv_bc2, out=tmp2)
+        np.sqrt(tmp2, out=tmp2)
+        tmp2 += eps
+        np.divide(m, tmp2, out=tmp2)
+        tmp2 *= step_size
+        p -= tmp2
 
     # ---------------------------------------------------------------------------------- state
     def state_dict(self, *, with_masters: bool = False) -> dict[str, np.ndarray]:

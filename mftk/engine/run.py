@@ -155,30 +155,49 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
             h.close()
 
 
-_UNSUPPORTED_DEGREES = (("tensor_parallel", "tp"), ("pipeline_parallel", "pp"), ("context_parallel", "cp"),
-                        ("expert_parallel", "ep"))
+_UNSUPPORTED_DEGREES = (("pipeline_parallel", "pp"), ("context_parallel", "cp"))
 
 
 def check_supported_layout(loaded: Any, world_size: int) -> Any:
-    """The data-parallel layout (DP, FSDP, HSDP) of ``world_size`` ranks; TP/PP/CP/EP are refused here.
-
-    The parallel layers exist (`engine.parallel`) but the models do not use them yet, so a run with
-    those degrees would silently train something else than asked.
+    """The layout of ``world_size`` ranks: DP, FSDP, HSDP, TP with sequence parallel (Qwen3-style GQA +
+    dense MLP models) and EP (MoE models, without TP). PP and CP are refused: their parallel pieces
+    exist (`engine.parallel`) but the trainer does not drive them yet, so such a run would silently
+    train something else than asked.
     """
     from mftk.plan.layout import Layout, layout_from_config
 
     p = loaded.config.parallelism
     problems = [Problem(path=f"parallelism.{field}", value=getattr(p, field),
-                        message=f"{field}={getattr(p, field)} is not supported yet by mftk train (only data "
-                                "parallel: DP, FSDP via data_parallel_shard, HSDP)",
+                        message=f"{field}={getattr(p, field)} is not supported yet by mftk train (supported: data "
+                                "parallel (DP, FSDP via data_parallel_shard, HSDP), tensor_parallel, expert_parallel)",
                         hint=f"set parallelism.{field}: 1", line=_line(loaded, f"parallelism.{field}"))
                 for field, _ in _UNSUPPORTED_DEGREES if int(getattr(p, field) or 1) > 1]
+    problems += _model_parallel_problems(loaded)
     if problems:
         raise ConfigError(message=f"{loaded.source}: " + "; ".join(pr.message.split(" (")[0] for pr in problems),
                           problems=problems, source=loaded.source)
     if world_size <= 1:
         return Layout(world=1)
     return layout_from_config(p, world_size)
+
+
+def _model_parallel_problems(loaded: Any) -> list[Problem]:
+    """What the model does not allow of tensor_parallel / expert_parallel (each at its YAML line)."""
+    from mftk.engine.parallel.model_parallel import expert_parallel_problems, tensor_parallel_problems
+    from mftk.engine.spec import build_spec
+
+    p, cfg = loaded.config.parallelism, loaded.config.model
+    tp, ep = int(p.tensor_parallel or 1), int(p.expert_parallel or 1)
+    if tp <= 1 and ep <= 1:
+        return []
+    spec = build_spec(cfg)
+    found = []
+    if tp > 1:
+        found += [("tensor_parallel", tp, m) for m in tensor_parallel_problems(spec, tp, int(cfg.seq_length or 0))]
+    if ep > 1:
+        found += [("expert_parallel", ep, m) for m in expert_parallel_problems(spec, ep, tp)]
+    return [Problem(path=f"parallelism.{field}", value=v, message=f"{field}={v}: {m}", hint=f"set parallelism.{field}: 1",
+                    line=_line(loaded, f"parallelism.{field}")) for field, v, m in found]
 
 
 def _line(loaded: Any, path: str) -> int | None:
@@ -299,29 +318,17 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
                            metrics_file="", phases=tuple(phases), resume=plan, dry_run=True, notes=tuple(notes))
     if ck.enable_save:
         _check_writable(ck.save_path)
-    dist = None
-    if layout.world > 1:
-        from mftk.engine.distributed import make_context
-
-        t = time.perf_counter()
-        params = list(model.trainable_params())
-        dist = make_context(layout, [p.name for p in params], [tuple(p.shape) for p in params])
-        phases.append(("process groups", time.perf_counter() - t))
-        _phase_log(phases[-1])
-        if dist.sharding.enabled:
-            n = sum(1 for r in dist.sharding.rows if r is not None)
-            log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks (the rest replicated: dim 0 "
-                     "does not divide evenly); optimizer states sharded the same way", n, len(params),
-                     dist.sharding.size)
-
     state = TrainState()
     loaded_ckpt = None
-    if plan is not None:
+    if plan is not None:  # into the full model: checkpoints hold global tensors, cut below for TP/EP
         t = time.perf_counter()
-        loaded_ckpt = load_checkpoint(plan, model, config, rank=dist.rank if dist else 0)
+        loaded_ckpt = load_checkpoint(plan, model, config, rank=_rank() if layout.world > 1 else 0)
         state = TrainState(global_step=plan.start_step, consumed_samples=plan.consumed_samples)
         phases.append(("checkpoint load", time.perf_counter() - t))
         _phase_log(phases[-1])
+    dist = None
+    if layout.world > 1:
+        model, dist = _distribute(model, layout, phases)
 
     t = time.perf_counter()
     data = _build_data(config, dp=dp, dp_rank=dist.groups.dp_rank if dist else 0)
@@ -335,8 +342,10 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
 
     t = time.perf_counter()
     optimizer = _build_optimizer(config, model, dist.sharding if dist else None)
+    if dist is not None:
+        dist.bind(optimizer)
     if loaded_ckpt is not None and loaded_ckpt.optimizer is not None:
-        opt_state = dist.sharding.cut(loaded_ckpt.optimizer) if dist else loaded_ckpt.optimizer
+        opt_state = dist.cut(loaded_ckpt.optimizer) if dist else loaded_ckpt.optimizer
         optimizer.load_state_dict(opt_state, where=str(plan.step_dir))
         optimizer.global_step = state.global_step if plan.scenario == 3 else optimizer.global_step
         if plan.scenario == 3:
@@ -406,6 +415,39 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
 
 
 # --------------------------------------------------------------------------------------- pieces
+def _rank() -> int:
+    from mindspore import communication
+
+    return communication.get_rank()
+
+
+def _distribute(model: Any, layout: Any, phases: list) -> tuple[Any, Any]:
+    """Process groups, this rank's TP/EP model (cut from the full one) and the DP/FSDP plan."""
+    from mftk.engine.distributed import make_context
+    from mftk.engine.parallel.groups import create_groups
+    from mftk.engine.parallel.model_parallel import param_splits, to_parallel
+
+    t = time.perf_counter()
+    groups = create_groups(layout)
+    splits = {}
+    if layout.tp > 1 or layout.ep > 1:
+        model = to_parallel(model, groups)
+        splits = param_splits(model)
+        log.info("Model parallel: tensor_parallel=%d (sequence parallel), expert_parallel=%d; %d parameters split "
+                 "(column/vocab on dim 0, row on dim 1, experts on dim 0)", layout.tp, layout.ep, len(splits))
+    params = list(model.trainable_params())
+    dist = make_context(layout, [p.name for p in params], [tuple(p.shape) for p in params], groups=groups,
+                        splits=splits)
+    phases.append(("process groups", time.perf_counter() - t))
+    _phase_log(phases[-1])
+    if dist.sharding.enabled:
+        n = sum(1 for r in dist.sharding.rows if r is not None)
+        log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks (the rest replicated: dim 0 "
+                 "does not divide evenly); optimizer states sharded the same way", n, len(params),
+                 dist.sharding.size)
+    return model, dist
+
+
 def _phase_log(phase: tuple[str, float]) -> None:
     log.info("start-up phase %-18s %.2fs", phase[0] + ":", phase[1])
 

@@ -49,6 +49,7 @@ class ModelSpec:
     init_std: float = 0.02
     pad_token_id: int = 0
     hidden_dropout: float = 0.0
+    tp: Any = None  # parallel.groups.AxisGroup when tensor parallel (with SP) is on; see parallel.model_parallel
 
 
 _BUILDERS: dict[str, Callable[[Any], ModelSpec]] = {}

@@ -271,7 +271,7 @@ class Trainer:
 
         # FSDP: a full-size buffer (then this rank's rows are kept); else the optimizer's own flat layout
         layout = self.dist.sharding if self.sharded else self.optimizer
-        acc = layout.zeros_full() if self.sharded else self.optimizer.zeros_like_flat()
+        acc = layout.zeros_full() if self.sharded else self.optimizer.grad_buffer()  # reused; filled below
         scale = 1.0 / plan.accumulation
         losses, aux_sum, mtp_sum, counts = [], None, None, None
         for _ in range(plan.accumulation):
@@ -288,7 +288,8 @@ class Trainer:
                 raise TrainingError(message=f"error in the forward/backward pass: {exc}",
                                     hint="run with MFTK_DEBUG=1 for the traceback") from exc
             _, lm, aux, mtp, tpe = outputs
-            layout.add_grads(acc, [g.asnumpy() for g in grads], scale)
+            fill = layout.add_grads if self.sharded or len(losses) else self.optimizer.put_grads
+            fill(acc, [g.asnumpy() for g in grads], scale)
             losses.append(float(lm.asnumpy()))
             a = np.array([float(x.asnumpy()) for x in aux], np.float64)
             m = np.array([float(x.asnumpy()) for x in mtp], np.float64)
@@ -322,7 +323,7 @@ class Trainer:
                                local_losses=out.local_losses)
 
     def grad_norm(self, grads: np.ndarray) -> float:
-        if self.sharded:
+        if self.sharded or getattr(self.dist, "model_parallel", False):  # TP/EP: summed over ranks
             return self.dist.grad_norm(grads, self._norm_weights)
         return global_norm(grads)
 

@@ -15,11 +15,18 @@ class VocabEmbedding(nn.Cell):
 
 
 class LanguageModelEmbedding(nn.Cell):
-    """Holds ``word_embeddings`` so the checkpoint name is ``embedding.word_embeddings.weight``."""
+    """Holds ``word_embeddings`` so the checkpoint name is ``embedding.word_embeddings.weight``.
 
-    def __init__(self, vocab_size: int, hidden_size: int, dropout: float = 0.0) -> None:
+    With a TP group the table is vocab-parallel and the output is this rank's sequence block (SP)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, dropout: float = 0.0, tp=None) -> None:
         super().__init__()
-        self.word_embeddings = VocabEmbedding(vocab_size, hidden_size)
+        if tp is not None and tp.size > 1:
+            from mftk.engine.parallel.tensor_parallel import VocabParallelEmbedding
+
+            self.word_embeddings = VocabParallelEmbedding(vocab_size, hidden_size, tp, sequence_parallel=True)
+        else:
+            self.word_embeddings = VocabEmbedding(vocab_size, hidden_size)
         self.dropout = float(dropout)
 
     def construct(self, ids):

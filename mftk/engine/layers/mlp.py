@@ -16,8 +16,18 @@ def swiglu_interleaved(h):
 
 
 class MLP(nn.Cell):
-    def __init__(self, hidden_size: int, ffn_hidden_size: int) -> None:
+    """With a TP group: ``linear_fc1`` column-parallel, ``linear_fc2`` row-parallel, sequence-parallel.
+    The interleaved (gate, up) rows make a contiguous row block of fc1 hold whole pairs, matching the
+    column block of fc2."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, tp=None) -> None:
         super().__init__()
+        if tp is not None and tp.size > 1:
+            from mftk.engine.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+            self.linear_fc1 = ColumnParallelLinear(hidden_size, 2 * ffn_hidden_size, tp, sequence_parallel=True)
+            self.linear_fc2 = RowParallelLinear(ffn_hidden_size, hidden_size, tp, sequence_parallel=True)
+            return
         self.linear_fc1 = Linear(hidden_size, 2 * ffn_hidden_size)
         self.linear_fc2 = Linear(ffn_hidden_size, hidden_size)
 

@@ -88,14 +88,29 @@ def aux_loss(scores, k: int, kind: str, batch: int, router: TopKRouter | None = 
 
 
 class GroupedMLP(nn.Cell):
-    """Routed experts: ``weight1 [E, H, 2Fm]`` = [gate | up] halves, ``weight2 [E, Fm, H]``."""
+    """Routed experts: ``weight1 [E, H, 2Fm]`` = [gate | up] halves, ``weight2 [E, Fm, H]``.
 
-    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
+    Expert parallel (``ep`` group of size p > 1): this rank holds experts ``[r·E/p, (r+1)·E/p)``
+    (``weight1 [E/p, H, 2Fm]``). Tokens sorted by expert are already grouped by owner, so one uneven
+    all-to-all sends each owner its rows (dispatch), the owner runs its experts on the rows of every
+    sender, and a second all-to-all returns the results in the original sorted order (combine).
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, ep=None) -> None:
         super().__init__()
-        self.e, self.f = num_experts, ffn_hidden_size
-        w1 = np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)
+        p = 1 if ep is None else ep.size
+        if num_experts % p:
+            raise ValueError(f"num_experts {num_experts} does not split over expert_parallel={p}")
+        self.e, self.f, self.ep = num_experts, ffn_hidden_size, ep if p > 1 else None
+        self.e_local = num_experts // p
+        w1 = np.zeros((self.e_local, hidden_size, 2 * ffn_hidden_size), np.float32)
         self.weight1 = Parameter(Tensor(w1), name="weight1")
-        self.weight2 = Parameter(Tensor(np.zeros((num_experts, ffn_hidden_size, hidden_size), np.float32)), name="weight2")
+        self.weight2 = Parameter(Tensor(np.zeros((self.e_local, ffn_hidden_size, hidden_size), np.float32)),
+                                 name="weight2")
+        if self.ep is not None:
+            from mftk.engine.parallel.comm import AllToAllUneven
+
+            self.dispatch, self.combine = AllToAllUneven(self.ep), AllToAllUneven(self.ep)
 
     def expert(self, e: int, x):
         gate, up = split_last(mint.matmul(x, self.weight1[e]), (self.f, self.f))  # (n, Fm) each
@@ -109,14 +124,36 @@ class GroupedMLP(nn.Cell):
         counts = np.bincount(flat, minlength=self.e)
         token = Tensor((order // k).astype(np.int32))
         xs = ops.gather(x, token, 0)  # (T·K, H) sorted by expert
-        outs, start = [], 0
-        for e in range(self.e):
-            n = int(counts[e])
-            if n:
-                outs.append(self.expert(e, xs[start:start + n]))
-            start += n
-        ys = mint.cat(outs, 0) * ops.gather(probs.reshape(-1), Tensor(order.astype(np.int32)), 0).reshape(-1, 1)
+        if self.ep is None:
+            outs, start = [], 0
+            for e in range(self.e):
+                n = int(counts[e])
+                if n:
+                    outs.append(self.expert(e, xs[start:start + n]))
+                start += n
+            ys = mint.cat(outs, 0)
+        else:
+            ys = self._expert_parallel(xs, counts)
+        ys = ys * ops.gather(probs.reshape(-1), Tensor(order.astype(np.int32)), 0).reshape(-1, 1)
         return ops.unsorted_segment_sum(ys, token, t), counts
+
+    def _expert_parallel(self, xs, counts: np.ndarray):
+        from mftk.engine.parallel.comm import all_gather
+
+        p, el = self.ep.size, self.e_local
+        send = counts.reshape(p, el).sum(1).astype(np.int32)
+        every = all_gather(Tensor(counts.astype(np.int32)).reshape(1, -1), self.ep, 0).asnumpy()  # (sender, E)
+        mine = every[:, self.ep.rank * el:(self.ep.rank + 1) * el]  # (sender, local expert)
+        rows = self.dispatch(xs, Tensor(send))
+        outs, start = [], 0
+        for sender in range(p):
+            for j in range(el):
+                n = int(mine[sender, j])
+                if n:
+                    outs.append(self.expert(j, rows[start:start + n]))
+                start += n
+        local = mint.cat(outs, 0) if outs else rows
+        return self.combine(local, Tensor(mine.sum(1).astype(np.int32)))
 
 
 class SharedExpertMLP(MLP):
@@ -139,14 +176,15 @@ class MoELayer(nn.Cell):
     def __init__(self, hidden_size: int, *, num_experts: int, topk: int, ffn_hidden_size: int,
                  shared_ffn_hidden_size: int = 0, shared_gate: bool = False, score_function: str = "sigmoid",
                  n_group: int = 0, topk_group: int = 0, norm_topk_prob: bool = True, scaling_factor: float = 1.0,
-                 enable_expert_bias: bool = False, aux_loss_type: str = "", aux_loss_coeff: float = 0.0) -> None:
+                 enable_expert_bias: bool = False, aux_loss_type: str = "", aux_loss_coeff: float = 0.0,
+                 ep=None) -> None:
         super().__init__()
         self.e, self.k = num_experts, topk
         self.aux_type = aux_loss_type if aux_loss_coeff > 0 else ""
         self.router = TopKRouter(hidden_size, num_experts, topk, score_function=score_function, n_group=n_group,
                                  topk_group=topk_group, norm_topk_prob=norm_topk_prob, scaling_factor=scaling_factor,
                                  global_aux=self.aux_type == "global_aux_loss")
-        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size)
+        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, ep=ep)
         self.shared_experts = (SharedExpertMLP(hidden_size, shared_ffn_hidden_size, gated=shared_gate)
                                if shared_ffn_hidden_size else None)
         self.expert_bias = _buffer((num_experts,), "expert_bias") if enable_expert_bias else None

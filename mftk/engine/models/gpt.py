@@ -9,6 +9,11 @@ accepted and ignored, as in the reference: RoPE positions are always 0..S−1 (m
 lm_loss + α·Σ aux + Σ mtp`` (the terms whose gradients the reference injects), ``aux_losses`` are
 α-free per MoE layer, ``mtp_losses`` are already ×λ/D (as logged), ``tokens_per_expert`` one (E,) per
 MoE layer. ``ModelOutput.from_tuple`` turns it into numpy.
+
+Tensor parallel (``spec.tp``, built by `parallel.model_parallel`): vocab-parallel embedding whose
+output is this rank's sequence block (sequence parallel), column/row-parallel layers, a
+column-parallel output layer that gathers the sequence, and the vocab-parallel cross-entropy; the
+loss is the same on every TP rank.
 """
 from __future__ import annotations
 
@@ -93,9 +98,20 @@ class GPTModel(nn.Cell):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.embedding = LanguageModelEmbedding(spec.vocab_size, spec.hidden_size, spec.hidden_dropout)
+        tp = spec.tp if spec.tp is not None and spec.tp.size > 1 else None
+        self.embedding = LanguageModelEmbedding(spec.vocab_size, spec.hidden_size, spec.hidden_dropout, tp=tp)
         self.decoder = TransformerBlock(spec)
-        self.output_layer = None if spec.tie_word_embeddings else Linear(spec.hidden_size, spec.vocab_size)
+        self._tp_ce = self._tp_enter = None
+        if tp is None:
+            self.output_layer = None if spec.tie_word_embeddings else Linear(spec.hidden_size, spec.vocab_size)
+        else:
+            from mftk.engine.parallel.comm import GatherFromGroup
+            from mftk.engine.parallel.tensor_parallel import ColumnParallelLinear, VocabParallelCrossEntropy
+
+            self.output_layer = None if spec.tie_word_embeddings else ColumnParallelLinear(
+                spec.hidden_size, spec.vocab_size, tp, sequence_parallel=True)
+            self._tp_enter = GatherFromGroup(tp, 1) if spec.tie_word_embeddings else None
+            self._tp_ce = VocabParallelCrossEntropy(tp)
         self.mtp = MultiTokenPrediction(spec) if spec.mtp_layers else None
         self.rope = spec.rope()
         self._tied_mm = ops.MatMul(transpose_b=True)
@@ -109,6 +125,9 @@ class GPTModel(nn.Cell):
         return Tensor(np.triu(np.ones((s, s), bool), 1)[None, None] | pad)
 
     def lm_head(self, h):
+        """Logits ``(B, S, V)``; under TP this rank's vocabulary block ``(B, S, V/tp)`` of the full sequence."""
+        if self._tp_enter is not None:
+            h = self._tp_enter(h)
         if self.output_layer is None:
             b, s, hd = h.shape
             return self._tied_mm(h.reshape(b * s, hd), self.embedding.word_embeddings.weight).reshape(b, s, -1)
@@ -136,6 +155,13 @@ class GPTModel(nn.Cell):
             mtp_logits.append(self.lm_head(hk))
         return self.lm_head(h), mtp_logits
 
+    def _ce(self, logits, labels, mask, eps: float = 1e-8):
+        if self._tp_ce is not None:
+            from mftk.engine.parallel.tensor_parallel import vocab_parallel_masked_mean_ce
+
+            return vocab_parallel_masked_mean_ce(logits, labels, mask, self._tp_ce, eps=eps)
+        return masked_mean_ce(logits, labels, mask, eps=eps)
+
     def _mask(self, ids: np.ndarray, attention_mask) -> Tensor:
         if attention_mask is None:
             return self.attention_mask(ids)
@@ -149,7 +175,7 @@ class GPTModel(nn.Cell):
         rope, mask = self.rope(ids.shape[1]), self._mask(ids, attention_mask)
 
         h, moe = self.hidden_states(Tensor(ids), rope, mask)
-        lm_loss = masked_mean_ce(self.lm_head(h), Tensor(lab), Tensor(lm))
+        lm_loss = self._ce(self.lm_head(h), Tensor(lab), Tensor(lm))
         objective = lm_loss
         mtp_losses, cur, cur_lab, cur_mask, hk = [], ids, lab, lm, h
         if self.mtp is not None:
@@ -160,7 +186,7 @@ class GPTModel(nn.Cell):
                 if counts is not None:
                     moe.append((aux, counts))
                 m = Tensor(cur_mask.astype(np.float32))
-                ce = masked_mean_ce(self.lm_head(hk), Tensor(cur_lab), m, eps=0.0) * lam
+                ce = self._ce(self.lm_head(hk), Tensor(cur_lab), m, eps=0.0) * lam
                 mtp_losses.append(ce)
                 objective = objective + ce
         aux_losses = tuple(a for a, _ in moe if a is not None)

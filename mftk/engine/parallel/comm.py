@@ -231,3 +231,32 @@ class GatherReplicated(nn.Cell):
 
     def bprop(self, x, out, dout):
         return (split(dout, self.group, self.dim),)
+
+
+class AllToAllUneven(nn.Cell):
+    """`all_to_all_uneven` with autograd: rows ``x`` go out by ``send_counts`` (an int32 tensor, one per
+    member); the gradient of what was received travels back by the counts each member received.
+
+    Counts are tensor inputs (not attributes) so one cell can serve many calls in one forward: `bprop`
+    gets the counts of its own call. Returns only the received rows; `received_counts` tells how many
+    came from each sender (all_gather of the counts, cheap next to the rows).
+    """
+
+    def __init__(self, group: AxisGroup) -> None:
+        super().__init__()
+        self.group = group
+
+    def construct(self, x, send_counts):
+        out, _ = all_to_all_uneven(x, [int(c) for c in send_counts.asnumpy()], self.group)
+        return out
+
+    def bprop(self, x, send_counts, out, dout):
+        back = received_counts(send_counts, self.group)
+        grad, _ = all_to_all_uneven(dout, back, self.group)
+        return grad, ops.zeros_like(send_counts)
+
+
+def received_counts(send_counts: Tensor, group: AxisGroup) -> list[int]:
+    """How many rows this member gets from each member when every member sends by its ``send_counts``."""
+    counts = all_gather(send_counts.reshape(1, -1), group, 0).asnumpy()  # (size, size): [sender, receiver]
+    return [int(c) for c in counts[:, group.rank]]
