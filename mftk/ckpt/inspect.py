@@ -281,6 +281,11 @@ _MS_DTYPES = {"Float32": "F32", "BFloat16": "BF16", "Float16": "F16", "Int32": "
               "Float64": "F64", "Int8": "I8", "UInt8": "U8", "Bool": "BOOL", "Int16": "I16"}
 
 
+def _balanced_reason(units: int) -> str:
+    return (f"{units} unique shards, each read once by one of the loading ranks and broadcast to the others "
+            "(load_balanced: true with --nproc > 1)")
+
+
 def resume_scenarios(c: _Collector) -> list[Scenario]:
     """Which of the reference's four resume scenarios (§4.2) this checkpoint can serve, and why not."""
     names = ["standard resume", "weights-only initialisation", "resume with a changed batch size", "balanced loading"]
@@ -292,7 +297,7 @@ def resume_scenarios(c: _Collector) -> list[Scenario]:
         return [Scenario(1, names[0], False, "Hugging Face weights hold no optimizer state or step"),
                 Scenario(2, names[1], ok, "through the HF name mapping" if ok else "the weight files have problems"),
                 Scenario(3, names[2], False, "needs scenario 1"),
-                Scenario(4, names[3], ok, "each file read once, then broadcast" if ok else "needs scenario 2")]
+                Scenario(4, names[3], ok, _balanced_reason(len(c.rows)) if ok else "needs scenario 2")]
     f, common = c.files, c.common
     broken = [p for p in c.problems if "opt file missing" not in p]
     weights_ok = common is not None and f is not None and f.world > 0 and not broken
@@ -311,11 +316,9 @@ def resume_scenarios(c: _Collector) -> list[Scenario]:
     any_ok = weights_ok
     if not any_ok:
         s4 = "needs scenario 1 or 2"
-    elif f.world == 1:
-        s4 = "one rank's files: nothing to balance"
-    elif c.meta is not None:
-        s4 = f"{sum(len(t.chunks) for t in c.meta.values())} unique shards, each read once and broadcast"
-    else:
-        any_ok, s4 = False, "needs metadata.json to know the replicas"
+    elif f.world > 1 and c.meta is None:
+        any_ok, s4 = False, "needs metadata.json to know the shards and their replicas"
+    else:  # the units of mftk.ckpt.balance: one per unique shard, or per tensor when stored whole
+        s4 = _balanced_reason(sum(len(t.chunks) for t in c.meta.values()) if c.meta is not None else len(c.rows))
     return [Scenario(1, names[0], full_ok, s1), Scenario(2, names[1], weights_ok, s2),
             Scenario(3, names[2], gbs_ok, s3), Scenario(4, names[3], any_ok, s4)]

@@ -114,7 +114,8 @@ class _StepLogSink(BaseSink):
         self.norms: list[float | None] = []
 
     def on_step(self, metrics: dict[str, Any]) -> None:
-        self.losses.append(metrics["loss"])
+        loss = metrics["loss"]  # None on a non-last pipeline stage, whose line says N/A
+        self.losses.append(metrics.get("pipeline_loss") if loss is None else loss)
         self.norms.append(metrics["grad_norm"])
         emit_step_line(format_step_line(metrics, total_steps=self.total))
 
@@ -155,30 +156,74 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
             h.close()
 
 
-_UNSUPPORTED_DEGREES = (("pipeline_parallel", "pp"), ("context_parallel", "cp"))
+_UNSUPPORTED_DEGREES: tuple[tuple[str, str], ...] = ()
 
 
 def check_supported_layout(loaded: Any, world_size: int) -> Any:
     """The layout of ``world_size`` ranks: DP, FSDP, HSDP, TP with sequence parallel (Qwen3-style GQA +
-    dense MLP models) and EP (MoE models, without TP). PP and CP are refused: their parallel pieces
-    exist (`engine.parallel`) but the trainer does not drive them yet, so such a run would silently
-    train something else than asked.
+    dense MLP models), EP (MoE models, without TP) and PP alone (dense models, 1F1B/GPipe, no
+    interleave). CP, and PP combined with other dimensions, are refused: the trainer does not drive
+    them yet, so such a run would silently train something else than asked.
     """
     from mftk.plan.layout import Layout, layout_from_config
 
     p = loaded.config.parallelism
     problems = [Problem(path=f"parallelism.{field}", value=getattr(p, field),
                         message=f"{field}={getattr(p, field)} is not supported yet by mftk train (supported: data "
-                                "parallel (DP, FSDP via data_parallel_shard, HSDP), tensor_parallel, expert_parallel)",
+                                "parallel (DP, FSDP via data_parallel_shard, HSDP), tensor_parallel, expert_parallel, "
+                                "pipeline_parallel alone)",
                         hint=f"set parallelism.{field}: 1", line=_line(loaded, f"parallelism.{field}"))
                 for field, _ in _UNSUPPORTED_DEGREES if int(getattr(p, field) or 1) > 1]
     problems += _model_parallel_problems(loaded)
+    problems += _pipeline_problems(loaded, world_size)
+    problems += _context_parallel_problems(loaded)
     if problems:
         raise ConfigError(message=f"{loaded.source}: " + "; ".join(pr.message.split(" (")[0] for pr in problems),
                           problems=problems, source=loaded.source)
     if world_size <= 1:
         return Layout(world=1)
     return layout_from_config(p, world_size)
+
+
+def _context_parallel_problems(loaded: Any) -> list[Problem]:
+    """What context_parallel > 1 does not support yet: other model-parallel dimensions, non-GQA/MoE models."""
+    from mftk.engine.parallel.context_parallel import context_parallel_problems
+    from mftk.engine.spec import build_spec
+
+    p, cfg = loaded.config.parallelism, loaded.config.model
+    cp = int(p.context_parallel or 1)
+    if cp <= 1:
+        return []
+    found = []
+    if int(p.tensor_parallel or 1) > 1 or int(p.pipeline_parallel or 1) > 1 or int(p.expert_parallel or 1) > 1:
+        found.append("context parallel together with tensor/pipeline/expert parallel is not supported yet")
+    if (p.context_parallel_method or "colossal").lower() != "colossal":
+        found.append(f"context_parallel_method {p.context_parallel_method!r} is not supported yet (colossal only)")
+    found += context_parallel_problems(build_spec(cfg), cp, int(cfg.seq_length or 0))
+    return [Problem(path="parallelism.context_parallel", value=cp, message=f"context_parallel={cp}: {m}",
+                    hint="set parallelism.context_parallel: 1", line=_line(loaded, "parallelism.context_parallel"))
+            for m in found]
+
+
+def _pipeline_problems(loaded: Any, world_size: int) -> list[Problem]:
+    """What pipeline_parallel > 1 does not support yet: other dimensions beside it, VPP, tied/MTP/MoE models."""
+    from mftk.engine.parallel.pipeline_model import pipeline_problems
+    from mftk.engine.spec import build_spec
+
+    p = loaded.config.parallelism
+    pp = int(p.pipeline_parallel or 1)
+    if pp <= 1:
+        return []
+    found = []
+    if world_size > 1 and world_size != pp:
+        found.append(f"pipeline_parallel={pp} with {world_size} workers: PP combined with data/tensor/context "
+                     "parallel is not supported yet (use as many workers as stages)")
+    if int(p.pipeline_parallel_interleave_num or 1) > 1:
+        found.append("pipeline_parallel_interleave_num > 1 (interleaved 1F1B) is not supported yet")
+    found += pipeline_problems(build_spec(loaded.config.model), pp)
+    return [Problem(path="parallelism.pipeline_parallel", value=pp, message=f"pipeline_parallel={pp}: {m}",
+                    hint="set parallelism.pipeline_parallel: 1", line=_line(loaded, "parallelism.pipeline_parallel"))
+            for m in found]
 
 
 def _model_parallel_problems(loaded: Any) -> list[Problem]:
@@ -328,7 +373,7 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
         _phase_log(phases[-1])
     dist = None
     if layout.world > 1:
-        model, dist = _distribute(model, layout, phases)
+        model, dist = _distribute(model, layout, phases, config)
 
     t = time.perf_counter()
     data = _build_data(config, dp=dp, dp_rank=dist.groups.dp_rank if dist else 0)
@@ -384,8 +429,15 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
     rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
     model_section = _model_section(loaded)
     cfg_model = config.model
-    trainer = T.Trainer(
-        model=model, optimizer=optimizer, schedule=_schedule(config), batches=loader.iter_batches(start_batch),
+    trainer_cls, pipe_kw = T.Trainer, {}
+    if dist is not None and dist.pipeline is not None:
+        from mftk.engine.pipeline_trainer import PipelineTrainer
+
+        trainer_cls = PipelineTrainer
+        pipe_kw = {"stage": dist.stage, "schedule_name": config.parallelism.pipeline_parallel_schedule,
+                   "local_batch_size": lbs}
+    trainer = trainer_cls(
+        **pipe_kw, model=model, optimizer=optimizer, schedule=_schedule(config), batches=loader.iter_batches(start_batch),
         batch_schedule=T.BatchSchedule(gbs, lbs, dp, rampup), total_steps=tr.steps, max_norm=tr.max_norm,
         sinks=sink, checkpointer=checkpointer,
         extra_state=lambda s, g: extra_state(s, global_batch_size=g, dp=dp, local_batch_size=lbs,
@@ -421,8 +473,8 @@ def _rank() -> int:
     return communication.get_rank()
 
 
-def _distribute(model: Any, layout: Any, phases: list) -> tuple[Any, Any]:
-    """Process groups, this rank's TP/EP model (cut from the full one) and the DP/FSDP plan."""
+def _distribute(model: Any, layout: Any, phases: list, config: Any = None) -> tuple[Any, Any]:
+    """Process groups, this rank's TP/EP model (cut from the full one) or PP stage, and the DP/FSDP plan."""
     from mftk.engine.distributed import make_context
     from mftk.engine.parallel.groups import create_groups
     from mftk.engine.parallel.model_parallel import param_splits, to_parallel
@@ -435,9 +487,28 @@ def _distribute(model: Any, layout: Any, phases: list) -> tuple[Any, Any]:
         splits = param_splits(model)
         log.info("Model parallel: tensor_parallel=%d (sequence parallel), expert_parallel=%d; %d parameters split "
                  "(column/vocab on dim 0, row on dim 1, experts on dim 0)", layout.tp, layout.ep, len(splits))
+    if layout.cp > 1:
+        from mftk.engine.parallel.context_parallel import ContextParallelModel
+
+        model = ContextParallelModel(model, groups.cp)
+        log.info("Context parallel: context_parallel=%d (colossal: rank %d holds sequence chunks %d and %d of %d; "
+                 "KV all-gathered)", layout.cp, groups.cp.rank, groups.cp.rank, 2 * layout.cp - 1 - groups.cp.rank,
+                 2 * layout.cp)
+    stage = None
+    if layout.pp > 1:
+        from mftk.engine.parallel.pipeline_model import StageModel, stage_layers_of
+
+        layers = stage_layers_of(config)
+        stage = StageModel(model, layers, groups.pp.rank)
+        log.info("Pipeline parallel: stage %d of %d holds decoder layers %s%s%s (schedule %s)", stage.stage, layout.pp,
+                 stage.my_layers, ", the embedding" if stage.is_first else "",
+                 ", the final norm and output layer" if stage.is_last else "",
+                 config.parallelism.pipeline_parallel_schedule or "1f1b")
     params = list(model.trainable_params())
     dist = make_context(layout, [p.name for p in params], [tuple(p.shape) for p in params], groups=groups,
                         splits=splits)
+    if stage is not None:
+        dist.pipeline, dist.stage = stage.table, stage
     phases.append(("process groups", time.perf_counter() - t))
     _phase_log(phases[-1])
     if dist.sharding.enabled:
@@ -699,11 +770,24 @@ def load_checkpoint(plan: ResumePlan, model: Any, config: Any, *, rank: int = 0)
         raise CheckpointError(message=f"{plan.step_dir} does not fit the model ({len(problems)} problems)",
                               path=plan.step_dir, problems=problems[:50],
                               hint="check that the model: section matches the run that saved the checkpoint")
+    balanced = None
+    if config.checkpoint.load_balanced and plan.world > 1:  # scenario 4: each shard read once
+        from mftk.engine.balanced_load import load_balanced
+
+        kinds = ("model", "opt") if plan.kind == "mf" and plan.scenario != 2 else ("model",)
+        balanced = load_balanced(plan.step_dir, rank=rank, world=plan.world, kinds=kinds)
     if plan.kind == "hf":
         family = importlib.import_module(f"mftk.engine.models.{config.model.model_type}.state_dict")
-        hf = load_global(plan.step_dir)
+        hf = balanced.model if balanced else load_global(plan.step_dir)
         load_state_dict(model, _with_buffers(model, family.hf_to_mf(hf, config.model)))
         return _Loaded(None, None)
+    if balanced is not None:
+        from mftk.ckpt.extra_state import read_extra_state
+
+        load_state_dict(model, balanced.model)
+        same_rank = rank if rank < plan.saved_world else 0
+        return _Loaded(balanced.optimizer if plan.scenario != 2 else None,
+                       read_extra_state(plan.step_dir, same_rank, plan.saved_world))
     if plan.saved_world == 1:
         one = load_rank(plan.step_dir, optimizer=plan.scenario != 2)
         load_state_dict(model, one.model)
