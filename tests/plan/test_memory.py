@@ -184,7 +184,7 @@ def test_presets():
 @pytest.mark.slow
 @pytest.mark.engine
 def test_estimate_within_15_percent_of_measured_rss():
-    """Three grid points (Qwen3 tiny, Qwen3 h256, DSv3 4 layers batch 4), each trained 3 steps in a fresh process."""
+    """Three grid points (Qwen3 h256 L1, DSv3 4 layers batch 4, Qwen3 h256 L4 batch 4), 3 steps each in a fresh process."""
     from concurrent.futures import ThreadPoolExecutor
 
     from bench.plan_calibration import GRID, QUICK, estimate_bytes, measure
