@@ -116,11 +116,14 @@ class DistContext:
     sharding: FlatSharding
     splits: dict = attrs.field(factory=dict)  # name -> parallel.model_parallel.Split (TP / EP blocks)
     norm_weights: np.ndarray | None = None  # set by `bind` under TP/EP: 1/replicas per local gradient element
+    pipeline: Any = None  # PipelineTable under PP: every stage's tensor names, shapes and dtypes
+    stage: Any = None  # parallel.pipeline_model.StageModel of this rank under PP
     _opt_slices: list | None = None
 
     @property
     def model_parallel(self) -> bool:
-        return bool(self.splits)
+        """TP/EP splits or PP stages: the grad norm sums each element once over the whole world."""
+        return bool(self.splits) or self.groups.pp.size > 1
 
     def bind(self, optimizer: Any) -> None:
         """Learn the optimizer's flat layout (the trainer's gradient buffer when not FSDP) and, under TP/EP,
@@ -141,8 +144,10 @@ class DistContext:
 
     def cut(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """Global tensors (a loaded checkpoint's optimizer state) → this rank's TP/EP block, then FSDP rows."""
-        from mftk.engine.parallel.model_parallel import cut
+        from mftk.engine.parallel.model_parallel import base_name, cut
 
+        if self.pipeline is not None:  # other stages' optimizer states stay with them
+            tensors = {k: v for k, v in tensors.items() if k == "global_step" or base_name(k) in self.sharding.index}
         return self.sharding.cut(cut(tensors, self.splits))
 
     def _buffer_slices(self) -> list:
@@ -268,10 +273,14 @@ class DistContext:
 
         layout = self.groups.layout
         mesh = [mesh_groups(layout, r) for r in range(layout.world)]
+        if self.pipeline is not None:  # rank 0 describes every stage's tensors, not only its own
+            model, optimizer = self.pipeline.placeholders(optimizer is not None)
 
         def spec(key: str, local: np.ndarray) -> ShardedTensor:
             base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.")) else key
             i = self.sharding.index.get(base)
+            if self.pipeline is not None and i is None and self.sharding.size > 1:
+                raise ValueError("pipeline parallel with FSDP is not supported")  # refused by run.check_supported_layout
             dtype = _DTYPE_NAMES.get(str(getattr(local, "dtype", "")), "BFloat16")
             split = self.splits.get(base)
             rows = i is not None and self.sharding.rows[i] is not None
@@ -283,7 +292,10 @@ class DistContext:
             if rows:  # FSDP rows inside the TP/EP block on dim 0
                 frag[0] *= self.sharding.size
             holders = {}
+            stage = self.pipeline.stage_of(key) if self.pipeline is not None else None
             for r in range(layout.world):
+                if stage is not None and mesh[r].pp.rank != stage:
+                    continue  # held by the ranks of its pipeline stage only
                 coords = [0] * len(shape)
                 if split is not None:
                     coords[split.dim] = getattr(mesh[r], split.axis).rank
@@ -293,7 +305,7 @@ class DistContext:
             groups: dict[int, list[int]] = {}
             for r, s in holders.items():
                 groups.setdefault(s, []).append(r)
-            replica = [groups[holders[r]].index(r) for r in range(layout.world)]
+            replica = [groups[holders[r]].index(r) for r in sorted(holders)]
             return ShardedTensor(global_shape=tuple(shape), axis_fragmentations=tuple(frag), holders=holders,
                                  dtype=dtype, replica_id=replica)
 

@@ -176,7 +176,7 @@ def check_supported_layout(loaded: Any, world_size: int) -> Any:
                 for field, _ in _UNSUPPORTED_DEGREES if int(getattr(p, field) or 1) > 1]
     problems += _model_parallel_problems(loaded)
     problems += _pipeline_problems(loaded, world_size)
-    problems += _context_parallel_problems(loaded)
+    problems += _context_parallel_problems(loaded, world_size)
     if problems:
         raise ConfigError(message=f"{loaded.source}: " + "; ".join(pr.message.split(" (")[0] for pr in problems),
                           problems=problems, source=loaded.source)
@@ -185,8 +185,8 @@ def check_supported_layout(loaded: Any, world_size: int) -> Any:
     return layout_from_config(p, world_size)
 
 
-def _context_parallel_problems(loaded: Any) -> list[Problem]:
-    """What context_parallel > 1 does not support yet: other model-parallel dimensions, non-GQA/MoE models."""
+def _context_parallel_problems(loaded: Any, world_size: int) -> list[Problem]:
+    """What context_parallel > 1 does not support yet: other parallel dimensions, non-GQA/MoE models."""
     from mftk.engine.parallel.context_parallel import context_parallel_problems
     from mftk.engine.spec import build_spec
 
@@ -197,6 +197,9 @@ def _context_parallel_problems(loaded: Any) -> list[Problem]:
     found = []
     if int(p.tensor_parallel or 1) > 1 or int(p.pipeline_parallel or 1) > 1 or int(p.expert_parallel or 1) > 1:
         found.append("context parallel together with tensor/pipeline/expert parallel is not supported yet")
+    elif world_size > 1 and world_size != cp:
+        found.append(f"context_parallel={cp} with {world_size} workers: CP combined with data parallel is not "
+                     "supported yet (use as many workers as CP ranks)")
     if (p.context_parallel_method or "colossal").lower() != "colossal":
         found.append(f"context_parallel_method {p.context_parallel_method!r} is not supported yet (colossal only)")
     found += context_parallel_problems(build_spec(cfg), cp, int(cfg.seq_length or 0))

@@ -59,9 +59,10 @@ def test_missing_data_files(tmp_path, corpus):
 def test_model_parallel_degrees_are_refused_before_launch(tmp_path, corpus):
     cfg = write_config(tmp_path, corpus)
     r = runner.invoke(app, ["train", str(cfg), "--nproc", "2", "--output-dir", str(tmp_path / "out"),
-                            "--set", "parallelism.pipeline_parallel=2"])
+                            "--set", "parallelism.pipeline_parallel=2", "--set", "model.tie_word_embeddings=true"])
     assert r.exit_code == 1, r.output
-    assert "parallelism.pipeline_parallel" in r.stderr and "not supported yet by mftk train" in r.stderr
+    assert "parallelism.pipeline_parallel" in r.stderr and "tie_word_embeddings" in r.stderr
+    assert "not supported yet" in r.stderr
     assert not (tmp_path / "out").exists()  # no worker was started
 
 

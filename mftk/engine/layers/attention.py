@@ -29,13 +29,13 @@ def core_attention(q, k, v, mask, scale: float):
     h uses kv head ⌊h/r⌋ (group-major, as the reference and HF).
     """
     b, nh, s, _ = q.shape
-    ng = k.shape[1]
+    ng, sk = k.shape[1], k.shape[2]  # sk > s under context parallel: keys of the whole sequence
     r = nh // ng
     qg = q.reshape(b, ng, r * s, q.shape[-1])  # (B, ng, r·S, d)
-    scores = mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale  # (B, ng, r·S, S)
-    scores = scores.reshape(b, ng, r, s, s)
-    scores = mint.where(mask.reshape(mask.shape[0], 1, 1, s, s), MASKED, scores)
-    probs = ops.softmax(scores, -1).reshape(b, ng, r * s, s)
+    scores = mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale  # (B, ng, r·S, Sk)
+    scores = scores.reshape(b, ng, r, s, sk)
+    scores = mint.where(mask.reshape(mask.shape[0], 1, 1, s, sk), MASKED, scores)
+    probs = ops.softmax(scores, -1).reshape(b, ng, r * s, sk)
     out = mint.matmul(probs, v).reshape(b, nh, s, v.shape[-1])  # (B, nh, S, dv)
     return ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, nh * v.shape[-1])
 
@@ -69,6 +69,7 @@ class SelfAttention(nn.Cell):
         self.q_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
         self.k_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
         self.scale = head_dim ** -0.5
+        self.cp_gather = None  # context parallel: a comm.GatherFromGroup over the CP group (dim 2), set by CP
 
     def construct(self, x, rope, mask):
         r, hd = self.nh // self.ng, self.hd
@@ -82,4 +83,6 @@ class SelfAttention(nn.Cell):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))  # (B, heads, S, hd)
+        if self.cp_gather is not None:  # KV of every CP rank's chunks; the mask is on global positions
+            k, v = self.cp_gather(k), self.cp_gather(v)
         return self.linear_proj(core_attention(q, k, v, mask, self.scale))

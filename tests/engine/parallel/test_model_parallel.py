@@ -84,8 +84,10 @@ def _loaded(corpus, template: str, **parallelism):
 @pytest.mark.parametrize("template, settings, path, words", [
     ("deepseek_v3_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True}, "parallelism.tensor_parallel",
      "MLASelfAttention"),
-    ("qwen3_tiny.yaml", {"pipeline_parallel": 2}, "parallelism.pipeline_parallel", "not supported yet"),
-    ("qwen3_tiny.yaml", {"context_parallel": 2}, "parallelism.context_parallel", "not supported yet"),
+    ("deepseek_v3_tiny.yaml", {"pipeline_parallel": 2}, "parallelism.pipeline_parallel", "MTP layers is not supported"),
+    ("deepseek_v3_tiny.yaml", {"context_parallel": 2}, "parallelism.context_parallel", "GQA attention (Qwen3) only"),
+    ("qwen3_tiny.yaml", {"context_parallel": 2, "context_parallel_method": "ulysses"}, "parallelism.context_parallel",
+     "colossal only"),
 ])
 def test_unsupported_layouts_are_refused(corpus, template, settings, path, words):
     from mftk.engine.run import check_supported_layout
@@ -103,3 +105,7 @@ def test_supported_model_parallel_layouts_pass(corpus):
     assert (lay.tp, lay.dp) == (2, 1)
     lay = check_supported_layout(_loaded(corpus, "deepseek_v3_tiny.yaml", expert_parallel=2), 2)
     assert (lay.ep, lay.dp_shard) == (2, 2)
+    lay = check_supported_layout(_loaded(corpus, "qwen3_tiny.yaml", pipeline_parallel=2), 2)
+    assert (lay.pp, lay.dp) == (2, 1)
+    lay = check_supported_layout(_loaded(corpus, "qwen3_tiny.yaml", context_parallel=2), 2)
+    assert (lay.cp, lay.dp) == (2, 1)
