@@ -410,7 +410,7 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
     phases.append(("optimizer", time.perf_counter() - t))
     _phase_log(phases[-1])
 
-    from mftk.engine.monitor import TrainStateMonitor
+    from mftk.engine.monitor import build_monitors
     from mftk.plan.flops import flops_per_step
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -426,9 +426,9 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
                                       async_save=ck.async_save, dist=dist)
         if plan is not None and plan.scenario != 2 and Path(plan.step_dir).parent == Path(checkpointer.root):
             checkpointer.last_saved_step = state.global_step  # that step is already on disk
-    monitor = TrainStateMonitor(config.monitor.train_state, config.monitor.tensorboard.output_dir)
-    if config.profiler.enable_profiling:
-        log.warning("profiler.enable_profiling: the MindSpore profiler is not wired into mftk train yet; ignored")
+    monitor, monitor_sinks = build_monitors(loaded, rank=_rank() if layout.world > 1 else 0, world=layout.world)
+    own_sinks.extend(monitor_sinks)  # closed at the end (stops the profiler, flushes TensorBoard)
+    sink.sinks.extend(monitor_sinks)
     rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
     model_section = _model_section(loaded)
     cfg_model = config.model
