@@ -104,6 +104,11 @@ class Assumptions:
     mla_activation_factor: float | None = None  # the same for MLA (DeepSeek-V3) layers; None: activation_factor
     norm_scratch_bytes: float = 0.0      # per param, for at most 2**22 params: the grad-norm's float64 block
     logits_copies: float = 2.0           # fp32 (tokens × V) tensors live at the loss: kept logits + their gradient
+    # several processes (all 0/False: the accelerator accounting of peers.md §4)
+    fsdp_keeps_full: bool = False        # FSDP shards only the optimizer: full weights, framework grads, grad buffer
+    grad_sync_copies: float = 0.0        # fp32 copies of this rank's flat gradient the sync makes (×2 with dp·cp > 1)
+    dist_norm_bytes: float = 0.0         # per local param: unblocked grad-norm scratch when sharded or TP/EP
+    cut_build_bytes: float = 0.0         # per param cut away by TP/EP: the full build's footprint the allocators keep
     name: str = "accelerator"
 
 
@@ -115,10 +120,22 @@ class Assumptions:
 #   in glibc/MindSpore pools); the layer and vocab sweeps give the per-param slope above 28 B;
 # - activations, scores, logits: slopes of the batch, seq and vocab sweeps over the inventory's bytes;
 # - overhead: a 1-layer hidden-16 model (MindSpore's kernels, pools and autograd graph at first step).
+# Several workers (`--multi` grid: dp2, fsdp2, tp2 over 1/4/8 layers, dsv3 ep2), from the code of
+# engine/distributed.py and parallel/data_parallel.py, each term checked against the layer sweep's slope:
+# - FSDP (FlatSharding) shards the AdamW states and the grad the optimizer reads; MindSpore keeps the full
+#   weights, value_and_grad the full grads and the trainer a full flat buffer; the post-step all-gather
+#   receives the other shards' rows (4·N·(F−1)/F) before writing them into the full weights;
+# - gradient sync: the all-reduce works on a copy and returns a new array (2 copies with dp·cp > 1), TP/EP
+#   copy the flat gradient once before summing the replicated parts (1 copy);
+# - grad norm when sharded or TP/EP: the local grads cast to float64 and a weighted float64 product, unblocked
+#   (16 B per local param);
+# - TP/EP cut: every rank builds the full model, then cuts its blocks; the cut-away part's build footprint
+#   (the build's ~2.5× the weights, 10 B/param) stays in the allocators.
 MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=5.0, overhead_bytes=27 * 2 ** 20,
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=4.0,
                        retained_bytes_per_param=2.5, norm_scratch_bytes=8.0, activation_factor=1.7,
-                       mla_activation_factor=5.5, logits_copies=2.8, name="mftk-cpu")
+                       mla_activation_factor=5.5, logits_copies=2.8, fsdp_keeps_full=True, grad_sync_copies=1.0,
+                       dist_norm_bytes=16.0, cut_build_bytes=10.0, name="mftk-cpu")
 PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
 
 
@@ -375,14 +392,24 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     ins = {"dense_params": int(body), "expert_params": int(experts), "embedding_output_params": int(table),
            "fsdp = dp_shard·cp": fsdp, "efsdp = dp_shard·cp·tp/ep": efsdp}
     shard = (body + table) / fsdp + experts / efsdp                      # params of this rank's shard
-    terms = [
-        Term("weights", (body * p + table * e) / fsdp + experts * p / efsdp,
-             "(dense·p + emb·p_emb)/fsdp + experts·p/efsdp", {**ins, "p": p, "p_emb": e}),
-    ]
+    local = body + table + experts                                       # after TP/EP, before FSDP
+    full = asm.fsdp_keeps_full and shard < local
+    if full:
+        terms = [Term("weights", body * p + table * e + experts * p,
+                      "dense·p + emb·p_emb + experts·p  [FSDP shards only the optimizer: full weights kept]",
+                      {**ins, "p": p, "p_emb": e})]
+    else:
+        terms = [Term("weights", (body * p + table * e) / fsdp + experts * p / efsdp,
+                      "(dense·p + emb·p_emb)/fsdp + experts·p/efsdp", {**ins, "p": p, "p_emb": e})]
     g = asm.framework_grad_bytes
-    terms.append(Term("gradients", (4 + g) * shard,
-                      "(4 + g_fw)·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered"
-                      + (" + the framework's own grads]" if g else "]"), {**ins, "g_fw": g}))
+    if full:
+        terms.append(Term("gradients", (4 + g) * local,
+                          "(4 + g_fw)·(dense + emb + experts)  [full framework grads + full fp32 flat buffer]",
+                          {**ins, "g_fw": g}))
+    else:
+        terms.append(Term("gradients", (4 + g) * shard,
+                          "(4 + g_fw)·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered"
+                          + (" + the framework's own grads]" if g else "]"), {**ins, "g_fw": g}))
     master = 4 if p < 4 or asm.always_master else 0
     low = body + table * (e < 4 or asm.always_master)
     scratch = asm.optimizer_scratch_bytes
@@ -392,14 +419,26 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
                          " (only when params are not fp32)"),
                       {**ins, "master_bytes": master, "scratch": scratch}))
     if asm.retained_bytes_per_param:
-        terms.append(Term("allocator retained", asm.retained_bytes_per_param * shard,
-                          "r·N/shard  [freed init/replaced weight copies the allocators keep; measured]",
-                          {"r": asm.retained_bytes_per_param, "N/shard": int(shard)}))
-    if asm.norm_scratch_bytes:
+        kept = local if full else shard                                  # FSDP here builds the full model
+        terms.append(Term("allocator retained", asm.retained_bytes_per_param * kept,
+                          "r·N_built  [freed init/replaced weight copies the allocators keep; measured]",
+                          {"r": asm.retained_bytes_per_param, "N_built": int(kept)}))
+    spread = shard < local or lay.tp > 1 or lay.ep > 1                   # sharded or model parallel
+    if asm.dist_norm_bytes and spread:
+        terms.append(Term("grad-norm scratch", asm.dist_norm_bytes * shard,
+                          "s·N/shard  [sharded/TP/EP norm: float64 grads and their weighted product, unblocked]",
+                          {"s": asm.dist_norm_bytes, "N/shard": int(shard)}))
+    elif asm.norm_scratch_bytes:
         terms.append(Term("grad-norm scratch", asm.norm_scratch_bytes * min(shard, _NORM_BLOCK),
                           "s·min(N/shard, 2^22)  [global_norm casts one block of grads to float64]",
                           {"s": asm.norm_scratch_bytes, "N/shard": int(shard)}))
-    terms.append(_gathered_term(n, lay, inputs, asm, p, fsdp, efsdp))
+    terms += _multiprocess_terms(cfg, lay, asm, local, (ids, first, last))
+    if full:
+        terms.append(Term("fsdp gathered", 4 * local * (fsdp - 1) / fsdp,
+                          "4·N·(F−1)/F  [the post-step all-gather's rows from the other shards]",
+                          {"N": int(local), "F": fsdp}))
+    else:
+        terms.append(_gathered_term(n, lay, inputs, asm, p, fsdp, efsdp))
     terms += _activation_terms(cfg, lay, inputs, asm, stage, ids, m, recompute, first, last)
     if asm.overhead_bytes:
         terms.append(Term("overhead", asm.overhead_bytes, "constant per process (measured runtime baseline)",
@@ -407,8 +446,27 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     return StageMemory(stage=stage, layers=tuple(ids), terms=tuple(terms))
 
 
+def _multiprocess_terms(cfg, lay: Layout, asm: Assumptions, local: float, where: tuple) -> list[Term]:
+    """What a process of a multi-process job holds beside its states (profiles that model it: mftk-cpu)."""
+    out = []
+    dp_cp, model_parallel = lay.dp * lay.cp, lay.tp > 1 or lay.ep > 1
+    copies = asm.grad_sync_copies * (2 if dp_cp > 1 else 1 if model_parallel else 0)
+    if copies:
+        out.append(Term("gradient sync", 4 * copies * local,
+                        "4·copies·N  [flat fp32 gradient: all-reduce input copy + result (dp·cp > 1), or TP/EP's copy]",
+                        {"copies": copies, "N": int(local), "dp·cp": dp_cp}))
+    if asm.cut_build_bytes and model_parallel:
+        ids, first, last = where
+        whole = _stage_param_counts(cfg, attrs.evolve(lay, tp=1, ep=1), list(ids), first, last)
+        n_full = whole["dense"] + whole["experts"] + whole["embedding"] + whole["output"]
+        out.append(Term("tp/ep cut build", asm.cut_build_bytes * max(n_full - local, 0.0),
+                        "c·(N_model − N_rank)  [the full model is built on every rank, then cut; allocators keep it]",
+                        {"c": asm.cut_build_bytes, "N_model": int(n_full), "N_rank": int(local)}))
+    return out
+
+
 def _gathered_term(n, lay: Layout, inputs: PlanInputs, asm: Assumptions, p: int, fsdp: int, efsdp: int) -> Term:
-    if fsdp == 1 and efsdp == 1:
+    if fsdp == 1 and (efsdp == 1 or not n["experts"]):  # dense models: efsdp (tp/ep) shards nothing
         return Term("fsdp gathered", 0.0, "0 (no FSDP sharding: parameters are resident)", {})
     policy = inputs.reshard_policy
     keeps_all = policy == "never" or (policy == "default" and lay.pp > 1)

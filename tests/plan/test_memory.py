@@ -194,3 +194,48 @@ def test_estimate_within_15_percent_of_measured_rss():
         got = list(pool.map(lambda p: measure(p[1], p[2])["measured"], points))
     ratios = {name: estimate_bytes(t, o)["total"] / m for (name, t, o), m in zip(points, got)}
     assert all(abs(r - 1) <= 0.15 for r in ratios.values()), ratios
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_fsdp2_estimate_within_15_percent_of_each_workers_rss():
+    """Two msrun workers, FSDP over both (Qwen3 h256 L4, 3 steps): each rank's own VmHWM − its baseline."""
+    from bench.plan_calibration import MULTI, MULTI_TEST, estimate_bytes, measure_multi
+
+    name, template, over, nproc = MULTI[MULTI_TEST]
+    assert over["parallelism.data_parallel_shard"] == -1 and nproc == 2
+    est = estimate_bytes(template, over, nproc)
+    assert est["layout"].startswith("dp_replicate=1 × dp_shard=2")
+    got = measure_multi(template, over, nproc, timeout_s=120)
+    assert len(got) == nproc
+    ratios = [est["total"] / g["measured"] for g in got]
+    assert all(abs(r - 1) <= 0.15 for r in ratios), (name, ratios)
+
+
+def test_cpu_profile_multiprocess_terms_by_hand():
+    """mftk-cpu under FSDP2 / DP2 / TP2 on the 376-param model (layer 146, embedding 40, output 40, norm 4)."""
+    from mftk.plan.memory import MFTK_CPU
+
+    model = tiny_qwen3(num_attention_heads=2, num_key_value_heads=2)
+    N = param_counts(model)[0]
+    fsdp = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2), MFTK_CPU).stages[0]
+    assert fsdp.term("weights").value == N * 4                      # full weights kept
+    assert fsdp.term("gradients").value == N * (4 + 4)              # full grads + full flat buffer
+    assert fsdp.term("allocator retained").value == N * 2.5         # the full model is built
+    assert fsdp.term("gradient sync").value == 4 * 2 * N            # all-reduce input copy + result
+    assert fsdp.term("fsdp gathered").value == 4 * N / 2            # the other shard's rows
+    assert fsdp.term("optimizer").value == 16 * N / 2                # only the AdamW states are sharded
+    assert fsdp.term("grad-norm scratch").value == 16 * N / 2       # float64 grads + product, unblocked
+    dp = estimate(Layout(world=2, dp_replicate=2), inputs(model, gbs=2), MFTK_CPU).stages[0]
+    assert dp.term("gradient sync").value == 4 * 2 * N
+    assert dp.term("grad-norm scratch").value == 8 * N              # blocked float64 norm, as on one process
+    assert dp.term("fsdp gathered").value == 0
+    tp = estimate(Layout(world=2, tp=2), inputs(model, sequence_parallel=True), MFTK_CPU).stages[0]
+    local = tp.term("weights").value / 4                            # this rank's TP block
+    assert local < N
+    assert tp.term("tp/ep cut build").inputs["N_model"] == N
+    assert tp.term("tp/ep cut build").value == pytest.approx(10 * (N - local))
+    assert tp.term("gradient sync").value == pytest.approx(4 * local)  # one copy, no dp
+    assert tp.term("fsdp gathered").value == 0                      # dense model: TP shards no experts
+    one = estimate(Layout(world=1), inputs(model), MFTK_CPU).stages[0]
+    assert "gradient sync" not in [t.name for t in one.terms]
