@@ -5,16 +5,23 @@ Model (mindspore-cpu.md §2): Qwen3-like, 4 layers, hidden 512, 8 heads × 64 (G
 vocab 32000, tied embeddings, seq 512, batch 2, fp32 → 29.2 M parameters.
 
 Each variant runs in its own process (``launch_blocking`` cannot be undone in-process); the step
-time is the median of the timed steps after warm-up. Levers measured:
+time is the median of the timed steps after warm-up. ``--rounds N`` runs every variant N times,
+interleaved, and reports per-variant medians; ``tok/CPU-s`` (tokens per process CPU-second) is less
+sensitive than wall time to other load on a shared machine. Variants:
 
+- ``mftk``            mftk's real step, ``Trainer.train_step``: value_and_grad → fp32 flat gradient buffer →
+  global norm → clip → chunked numpy AdamW over fp32 masters → weights (phase times printed below);
+  with its defaults (here: dense blocks compiled by ``GPTModel.jit_blocks``, see ``trainer.auto_jit_blocks``);
+- ``mftk_eager``      the same with ``Trainer(jit_blocks=False)`` (every op in PyNative);
 - ``ms_default``      MindSpore PyNative, default async dispatch;
 - ``ms_blocking``     + ``mindspore.runtime.launch_blocking()`` (mftk's default on CPU);
 - ``ms_ops_ce``       blocking, but ``ops.cross_entropy`` instead of mftk's log-softmax+gather loss;
 - ``ms_jit_blocks``   blocking + ``mindspore.jit`` on every layer's attention and MLP (``GPTModel.jit_blocks``);
+- (the ``ms_*`` variants use MindSpore's fused ``nn.Adam`` + decoupled decay instead of mftk's trainer;)
 - ``torch_fp32`` / ``torch_bf16`` the same architecture in plain torch eager (SDPA, ``nn.RMSNorm``,
   qk-norm, RoPE, SwiGLU, tied head), fp32 / bf16 autocast; AdamW + clip like the MindSpore side.
 
-Usage: ``.venv/bin/python bench/train_step.py [--steps 4] [--warmup 1] [--variants a,b,...]``
+Usage: ``.venv/bin/python bench/train_step.py [--rounds 3] [--steps 4] [--warmup 1] [--variants a,b,...]``
 """
 from __future__ import annotations
 
@@ -28,7 +35,8 @@ import time
 
 ARCH = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
             num_key_value_heads=8, head_dim=64, rope_theta=1e6, tie_word_embeddings=True)
-VARIANTS = ("torch_fp32", "torch_bf16", "ms_default", "ms_blocking", "ms_ops_ce", "ms_jit_blocks")
+VARIANTS = ("torch_fp32", "torch_bf16", "mftk", "mftk_eager", "ms_default", "ms_blocking", "ms_ops_ce",
+            "ms_jit_blocks")
 LR, WD, CLIP = 1e-4, 0.1, 1.0
 
 
@@ -43,15 +51,18 @@ def _batch(args):
 
 
 def _time_steps(step, args) -> dict:
-    times, losses = [], []
+    times, cpus, losses = [], [], []
     for _ in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step())
         times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
     med = statistics.median(times[args.warmup:])
+    cpu = statistics.median(cpus[args.warmup:])
     best = min(times[args.warmup:])  # least disturbed by other load on a shared machine
     return {"step_s": med, "best_step_s": best, "first_step_s": times[0], "tokens_per_s": args.batch * args.seq / med,
-            "best_tokens_per_s": args.batch * args.seq / best,
+            "best_tokens_per_s": args.batch * args.seq / best, "cpu_s": cpu,
+            "tokens_per_cpu_s": args.batch * args.seq / cpu,
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
@@ -174,9 +185,49 @@ def run_mindspore(args, variant: str) -> dict:
     return _time_steps(step, args)
 
 
+def run_mftk(args, variant: str) -> dict:
+    """mftk's own training step: ``Trainer.train_step`` (grads → fp32 flat buffer → norm → clip → AdamW →
+    weights), exactly what ``mftk train`` runs per step, with the batch held in memory."""
+    import itertools
+
+    import mindspore as ms
+
+    ms.runtime.launch_blocking()  # as mftk.engine.run does
+    from mftk.config.model import Qwen3ModelConfig
+    from mftk.engine import build_model
+    from mftk.engine.optim import AdamW, decide_weight_decay
+    from mftk.engine.state import TrainState
+    from mftk.engine.trainer import BatchSchedule, NanPolicy, Trainer
+
+    model = build_model(Qwen3ModelConfig(**ARCH, hidden_dropout=0.0, pad_token_id=-1, initializer_range=0.02), seed=0)
+    params = list(model.trainable_params())
+    decisions = decide_weight_decay([(p.name, tuple(p.shape)) for p in params], WD)
+    opt = AdamW([p.name for p in params], [p.asnumpy() for p in params], decisions, betas=(0.9, 0.999), eps=1e-8)
+    ids, labels, mask = _batch(args)
+    batch = {"input_ids": ids, "labels": labels, "loss_mask": mask}
+    trainer = Trainer(model=model, optimizer=opt, schedule=lambda step: LR, batches=itertools.repeat(batch),
+                      batch_schedule=BatchSchedule(args.batch, args.batch), total_steps=10 ** 9, max_norm=CLIP,
+                      nan_policy=NanPolicy(skip=False, max_consecutive=0),
+                      columns=("input_ids", "labels", "loss_mask"),
+                      jit_blocks=False if variant == "mftk_eager" else None)
+    state, phases = TrainState(), []
+
+    def step() -> float:
+        m = trainer.train_step(state)
+        phases.append({k[5:-3]: round(v) for k, v in m.items() if k.startswith("time_")})
+        return m["loss"]
+
+    res = _time_steps(step, args)
+    res["phases_ms"] = phases[-1]
+    return res
+
+
 def _child(args) -> None:
     v = args.variant
-    res = run_torch(args, v == "torch_bf16") if v.startswith("torch") else run_mindspore(args, v)
+    if v.startswith("torch"):
+        res = run_torch(args, v == "torch_bf16")
+    else:
+        res = run_mftk(args, v) if v.startswith("mftk") else run_mindspore(args, v)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -188,10 +239,35 @@ def _has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def _run_variant(v: str, args) -> dict:
+    if v == "torch_bf16" and not _has_native_bf16():
+        return {"error": "skipped: this CPU has no AVX512_BF16/AMX, torch emulates bf16 (~10x slower)"}
+    cmd = [sys.executable, __file__, "--variant", v, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--seq", str(args.seq), "--batch", str(args.batch)]
+    env = dict(os.environ, GLOG_v="3", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(line[-1][7:]) if line else {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+
+
+def _median_of_rounds(runs: list[dict]) -> dict:
+    """Per-variant medians over the interleaved rounds (each round ran every variant once, in turn)."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    out = dict(ok[len(ok) // 2])
+    for k in ("step_s", "best_step_s", "first_step_s", "tokens_per_s", "best_tokens_per_s", "tokens_per_cpu_s"):
+        out[k] = statistics.median(r[k] for r in ok)
+    out["per_round_tokens_per_s"] = [round(r["tokens_per_s"]) for r in ok]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1, help="run every variant this many times, interleaved; "
+                    "report medians (use >= 3 on a shared machine)")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -199,29 +275,33 @@ def main() -> None:
     args = ap.parse_args()
     if args.variant:
         return _child(args)
-    results = {}
-    for v in args.variants.split(","):
-        if v == "torch_bf16" and not _has_native_bf16():
-            results[v] = {"error": "skipped: this CPU has no AVX512_BF16/AMX, torch emulates bf16 (~10x slower)"}
-            continue
-        cmd = [sys.executable, __file__, "--variant", v, "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--seq", str(args.seq), "--batch", str(args.batch)]
-        env = dict(os.environ, GLOG_v="3", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        results[v] = json.loads(line[-1][7:]) if line else {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    names = args.variants.split(",")
+    runs: dict[str, list[dict]] = {v: [] for v in names}
+    for _ in range(args.rounds):
+        for v in names:
+            runs[v].append(_run_variant(v, args))
+    results = {v: _median_of_rounds(r) for v, r in runs.items()}
     base = results.get("torch_fp32", {}).get("tokens_per_s")
     best_base = results.get("torch_fp32", {}).get("best_tokens_per_s")
-    print(f"{'variant':<15}{'step s':>9}{'tokens/s':>10}{'vs torch fp32':>15}{'best tok/s':>12}{'best vs torch':>15}"
-          f"{'first step s':>14}  loss first→last")
+    cpu_base = results.get("torch_fp32", {}).get("tokens_per_cpu_s")
+    print(f"{'variant':<16}{'step s':>9}{'tokens/s':>10}{'vs torch fp32':>15}{'best tok/s':>12}{'best vs torch':>15}"
+          f"{'tok/CPU-s':>11}{'vs torch':>10}{'first step s':>14}  loss first→last")
     for v, r in results.items():
         if "error" in r:
-            print(f"{v:<15}  FAILED: {r['error'][:100]}")
+            print(f"{v:<16}  FAILED: {r['error'][:100]}")
             continue
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         best = f"{r['best_tokens_per_s'] / best_base:.2f}x" if best_base else "-"
-        print(f"{v:<15}{r['step_s']:>9.2f}{r['tokens_per_s']:>10.0f}{ratio:>15}{r['best_tokens_per_s']:>12.0f}{best:>15}"
-              f"{r['first_step_s']:>14.2f}  {r['loss_first']:.4f}→{r['loss_last']:.4f}")
+        cpu = f"{r['tokens_per_cpu_s'] / cpu_base:.2f}x" if cpu_base else "-"
+        print(f"{v:<16}{r['step_s']:>9.2f}{r['tokens_per_s']:>10.0f}{ratio:>15}{r['best_tokens_per_s']:>12.0f}"
+              f"{best:>15}{r['tokens_per_cpu_s']:>11.0f}{cpu:>10}{r['first_step_s']:>14.2f}"
+              f"  {r['loss_first']:.4f}→{r['loss_last']:.4f}")
+    for v, r in results.items():
+        extra = [f"rounds tok/s {r['per_round_tokens_per_s']}"] if len(r.get("per_round_tokens_per_s", [])) > 1 else []
+        if "phases_ms" in r:
+            extra.append("phases ms " + ", ".join(f"{k} {x}" for k, x in r["phases_ms"].items()))
+        if extra:
+            print(f"  {v}: " + "; ".join(extra))
 
 
 if __name__ == "__main__":

