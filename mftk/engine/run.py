@@ -175,6 +175,7 @@ def check_supported_layout(loaded: Any, world_size: int) -> Any:
                         hint=f"set parallelism.{field}: 1", line=_line(loaded, f"parallelism.{field}"))
                 for field, _ in _UNSUPPORTED_DEGREES if int(getattr(p, field) or 1) > 1]
     problems += _model_parallel_problems(loaded)
+    problems += _callback_problems(loaded)
     problems += _pipeline_problems(loaded, world_size)
     problems += _context_parallel_problems(loaded, world_size)
     if problems:
@@ -426,7 +427,8 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
                                       async_save=ck.async_save, dist=dist)
         if plan is not None and plan.scenario != 2 and Path(plan.step_dir).parent == Path(checkpointer.root):
             checkpointer.last_saved_step = state.global_step  # that step is already on disk
-    monitor, monitor_sinks = build_monitors(loaded, rank=_rank() if layout.world > 1 else 0, world=layout.world)
+    monitor, monitor_sinks = build_monitors(loaded, rank=_rank() if layout.world > 1 else 0, world=layout.world,
+                                            model=model)
     own_sinks.extend(monitor_sinks)  # closed at the end (stops the profiler, flushes TensorBoard)
     sink.sinks.extend(monitor_sinks)
     rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
@@ -557,13 +559,53 @@ def _build_model(config: Any, *, lazy: bool = False) -> Any:
     from mftk.engine.models.gpt import GPTModel
     from mftk.engine.spec import build_spec
 
+    model_cfg = _model_config(config)
     if lazy:  # names and shapes only: no random init for a dry run
-        return GPTModel(build_spec(config.model))
-    model = build_model(config.model, seed=config.training.seed)
+        return GPTModel(build_spec(model_cfg))
+    model = build_model(model_cfg, seed=config.training.seed)
     total = sum(int(np.prod(p.shape)) for p in model.get_parameters())
     train = sum(int(np.prod(p.shape)) for p in model.trainable_params())
     log.info("Got total parameters: %sM, trainable parameters: %sM", total // 1e6, train // 1e6)
     return model
+
+
+def _model_config(config: Any) -> Any:
+    """``model:`` with ``track_max_attention_logit`` switched on when a ``MaxLogitsMonitor`` callback asks
+    for tracking (the reference's trainer sets it on the model config the same way)."""
+    from mftk.engine.monitor import tracking_requested
+
+    cfg = config.model
+    if tracking_requested(config) and not getattr(cfg, "track_max_attention_logit", False):
+        cfg = attrs.evolve(cfg, track_max_attention_logit=True)
+    return cfg
+
+
+def _callback_problems(loaded: Any) -> list[Problem]:
+    """``callbacks:`` entries mftk cannot run (the reference builds them from its registry), and layouts
+    where the tracked max logits would be split over ranks (tensor parallel shards the heads)."""
+    from mftk.engine.monitor import KNOWN_CALLBACKS, MAX_LOGITS_MONITOR, tracking_requested
+
+    config, found = loaded.config, []
+    for i, cb in enumerate(config.callbacks or ()):
+        path = f"callbacks[{i}]"
+        if cb.type not in KNOWN_CALLBACKS:
+            found.append(Problem(path=f"{path}.type", value=cb.type, line=_line(loaded, f"{path}.type"),
+                                 message=f"unknown callback {cb.type!r}", hint=f"use one of: {', '.join(KNOWN_CALLBACKS)}"))
+        elif cb.type == MAX_LOGITS_MONITOR and int(cb.step_interval) < 1:
+            found.append(Problem(path=f"{path}.step_interval", value=cb.step_interval,
+                                 line=_line(loaded, f"{path}.step_interval"),
+                                 message="step_interval must be at least 1", hint="set step_interval: 1 (every step)"))
+    if sum(getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in config.callbacks or ()) > 1:
+        found.append(Problem(path="callbacks", message="more than one MaxLogitsMonitor: each resets the running max",
+                             hint="keep one entry with the step_interval you want"))
+    tp = int(config.parallelism.tensor_parallel or 1)
+    if tracking_requested(config) and tp > 1:
+        found.append(Problem(path="model.track_max_attention_logit", value=True,
+                             line=_line(loaded, "model.track_max_attention_logit"),
+                             message=f"max attention logit tracking with tensor_parallel={tp} is not supported yet "
+                             "(the heads, so max_logits_val, are split over ranks)",
+                             hint="set parallelism.tensor_parallel: 1 or turn tracking off"))
+    return found
 
 
 def _build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
@@ -718,8 +760,10 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any, world
         shapes = {n: tuple(h.shape) for n, h in read_header(files.model[0]).tensors.items()}
         if world > 1:
             notes.append(f"Resharding: saved by 1 process, loading into {world}")
-    missing = tuple(sorted(n for n in params if n not in shapes))
-    unexpected = tuple(sorted(n for n in shapes if n not in params))
+    missing = tuple(sorted(n for n in params if n not in shapes and not _optional_buffer(n)))
+    unexpected = tuple(sorted(n for n in shapes if n not in params and not _optional_buffer(n)))
+    if any(_optional_buffer(n) for n in set(params) ^ set(shapes)):
+        notes.append("max_logits_val: tracking differs from the saved run; the running max starts from 0")
     mismatched = tuple(f"{n}: model {params[n]}, checkpoint {shapes[n]}" for n in sorted(params)
                        if n in shapes and tuple(shapes[n]) != params[n])
     saved_step, saved_gbs = common.step, common.global_batch_size
@@ -754,6 +798,11 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any, world
 class _Loaded:
     optimizer: dict | None
     extra: dict | None
+
+
+def _optional_buffer(name: str) -> bool:
+    """``max_logits_val`` is a statistic reset every step: a checkpoint may have it or not either way."""
+    return name.endswith(".max_logits_val")
 
 
 def _is_opt_name(name: str) -> bool:

@@ -21,7 +21,6 @@ _ROWS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("moe_router_force_expert_balance", lambda v: v is False, "routing follows the router scores"),
     ("moe_apply_probs_on_input", lambda v: v is False, "routing probabilities scale the expert outputs"),
     ("activation_func_clamp_value", lambda v: v is None, "the experts' SwiGLU is not clamped"),
-    ("track_max_attention_logit", lambda v: v is False, "max attention logits are not tracked"),
 ]
 _FP32_ON_CPU = ("compute_dtype", "params_dtype", "embedding_params_dtype")
 

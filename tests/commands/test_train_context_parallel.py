@@ -5,7 +5,6 @@ The msrun job (~25 s) runs once (module fixture) and several tests read it.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from commands.app import app
-from tests.engine.tiny import load, tiny_raw, write_corpus
+from tests.commands.msrun_helpers import column, metrics, single
+from tests.engine.tiny import tiny_raw, write_corpus
 
 runner = CliRunner()
 REL = 1e-5
@@ -33,20 +33,7 @@ def test_colossal_positions_balance_the_causal_work():
         colossal_positions(10, 2, 0)
 
 
-def metrics(out: Path, rank: int = 0) -> list[dict]:
-    return [json.loads(line) for line in (out / "log" / f"rank_{rank}" / "metrics.jsonl").read_text().splitlines()]
 
-
-def column(records: list[dict], key: str) -> np.ndarray:
-    return np.array([r[key] for r in records], np.float64)
-
-
-def single(raw: dict, out: Path, resume_from=None):
-    from mftk.engine.run import train
-
-    one = dict(raw, parallelism={**raw["parallelism"], "context_parallel": 1})
-    return train(load(one, f"checkpoint.save_path={out}_ckpt"), output_dir=out, resume_from=resume_from,
-                 install_signals=False)
 
 
 @pytest.fixture(scope="module")

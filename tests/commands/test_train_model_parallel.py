@@ -16,28 +16,15 @@ import yaml
 from typer.testing import CliRunner
 
 from commands.app import app
-from tests.engine.tiny import load, tiny_raw, write_corpus
+from tests.commands.msrun_helpers import column, metrics, single
+from tests.engine.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 runner = CliRunner()
 REL = 1e-5
 
 
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "log" / "rank_0" / "metrics.jsonl").read_text().splitlines()]
 
-
-def column(records: list[dict], key: str) -> np.ndarray:
-    return np.array([r[key] for r in records], np.float64)
-
-
-def single(raw: dict, out: Path, resume_from=None):
-    from mftk.engine.run import train
-
-    one = dict(raw, parallelism={**raw["parallelism"], "tensor_parallel": 1, "expert_parallel": 1,
-                                 "sequence_parallel": False})
-    return train(load(one, f"checkpoint.save_path={out}_ckpt"), output_dir=out, resume_from=resume_from,
-                 install_signals=False)
 
 
 def meta(step_dir: Path) -> dict:

@@ -16,7 +16,8 @@ import yaml
 from typer.testing import CliRunner
 
 from commands.app import app
-from tests.engine.tiny import load, tiny_raw, write_corpus
+from tests.commands.msrun_helpers import column, metrics, single
+from tests.engine.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 runner = CliRunner()
@@ -24,20 +25,7 @@ REL = 1e-5
 NON_LAST = "loss: N/A (non-last PP stage, refer to last stage for real loss)"
 
 
-def metrics(out: Path, rank: int) -> list[dict]:
-    return [json.loads(line) for line in (out / "log" / f"rank_{rank}" / "metrics.jsonl").read_text().splitlines()]
 
-
-def column(records: list[dict], key: str) -> np.ndarray:
-    return np.array([r[key] for r in records], np.float64)
-
-
-def single(raw: dict, out: Path, resume_from=None):
-    from mftk.engine.run import train
-
-    one = dict(raw, parallelism={**raw["parallelism"], "pipeline_parallel": 1})
-    return train(load(one, f"checkpoint.save_path={out}_ckpt"), output_dir=out, resume_from=resume_from,
-                 install_signals=False)
 
 
 @pytest.fixture(scope="module")

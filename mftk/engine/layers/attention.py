@@ -3,11 +3,16 @@
 Core attention is explicit: ``softmax(scale·q·kᵀ, masked) · v`` with ``mint.where`` + ``ops.softmax``
 (the fastest correct combination on CPU, mindspore-cpu.md §1.2). Masked logits get a finite −1e9 so a
 fully masked row (a sequence starting with the pad token) yields a uniform row instead of NaN.
+
+`CoreAttention` is the cell the reference names ``core_attention``: with ``track_max_logits`` it keeps
+``max_logits_val [nh]`` (fp32, no gradient, not trained), the running per-head max of the scaled,
+masked logits — what QK-clip / Muon and `MaxLogitsMonitor` read (models.md §2.9). It starts at 0, as
+the reference's, so a head whose logits are all negative reads 0.
 """
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, mint, nn, ops
+from mindspore import Parameter, Tensor, mint, nn, ops
 
 from .linear import Linear
 from .norm import RMSNorm
@@ -22,11 +27,12 @@ def causal_mask(seq_len: int) -> Tensor:
     return Tensor(np.triu(np.ones((seq_len, seq_len), bool), 1)[None, None])
 
 
-def core_attention(q, k, v, mask, scale: float):
+def core_attention(q, k, v, mask, scale: float, max_logits=None):
     """``q (B, nh, S, d)``, ``k (B, ng, S, d)``, ``v (B, ng, S, dv)``, ``mask (B|1, 1, S, S)`` → ``(B, S, nh·dv)``.
 
     GQA without copying kv: query heads of one group are stacked along the row axis, so query head
-    h uses kv head ⌊h/r⌋ (group-major, as the reference and HF).
+    h uses kv head ⌊h/r⌋ (group-major, as the reference and HF). ``max_logits``: an ``(nh,)``
+    Parameter raised in place to the per-head max of the masked scaled logits (no gradient flows).
     """
     b, nh, s, _ = q.shape
     ng, sk = k.shape[1], k.shape[2]  # sk > s under context parallel: keys of the whole sequence
@@ -35,9 +41,31 @@ def core_attention(q, k, v, mask, scale: float):
     scores = mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale  # (B, ng, r·S, Sk)
     scores = scores.reshape(b, ng, r, s, sk)
     scores = mint.where(mask.reshape(mask.shape[0], 1, 1, s, sk), MASKED, scores)
+    if max_logits is not None:  # head h = g·r + i; masked logits (−1e9) never win against a real one
+        head_max = ops.stop_gradient(scores.max(axis=(0, 3, 4)).reshape(nh))
+        ops.assign(max_logits, ops.maximum(max_logits, head_max))
     probs = ops.softmax(scores, -1).reshape(b, ng, r * s, sk)
     out = mint.matmul(probs, v).reshape(b, nh, s, v.shape[-1])  # (B, nh, S, dv)
     return ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, nh * v.shape[-1])
+
+
+class CoreAttention(nn.Cell):
+    """``softmax(scale·q·kᵀ, masked) · v`` as a cell, so the tracked max has the reference's name
+    ``…self_attention.core_attention.max_logits_val``. Without tracking it holds no parameter."""
+
+    def __init__(self, num_heads: int, scale: float, track_max_logits: bool = False) -> None:
+        super().__init__()
+        self.scale = float(scale)
+        self.max_logits_val = (Parameter(Tensor(np.zeros((num_heads,), np.float32)), name="max_logits_val",
+                                         requires_grad=False) if track_max_logits else None)
+
+    def construct(self, q, k, v, mask):
+        return core_attention(q, k, v, mask, self.scale, self.max_logits_val)
+
+    def reset_max_logits(self) -> None:
+        if self.max_logits_val is not None:
+            # assign, not set_data: a compiled block (GPTModel.jit_blocks) keeps writing the old buffer after set_data
+            ops.assign(self.max_logits_val, ops.zeros_like(self.max_logits_val))
 
 
 class SelfAttention(nn.Cell):
@@ -51,7 +79,8 @@ class SelfAttention(nn.Cell):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_groups: int, head_dim: int, *,
-                 eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False, tp=None) -> None:
+                 eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False, tp=None,
+                 track_max_logits: bool = False) -> None:
         super().__init__()
         t = 1 if tp is None else tp.size
         if num_groups % t:
@@ -69,6 +98,7 @@ class SelfAttention(nn.Cell):
         self.q_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
         self.k_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
         self.scale = head_dim ** -0.5
+        self.core_attention = CoreAttention(self.nh, self.scale, track_max_logits)
         self.cp_gather = None  # context parallel: a comm.GatherFromGroup over the CP group (dim 2), set by CP
 
     def construct(self, x, rope, mask):
@@ -85,4 +115,4 @@ class SelfAttention(nn.Cell):
         q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))  # (B, heads, S, hd)
         if self.cp_gather is not None:  # KV of every CP rank's chunks; the mask is on global positions
             k, v = self.cp_gather(k), self.cp_gather(v)
-        return self.linear_proj(core_attention(q, k, v, mask, self.scale))
+        return self.linear_proj(self.core_attention(q, k, v, mask))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mindspore import mint, nn, ops
 
-from .attention import core_attention
+from .attention import CoreAttention
 from .linear import Linear
 from .norm import RMSNorm
 from .ops_cpu import split_last
@@ -18,7 +18,8 @@ from .rope import apply_rope
 class MLASelfAttention(nn.Cell):
     def __init__(self, hidden_size: int, num_heads: int, *, q_lora_rank: int | None, kv_lora_rank: int,
                  qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int, softmax_scale: float,
-                 eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False) -> None:
+                 eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False,
+                 track_max_logits: bool = False) -> None:
         super().__init__()
         self.nh, self.nope, self.rope_dim, self.vd = num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.dq = qk_nope_head_dim + qk_rope_head_dim
@@ -33,6 +34,7 @@ class MLASelfAttention(nn.Cell):
         self.linear_kvb = Linear(kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim))
         self.linear_proj = Linear(num_heads * v_head_dim, hidden_size)
         self.scale = float(softmax_scale)
+        self.core_attention = CoreAttention(num_heads, self.scale, track_max_logits)
 
     def construct(self, x, rope, mask):
         b, s, _ = x.shape
@@ -52,4 +54,4 @@ class MLASelfAttention(nn.Cell):
         k_pe = apply_rope(k_pe.reshape(b, s, 1, self.rope_dim), cos, sin, interleaved_input=True)
         k = mint.cat((k_nope, ops.broadcast_to(k_pe, (b, s, self.nh, self.rope_dim))), -1)
         q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))  # (B, nh, S, ·)
-        return self.linear_proj(core_attention(q, k, v, mask, self.scale))
+        return self.linear_proj(self.core_attention(q, k, v, mask))

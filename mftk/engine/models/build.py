@@ -46,11 +46,17 @@ def state_dict(model: GPTModel) -> dict[str, np.ndarray]:
 
 
 def load_state_dict(model: GPTModel, tensors: dict[str, np.ndarray]) -> None:
-    """Assign reference-named arrays; every model tensor must be present with its exact shape."""
+    """Assign reference-named arrays; every model tensor must be present with its exact shape.
+
+    Exception: ``…core_attention.max_logits_val`` (max-logit tracking, a statistic reset every step) may
+    be absent (the model keeps its zeros) or extra (dropped), so tracking can be switched either way."""
     from mftk.errors import CheckpointError
 
     problems = []
+    optional = lambda n: n.endswith(".max_logits_val")  # noqa: E731
     params = {p.name: p for p in model.get_parameters()}
+    tensors = {n: a for n, a in tensors.items() if n in params or not optional(n)}
+    tensors.update({n: p.asnumpy() for n, p in params.items() if n not in tensors and optional(n)})
     for name, p in params.items():
         if name not in tensors:
             problems.append(f"missing tensor: {name}")

@@ -33,7 +33,7 @@ def deepseek_v3_spec(cfg) -> ModelSpec:
         "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
         "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
         "softmax_scale": cfg.mla_softmax_scale(), "eps": eps, "qk_layernorm": cfg.qk_layernorm,
-        "bias": cfg.attention_bias})
+        "bias": cfg.attention_bias, "track_max_logits": bool(cfg.track_max_attention_logit)})
     dense = LayerSpec(attention, ModuleSpec(MLP, {"hidden_size": h, "ffn_hidden_size": cfg.ffn_hidden_size()}), norm)
     moe = LayerSpec(attention, _moe_spec(cfg), norm, is_moe=True)
     layers = tuple(moe if is_moe else dense for is_moe in cfg.moe_layer_pattern())

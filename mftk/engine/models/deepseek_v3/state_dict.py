@@ -98,6 +98,7 @@ def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
 
 
 def _layer_to_hf(src: Source, p: str, m: str, cfg: Any, moe: bool, out: dict) -> None:
+    src.skip(m + "self_attention.core_attention.max_logits_val")  # max-logit tracking: no HF counterpart
     for a, b in _renames(cfg, moe):
         out[p + a] = src.take(m + b)
     qkv = src.take(m + "self_attention.linear_qkv.weight")

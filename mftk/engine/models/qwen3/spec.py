@@ -16,7 +16,8 @@ def qwen3_spec(cfg) -> ModelSpec:
     layer = LayerSpec(
         attention=ModuleSpec(SelfAttention, {"hidden_size": h, "num_heads": cfg.num_attention_heads,
                                              "num_groups": cfg.num_query_groups(), "head_dim": hd, "eps": eps,
-                                             "qk_layernorm": True, "bias": cfg.attention_bias}),
+                                             "qk_layernorm": True, "bias": cfg.attention_bias,
+                                             "track_max_logits": bool(cfg.track_max_attention_logit)}),
         mlp=ModuleSpec(MLP, {"hidden_size": h, "ffn_hidden_size": cfg.ffn_hidden_size()}),
         norm=norm,
     )

@@ -92,5 +92,6 @@ def mf_to_hf(mf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
         fc1 = src.take(m + "mlp.linear_fc1.weight")
         if fc1 is not None:
             out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = deinterleave_rows(fc1)
+        src.skip(m + "self_attention.core_attention.max_logits_val")  # max-logit tracking: no HF counterpart
     src.check()
     return {k: v for k, v in out.items() if v is not None}
