@@ -75,20 +75,8 @@ class PipelineTrainer(Trainer):
             m["pipeline_loss"], m["loss"] = m["loss"], None
         return m
 
-    def save(self, state: Any) -> None:
+    def model_tensors_to_save(self) -> dict[str, Any]:
         """Only this stage's tensors go into this rank's files (metadata.json says which stage holds what)."""
-        from mftk.ckpt.common import CommonInfo
-        from mftk.engine.state import low_precision, model_tensors
+        from mftk.engine.state import model_tensors
 
-        gbs = self.last_gbs
-        common = CommonInfo.for_step(step=state.global_step, max_steps=self.total_steps, global_batch_size=gbs,
-                                     consumed_samples=state.consumed_samples, epoch=state.epoch)
-        opt = None
-        if self.checkpointer.save_optim:
-            opt = self.optimizer.state_dict(with_masters=low_precision(self.params))
-        model = self.stage_model.owned_tensors(model_tensors(self.model))
-        if self.sharded:
-            model = self.dist.sharding.cut(model)
-        payload = {"common": common, "model": model, "optimizer": opt,
-                   "extra": self.extra_state(state, gbs) if self.extra_state else None}
-        self.checkpointer.save(state.global_step, payload, self.sink)
+        return self.stage_model.owned_tensors(model_tensors(self.model))

@@ -452,6 +452,10 @@ class Trainer:
             self.save(state)
         self.checkpointer.wait()
 
+    def model_tensors_to_save(self) -> dict[str, np.ndarray]:
+        """The model tensors this rank writes (all of them; a pipeline stage narrows this)."""
+        return model_tensors(self.model)
+
     def save(self, state: TrainState) -> None:
         gbs = self.last_gbs
         common = CommonInfo.for_step(step=state.global_step, max_steps=self.total_steps, global_batch_size=gbs,
@@ -461,7 +465,7 @@ class Trainer:
             from mftk.engine.state import low_precision
 
             opt = self.optimizer.state_dict(with_masters=low_precision(self.params))
-        model = model_tensors(self.model)
+        model = self.model_tensors_to_save()
         if self.sharded:  # this rank's rows of each sharded parameter; the rest whole
             model = self.dist.sharding.cut(model)
         payload = {"common": common, "model": model, "optimizer": opt,

@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from commands.app import app
-from tests.engine.tiny import tiny_raw, write_corpus
+from tests.engine.tiny import train_tiny_via_cli
 
 runner = CliRunner()
 pytestmark = pytest.mark.engine
@@ -17,13 +16,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
-    corpus = write_corpus(d / "tiny_text_document")
-    raw = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt", steps=2, gbs=1)
-    cfg = d / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
-    r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(d / "out")])
-    assert r.exit_code == 0, r.output
-    return d, cfg
+    return d, train_tiny_via_cli(d)
 
 
 def test_dry_run_shows_plan_and_loads_nothing(trained):

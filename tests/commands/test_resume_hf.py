@@ -13,11 +13,10 @@ import json
 
 import numpy as np
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from commands.app import app
-from tests.engine.tiny import tiny_raw, write_corpus
+from tests.engine.tiny import tiny_raw, train_tiny_via_cli
 
 pytestmark = pytest.mark.engine
 runner = CliRunner()
@@ -28,12 +27,7 @@ def exported(tmp_path_factory):
     from mftk.ckpt.export import export_hf
 
     d = tmp_path_factory.mktemp("resume_hf")
-    corpus = write_corpus(d / "tiny_text_document")
-    raw = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt", steps=2, gbs=1)
-    cfg = d / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
-    r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(d / "out")])
-    assert r.exit_code == 0, r.output
+    cfg = train_tiny_via_cli(d)
     export_hf(d / "ckpt", d / "hf")
     return d, cfg
 

@@ -44,3 +44,18 @@ def load(raw: dict, *overrides: str):
     from mftk.config.load import load_data
 
     return load_data(copy.deepcopy(raw), source="<test>", overrides=overrides)
+
+
+def train_tiny_via_cli(d: Path, *, steps: int = 2, gbs: int = 1) -> Path:
+    """Write a tiny Qwen3 config under `d` and train it with `mftk train` (checkpoints in d/ckpt)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from commands.app import app
+
+    corpus = write_corpus(d / "tiny_text_document")
+    cfg = d / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt", steps=steps, gbs=gbs)))
+    r = CliRunner().invoke(app, ["train", str(cfg), "--output-dir", str(d / "out")])
+    assert r.exit_code == 0, r.output
+    return cfg

@@ -1,28 +1,19 @@
 """Memory terms against hand arithmetic (a dense and an MoE case), plus pipeline and parsing rules."""
 import pytest
 
-from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig
+from mftk.config.model import Qwen3ModelConfig
 from mftk.errors import InputError
 from mftk.plan.flops import param_counts
 from mftk.plan.layout import Layout
 from mftk.plan.memory import (Assumptions, PlanInputs, activation_inventory, estimate, in_flight, parse_bytes)
+from tests.plan.test_flops import tiny_dsv3
+from tests.plan.test_flops import tiny_qwen3 as flops_tiny_qwen3
 
 UNFUSED = Assumptions(fused_attention=False)
 
 
 def tiny_qwen3(**kw):  # 376 params (tests/plan/test_flops.py): layer 146, embedding 40, output 40, final norm 4
-    return Qwen3ModelConfig(**{**dict(vocab_size=10, hidden_size=4, num_hidden_layers=2, num_attention_heads=2,
-                                      num_key_value_heads=1, head_dim=3, intermediate_size=5, seq_length=8,
-                                      compute_dtype="float32", hidden_dropout=0.0), **kw})
-
-
-def tiny_dsv3(**kw):
-    return DeepseekV3ModelConfig(**{**dict(
-        vocab_size=10, hidden_size=4, intermediate_size=6, moe_intermediate_size=2, num_hidden_layers=2,
-        num_nextn_predict_layers=1, mtp_loss_scaling_factor=0.1, num_attention_heads=2, n_shared_experts=1,
-        n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
-        q_lora_rank=3, kv_lora_rank=2, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=3, qk_layernorm=True,
-        moe_grouped_gemm=True, seq_length=8), **kw})
+    return flops_tiny_qwen3(**{"compute_dtype": "float32", "hidden_dropout": 0.0, **kw})
 
 
 def inputs(model, lbs=1, gbs=1, **kw):
