@@ -102,7 +102,7 @@ class Assumptions:
     retained_bytes_per_param: float = 0.0  # per param: freed copies (init, replaced weights) the allocators keep
     activation_factor: float = 1.0       # kept bytes per inventory byte (eager autograd keeps more than the inventory)
     mla_activation_factor: float | None = None  # the same for MLA (DeepSeek-V3) layers; None: activation_factor
-    norm_scratch_bytes: float = 0.0      # per param, for at most 2**22 params: the grad-norm's float64 block
+    norm_scratch_bytes: float = 0.0      # per param, for at most 2**22 params: a grad-norm scratch block
     logits_copies: float = 2.0           # fp32 (tokens × V) tensors live at the loss: kept logits + their gradient
     # several processes (all 0/False: the accelerator accounting of peers.md §4)
     fsdp_keeps_full: bool = False        # FSDP shards only the optimizer: full weights, framework grads, grad buffer
@@ -133,7 +133,7 @@ class Assumptions:
 #   (the build's ~2.5× the weights, 10 B/param) stays in the allocators.
 MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=5.0, overhead_bytes=27 * 2 ** 20,
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=4.0,
-                       retained_bytes_per_param=2.5, norm_scratch_bytes=8.0, activation_factor=1.7,
+                       retained_bytes_per_param=2.5, activation_factor=1.7,
                        mla_activation_factor=5.5, logits_copies=2.8, fsdp_keeps_full=True, grad_sync_copies=1.0,
                        dist_norm_bytes=16.0, cut_build_bytes=10.0, name="mftk-cpu")
 PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
@@ -269,7 +269,7 @@ def _bytes(dtype: str) -> int:
 # ----------------------------------------------------------------------------- activations
 
 _SCORES = "attention scores/probs (S per head)"
-_NORM_BLOCK = 1 << 22  # mftk.engine.optim.global_norm's block
+_NORM_BLOCK = 1 << 22  # the largest grad-norm scratch block a profile may declare (mftk's norm needs none)
 
 
 def _act_factor(cfg: Any, asm: Assumptions) -> float:
@@ -430,7 +430,7 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
                           {"s": asm.dist_norm_bytes, "N/shard": int(shard)}))
     elif asm.norm_scratch_bytes:
         terms.append(Term("grad-norm scratch", asm.norm_scratch_bytes * min(shard, _NORM_BLOCK),
-                          "s·min(N/shard, 2^22)  [global_norm casts one block of grads to float64]",
+                          "s·min(N/shard, 2^22)  [one block of grads copied for the norm]",
                           {"s": asm.norm_scratch_bytes, "N/shard": int(shard)}))
     terms += _multiprocess_terms(cfg, lay, asm, local, (ids, first, last))
     if full:

@@ -63,9 +63,9 @@ class _Recorder:
     def __init__(self, real):
         self.real, self.calls = real, []
 
-    def __call__(self, q, k, v, mask, scale, max_logits=None):
+    def __call__(self, q, k, v, mask, scale, max_logits=None, fn=None):
         self.calls.append((q.asnumpy(), k.asnumpy(), mask.asnumpy(), scale))
-        return self.real(q, k, v, mask, scale, max_logits)
+        return self.real(q, k, v, mask, scale, max_logits, fn)
 
 
 def _layer_check(layer, hidden, monkeypatch, rope):

@@ -1,8 +1,8 @@
 """Causal self-attention with GQA and qk-norm (Qwen3; models.md §2.8–2.9), CPU-safe ops only.
 
-Core attention is explicit: ``softmax(scale·q·kᵀ, masked) · v`` with ``mint.where`` + ``ops.softmax``
-(the fastest correct combination on CPU, mindspore-cpu.md §1.2). Masked logits get a finite −1e9 so a
-fully masked row (a sequence starting with the pad token) yields a uniform row instead of NaN.
+Core attention is explicit: ``softmax(scale·q·kᵀ + bias) · v`` with a hand-written backward
+(`kernels.CoreAttentionFn`). Masked logits get a finite −1e9 bias so a fully masked row (a sequence
+starting with the pad token) yields a uniform row instead of NaN.
 
 `CoreAttention` is the cell the reference names ``core_attention``: with ``track_max_logits`` it keeps
 ``max_logits_val [nh]`` (fp32, no gradient, not trained), the running per-head max of the scaled,
@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
+from .kernels import CoreAttentionFn
 from .linear import Linear
 from .norm import RMSNorm
 from .ops_cpu import split_last
@@ -27,25 +28,23 @@ def causal_mask(seq_len: int) -> Tensor:
     return Tensor(np.triu(np.ones((seq_len, seq_len), bool), 1)[None, None])
 
 
-def core_attention(q, k, v, mask, scale: float, max_logits=None):
+def core_attention(q, k, v, mask, scale: float, max_logits=None, fn=None):
     """``q (B, nh, S, d)``, ``k (B, ng, S, d)``, ``v (B, ng, S, dv)``, ``mask (B|1, 1, S, S)`` → ``(B, S, nh·dv)``.
 
     GQA without copying kv: query heads of one group are stacked along the row axis, so query head
-    h uses kv head ⌊h/r⌋ (group-major, as the reference and HF). ``max_logits``: an ``(nh,)``
-    Parameter raised in place to the per-head max of the masked scaled logits (no gradient flows).
+    h uses kv head ⌊h/r⌋ (group-major, as the reference and HF). The mask is tiled to the scores'
+    shape (broadcasting is the slow path on CPU) and the softmax runs in `kernels.CoreAttentionFn`
+    (``fn``; one is made when omitted). ``max_logits``: an ``(nh,)`` Parameter raised in place to the per-head max of the masked scaled logits (no gradient flows).
     """
     b, nh, s, _ = q.shape
     ng, sk = k.shape[1], k.shape[2]  # sk > s under context parallel: keys of the whole sequence
     r = nh // ng
     qg = q.reshape(b, ng, r * s, q.shape[-1])  # (B, ng, r·S, d)
-    scores = mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale  # (B, ng, r·S, Sk)
-    scores = scores.reshape(b, ng, r, s, sk)
-    scores = mint.where(mask.reshape(mask.shape[0], 1, 1, s, sk), MASKED, scores)
+    full = ops.tile(mask.reshape(mask.shape[0], 1, 1, s, sk), (b // mask.shape[0], ng, r, 1, 1)).reshape(b, ng, r * s, sk)
     if max_logits is not None:  # head h = g·r + i; masked logits (−1e9) never win against a real one
-        head_max = ops.stop_gradient(scores.max(axis=(0, 3, 4)).reshape(nh))
-        ops.assign(max_logits, ops.maximum(max_logits, head_max))
-    probs = ops.softmax(scores, -1).reshape(b, ng, r * s, sk)
-    out = mint.matmul(probs, v).reshape(b, nh, s, v.shape[-1])  # (B, nh, S, dv)
+        scores = ops.stop_gradient(ops.masked_fill(mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale, full, MASKED))
+        ops.assign(max_logits, ops.maximum(max_logits, scores.reshape(b, ng, r, s, sk).max(axis=(0, 3, 4)).reshape(nh)))
+    out = (fn if fn is not None else CoreAttentionFn(scale, MASKED))(qg, k, v, full).reshape(b, nh, s, v.shape[-1])
     return ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, nh * v.shape[-1])
 
 
@@ -58,9 +57,10 @@ class CoreAttention(nn.Cell):
         self.scale = float(scale)
         self.max_logits_val = (Parameter(Tensor(np.zeros((num_heads,), np.float32)), name="max_logits_val",
                                          requires_grad=False) if track_max_logits else None)
+        self.fn = CoreAttentionFn(self.scale, MASKED)
 
     def construct(self, q, k, v, mask):
-        return core_attention(q, k, v, mask, self.scale, self.max_logits_val)
+        return core_attention(q, k, v, mask, self.scale, self.max_logits_val, self.fn)
 
     def reset_max_logits(self) -> None:
         if self.max_logits_val is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
+from .kernels import SiluMulFn
 from .linear import Linear
 from .mlp import MLP
 from .ops_cpu import split_last
@@ -103,6 +104,7 @@ class GroupedMLP(nn.Cell):
             raise ValueError(f"num_experts {num_experts} does not split over expert_parallel={p}")
         self.e, self.f, self.ep = num_experts, ffn_hidden_size, ep if p > 1 else None
         self.e_local = num_experts // p
+        self.act = SiluMulFn()
         w1 = np.zeros((self.e_local, hidden_size, 2 * ffn_hidden_size), np.float32)
         self.weight1 = Parameter(Tensor(w1), name="weight1")
         self.weight2 = Parameter(Tensor(np.zeros((self.e_local, ffn_hidden_size, hidden_size), np.float32)),
@@ -114,7 +116,7 @@ class GroupedMLP(nn.Cell):
 
     def expert(self, e: int, x):
         gate, up = split_last(mint.matmul(x, self.weight1[e]), (self.f, self.f))  # (n, Fm) each
-        return mint.matmul(mint.nn.functional.silu(gate) * up, self.weight2[e])  # (n, H)
+        return mint.matmul(self.act(gate, up), self.weight2[e])  # (n, H)
 
     def construct(self, x, probs, idx):
         """Dropless sort/gather/scatter: ``x (T, H)``, ``probs/idx (T, K)`` → ``(T, H)``."""

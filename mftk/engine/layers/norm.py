@@ -1,8 +1,11 @@
-"""RMSNorm in plain ops: ``ops.rms_norm`` has no CPU kernel (mindspore-cpu.md §1.2)."""
+"""RMSNorm in plain ops: ``ops.rms_norm`` has no CPU kernel (mindspore-cpu.md §1.2); the math and its
+hand-written backward are `kernels.RMSNormFn`."""
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Parameter, Tensor, mint, nn
+from mindspore import Parameter, Tensor, nn
+
+from .kernels import RMSNormFn
 
 
 class RMSNorm(nn.Cell):
@@ -12,6 +15,7 @@ class RMSNorm(nn.Cell):
         super().__init__()
         self.eps = float(eps)
         self.weight = Parameter(Tensor(np.ones((dim,), np.float32)), name="weight")
+        self.fn = RMSNormFn(self.eps)
 
     def construct(self, x):
-        return x * mint.rsqrt(mint.mean(x * x, -1, keepdim=True) + self.eps) * self.weight
+        return self.fn(x, self.weight)

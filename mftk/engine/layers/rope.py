@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from mindspore import Tensor, mint, ops
+from mindspore import Tensor, ops
 
-from .ops_cpu import split_last
+from .kernels import RopeFn
 
 
 def yarn_get_mscale(scale: float, mscale: float) -> float:
@@ -73,19 +73,17 @@ def rotary_table(dim: int, theta: float, *, kind: str = "rope", factor: float = 
     return RotaryTable(rope_inv_freq(dim, theta))
 
 
-def rotate_half(x):
-    x1, x2 = split_last(x, (x.shape[-1] // 2, x.shape[-1] // 2))
-    return mint.cat((-x2, x1), -1)
-
-
 def deinterleave(x):
     """``[x0, x1, x2, x3, …] → [x0, x2, …, x1, x3, …]`` on the last dim."""
     d = x.shape[-1]
     return ops.swapaxes(x.reshape(*x.shape[:-1], d // 2, 2), -1, -2).reshape(x.shape)
 
 
+_ROPE = RopeFn()  # stateless
+
+
 def apply_rope(x, cos, sin, *, interleaved_input: bool = False):
-    """Rotate ``x (B, S, N, D)`` with ``cos/sin (1, S, 1, D)``."""
+    """Rotate ``x (B, S, N, D)`` with ``cos/sin (1, S, 1, D)``: ``x·cos + rotate_half(x)·sin``."""
     if interleaved_input:
         x = deinterleave(x)
-    return x * cos + rotate_half(x) * sin
+    return _ROPE(x, cos, sin)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mindspore import Tensor, nn
 
-from mftk.engine.layers.loss import IGNORE_INDEX, token_cross_entropy
+from mftk.engine.layers.loss import IGNORE_INDEX
 
 
 def colossal_positions(seq_length: int, cp: int, rank: int) -> np.ndarray:
@@ -82,12 +82,9 @@ class ContextParallelModel(nn.Cell):
         h = m.embedding(Tensor(np.ascontiguousarray(ids[:, mine])))
         for layer in m.decoder.layers:
             h, _, _ = layer(h, rope, mask)
-        logits = m.lm_head(m.decoder.final_layernorm(h))
-        lab_l, lm_l = lab[:, mine], lm[:, mine]
-        ce = token_cross_entropy(logits.reshape(-1, logits.shape[-1]), Tensor(np.ascontiguousarray(lab_l).reshape(-1)))
         total = float(lm.sum()) + 1e-8  # the single-process denominator (Σ m + eps)
-        weight = Tensor(np.ascontiguousarray(lm_l).reshape(-1) * np.float32(self.group.size / total))
-        loss = (ce * weight).sum()
+        weight = lm[:, mine] * np.float32(self.group.size / total)
+        loss = m.head_loss(m.decoder.final_layernorm(h), lab[:, mine], weight)
         return loss, loss, (), (), ()
 
     def update_expert_bias(self, tokens_per_expert=None) -> None:

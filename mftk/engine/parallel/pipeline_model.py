@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 from mindspore import Tensor
 
-from mftk.engine.layers.loss import IGNORE_INDEX
+from mftk.engine.models.gpt import loss_weights
 
 
 def stage_layers_of(config: Any) -> list[list[int]]:
@@ -124,8 +124,7 @@ class StageModel:
             lab = np.ascontiguousarray(batch["labels"]).astype(np.int32)
             lm = batch.get("loss_mask")
             lm = (ids != m.spec.pad_token_id) if lm is None else np.asarray(lm)
-            lm = lm.astype(np.float32) * (lab != IGNORE_INDEX)
-            extra += (Tensor(lab), Tensor(lm), scale)
+            extra += (Tensor(lab), Tensor(loss_weights(lm, lab)), scale)
         if self.is_first:
             return (Tensor(np.zeros((), np.float32)), Tensor(ids)) + extra
         return extra
@@ -143,8 +142,8 @@ class StageModel:
             h, _, _ = m.decoder.layers[i](h, rope, mask)
         if not self.is_last:
             return h
-        lab, lm, scale = extra[2], extra[3], extra[4]
-        return m._ce(m.lm_head(m.decoder.final_layernorm(h)), lab, lm) * scale
+        lab, weights, scale = extra[2], extra[3], extra[4]
+        return m.head_loss(m.decoder.final_layernorm(h), lab, weights) * scale
 
     def act_shape(self, local_batch_size: int, seq_length: int) -> tuple[int, int, int]:
         return (local_batch_size, seq_length, int(self.model.spec.hidden_size))
