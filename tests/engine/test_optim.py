@@ -128,3 +128,30 @@ def test_state_mismatch_is_an_error():
         make()[0].load_state_dict(sd)
     assert any("adam_v.b.weight" in p for p in e.value.problems)
     assert any("adam_m.zzz" in p for p in e.value.problems)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threaded_update_is_bit_identical(monkeypatch, threads):
+    """Chunks shared out to threads: every element's arithmetic is the same, so the bits are too
+    (a small CHUNK makes several chunks per thread, crossing the decay boundary mid-way)."""
+    import mftk.engine.optim as optim
+
+    rng = np.random.default_rng(3)
+    grads = [rng.normal(size=(sum(int(np.prod(s)) for s in SHAPES.values()),)).astype(np.float32) for _ in range(3)]
+    results = []
+    for n in (1, threads):
+        monkeypatch.setattr(optim, "CHUNK", 5)
+        monkeypatch.setattr(optim, "UPDATE_THREADS", n)
+        opt, _ = make()
+        assert len(opt._scratch) == n
+        for g in grads:
+            opt.step(g.copy(), 1e-2)
+        results.append((opt.master.copy(), opt.m.copy(), opt.v.copy()))
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
+def test_global_norm_equals_float64_norm():
+    rng = np.random.default_rng(4)
+    g = rng.normal(size=(3 * (1 << 16) + 17,)).astype(np.float32)
+    assert global_norm(g) == pytest.approx(float(np.sqrt((g.astype(np.float64) ** 2).sum())), rel=1e-6)

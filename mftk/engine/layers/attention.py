@@ -44,7 +44,7 @@ def core_attention(q, k, v, mask, scale: float, max_logits=None, fn=None):
     if max_logits is not None:  # head h = g·r + i; masked logits (−1e9) never win against a real one
         scores = ops.stop_gradient(ops.masked_fill(mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale, full, MASKED))
         ops.assign(max_logits, ops.maximum(max_logits, scores.reshape(b, ng, r, s, sk).max(axis=(0, 3, 4)).reshape(nh)))
-    out = (fn if fn is not None else CoreAttentionFn(scale, MASKED))(qg, k, v, full).reshape(b, nh, s, v.shape[-1])
+    out = (fn if fn is not None else CoreAttentionFn(scale, MASKED))(qg, k, v, full)[0].reshape(b, nh, s, v.shape[-1])
     return ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, nh * v.shape[-1])
 
 

@@ -7,7 +7,7 @@ reductions of 4-D tensors 10×, ``SoftmaxGrad`` ~20× slower than torch, strided
 5–20× (mindspore-cpu.md §1; bench/train_step.py). Each function here computes its forward and its
 backward from same-shape ops, ``tile`` (fast, unlike broadcasting), row sums as a matmul with ones,
 and GEMMs, recomputing cheap intermediates instead of keeping them. Measured f+b on the 29 M
-benchmark shapes: RMSNorm 38 → 13 ms, RoPE 26 → 14 ms, core attention 176–250 → 63 ms, MLP 154 → 102 ms,
+benchmark shapes: RMSNorm 38 → 13 ms, RoPE 26 → 14 ms, core attention 176–250 → 60 ms, MLP 154 → 102 ms,
 LM head + CE 1050 → 900 ms.
 
 The math is the textbook one (gradient checks in tests/engine/test_kernels.py compare each backward
@@ -98,21 +98,21 @@ class RopeFn(nn.Cell):
 class CoreAttentionFn(nn.Cell):
     """``softmax(scale·q·kᵀ masked to −1e9)·v`` for ``q (B, G, M, d)``, ``k (B, G, Sk, d)``,
     ``v (B, G, Sk, dv)`` and a bool ``mask (B, G, M, Sk)`` of the scores' own shape (True = masked).
-    Masked logits are exactly −1e9 (a fully masked row is uniform) and get no gradient. The backward
-    recomputes the probabilities (as flash attention does) rather than keeping them."""
+    Masked logits are exactly −1e9 (a fully masked row is uniform) and get no gradient.
+
+    Returns ``(out, probs)``: the probabilities ride along as a second output only so the backward
+    gets them without recomputing ``q·kᵀ`` and the softmax (callers ignore it; its gradient is zero)."""
 
     def __init__(self, scale: float, masked_value: float = -1e9) -> None:
         super().__init__()
         self.scale, self.masked_value = float(scale), float(masked_value)
 
-    def _probs(self, q, k, mask):
-        return _softmax(_masked_fill(_bmm_nt(q, k) * self.scale, mask, self.masked_value))
-
     def construct(self, q, k, v, mask):
-        return _bmm(self._probs(q, k, mask), v)
+        p = _softmax(_masked_fill(_bmm_nt(q, k) * self.scale, mask, self.masked_value))
+        return _bmm(p, v), p
 
     def bprop(self, q, k, v, mask, out, dout):
-        p = self._probs(q, k, mask)
+        p, dout = out[1], dout[0]
         dp = _bmm_nt(dout, v)
         c = _rowsum(dp * p)
         ds = _masked_fill((dp - _tile(c, (1, 1, 1, p.shape[-1]))) * p, mask, 0.0) * self.scale
