@@ -117,15 +117,25 @@ def test_tiny_model_overfits_one_batch(rng, tiny_qwen3, tiny_dsv3, family):
     assert first > 4.0 and last.loss < 0.05, (first, last.loss)
 
 
-def test_jit_blocks_keeps_loss_and_gradients(rng, tiny_qwen3):
-    cfg = tiny_qwen3()
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_jit_blocks_keeps_loss_and_gradients(rng, tiny_qwen3, tiny_dsv3, family):
+    """Dense layers compiled whole (MLA included), MoE layers their attention; MTP layers too."""
+    cfg = tiny_qwen3() if family == "qwen3" else tiny_dsv3()
     eager, jitted = build_model(cfg, seed=0), build_model(cfg, seed=0)
     jitted.jit_blocks()
+    compiled = [layer._compiled is not None for layer in jitted.transformer_layers()]
+    assert compiled == [not layer.is_moe for layer in jitted.transformer_layers()] and any(compiled)
     args = tuple(_batch(rng, cfg).values())
     (oe, ge), (oj, gj) = (ms.value_and_grad(m, None, m.trainable_params(), has_aux=True)(*args)
                           for m in (eager, jitted))
     assert float(oe[0].asnumpy()) == pytest.approx(float(oj[0].asnumpy()), rel=1e-5)
     assert all(np.allclose(a.asnumpy(), b.asnumpy(), atol=1e-6) for a, b in zip(ge, gj))
+
+
+def test_jit_blocks_leave_layers_with_dropout_to_eager_except_attention(tiny_qwen3):
+    model = build_model(tiny_qwen3(hidden_dropout=0.1), seed=0)
+    model.jit_blocks()
+    assert all(layer._compiled is None for layer in model.transformer_layers())
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_tied", "deepseek_v3"])

@@ -6,13 +6,14 @@ obvious formulas is not. Broadcasting elementwise ops run 15–25× slower than 
 reductions of 4-D tensors 10×, ``SoftmaxGrad`` ~20× slower than torch, strided slices and ``stack``
 5–20× (mindspore-cpu.md §1; bench/train_step.py). Each function here computes its forward and its
 backward from same-shape ops, ``tile`` (fast, unlike broadcasting), row sums as a matmul with ones,
-and GEMMs, recomputing cheap intermediates instead of keeping them. Measured f+b on the 29 M
-benchmark shapes: RMSNorm 38 → 13 ms, RoPE 26 → 14 ms, core attention 176–250 → 60 ms, MLP 154 → 102 ms,
-LM head + CE 1050 → 900 ms.
+and GEMMs; cheap intermediates are recomputed, expensive ones (attention probabilities, log-probs)
+ride along as an extra output the callers ignore. Measured f+b on the 29 M benchmark shapes (eager):
+RMSNorm 38 → 13 ms, RoPE 26 → 14 ms, core attention 176–250 → 60 ms, MLP 154 → 102 ms, LM head + CE
+1050 → 740–900 ms.
 
-The math is the textbook one (gradient checks in tests/engine/test_kernels.py compare each backward
-with MindSpore's own autodiff of the plain formula and with finite differences). Inputs that need no
-gradient (tables, masks, labels, weights) get zeros.
+The math is the textbook one; tests/engine/test_kernels.py compares each forward and backward with
+MindSpore's own autodiff of the plain formula (eager and under ``ms.jit``) and the fused head with
+finite differences. Inputs that need no gradient (tables, masks, labels, weights) get zeros.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Masked-mean cross-entropy (models.md §4).
+"""Masked-mean cross-entropy over materialised logits (models.md §4), and ``IGNORE_INDEX``.
 
-``log_softmax`` + ``gather_elements`` is 7× faster than ``ops.cross_entropy`` on CPU and
-``mint`` CE has no kernel (mindspore-cpu.md §1.3).
+Training does not call this: `GPTModel.head_loss` fuses the LM head with the loss
+(`kernels.HeadCrossEntropyFn`, or the vocab-parallel CE under TP). This is the plain formula those
+are tested against (``log_softmax`` + ``gather_elements``; ``mint`` CE has no CPU kernel,
+mindspore-cpu.md §1.3).
 """
 from __future__ import annotations
 

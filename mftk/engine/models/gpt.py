@@ -44,16 +44,20 @@ class TransformerLayer(nn.Cell):
     def _drop(self, x):
         return ops.dropout(x, p=self.dropout) if self.dropout > 0.0 and self.training else x
 
+    def _attend(self, x, rope, mask):
+        return x + self._drop(self.self_attention(self.input_layernorm(x), rope, mask))
+
     def _dense(self, x, cos, sin, mask):
-        x = x + self._drop(self.self_attention(self.input_layernorm(x), (cos, sin), mask))
+        x = self._attend(x, (cos, sin), mask)
         return x + self._drop(self.mlp(self.pre_mlp_layernorm(x)))
 
     def compile(self) -> None:
-        """Run this layer under ``mindspore.jit`` (a CPU speed lever, see `GPTModel.jit_blocks`): the whole
-        dense layer as one graph, or only the attention of a MoE layer (its dispatch syncs with the host)."""
+        """Run this layer under ``mindspore.jit`` (a CPU speed lever, see `GPTModel.jit_blocks`): a dense
+        layer as one graph; only the attention of a MoE layer (its dispatch syncs with the host) or of
+        a layer with dropout (a compiled graph would freeze the train/eval switch)."""
         import mindspore as ms
 
-        if self.is_moe:
+        if self.is_moe or self.dropout > 0.0:
             self.self_attention.construct = ms.jit(self.self_attention.construct)
         else:  # a plain function over the cell: a jitted bound ``construct`` of this class fails to compile
             layer = self
@@ -64,12 +68,13 @@ class TransformerLayer(nn.Cell):
             self._compiled = ms.jit(dense)
 
     def construct(self, x, rope, mask):
-        if self.is_moe:
-            x = x + self._drop(self.self_attention(self.input_layernorm(x), rope, mask))
-            m, aux, counts = self.mlp(self.pre_mlp_layernorm(x))
-            return x + self._drop(m), aux, counts
-        run = self._dense if self._compiled is None else self._compiled
-        return run(x, rope[0], rope[1], mask), None, None
+        if self._compiled is not None:
+            return self._compiled(x, rope[0], rope[1], mask), None, None
+        if not self.is_moe:
+            return self._dense(x, rope[0], rope[1], mask), None, None
+        x = self._attend(x, rope, mask)
+        m, aux, counts = self.mlp(self.pre_mlp_layernorm(x))
+        return x + self._drop(m), aux, counts
 
 
 class TransformerBlock(nn.Cell):
@@ -189,7 +194,7 @@ class GPTModel(nn.Cell):
     def head_loss(self, h, labels, weights):
         """``Σ wᵢ·CE(lm_head(h)ᵢ, labelsᵢ)`` over the tokens of ``h (B, S, H)``; ``labels``/``weights``
         (host arrays or tensors, ``(B, S)``) come from `loss_weights`. Without TP the head and the
-        loss are one `kernels.HeadCrossEntropyFn` (the logits' gradient is never materialised); under
+        loss are one `kernels.HeadCrossEntropyFn` (``softmax − one-hot`` is never built); under
         TP the logits are this rank's vocabulary block and the CE is vocab-parallel."""
         lab = np.maximum(_np(labels).reshape(-1), 0).astype(np.int32)  # ignored labels carry weight 0
         w = Tensor(np.ascontiguousarray(_np(weights), np.float32).reshape(-1))
@@ -237,7 +242,7 @@ class GPTModel(nn.Cell):
 
     def jit_blocks(self) -> None:
         """Compile every transformer layer with ``mindspore.jit`` (`TransformerLayer.compile`): dense layers
-        whole, MoE layers' attention only. Forward and gradients unchanged; on CPU a dense layer's
+        whole, MoE layers (and layers with dropout) their attention only. Forward and gradients unchanged; on CPU a dense layer's
         forward+backward is ~1.6× faster than op-by-op PyNative (bench/train_step.py)."""
         for layer in self.transformer_layers():
             layer.compile()

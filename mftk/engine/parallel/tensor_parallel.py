@@ -146,7 +146,8 @@ class VocabParallelCrossEntropy(nn.Cell):
 
 
 def vocab_parallel_masked_mean_ce(logits_local, labels, loss_mask, ce: VocabParallelCrossEntropy, eps: float = 1e-8):
-    """Masked-mean CE like `layers.loss.masked_mean_ce`, with vocab-parallel logits ``(B, S, V/tp)``."""
+    """Masked-mean CE like `layers.loss.masked_mean_ce`, with vocab-parallel logits ``(B, S, V/tp)`` — the
+    plain form of what `GPTModel.head_loss` computes under TP (the TP parity jobs check the parts with it)."""
     labels = labels.reshape(-1)
     m = loss_mask.reshape(-1).astype(logits_local.dtype) * (labels != -100).astype(logits_local.dtype)
     tok = ce(logits_local.reshape(-1, logits_local.shape[-1]), labels)
