@@ -1,7 +1,7 @@
 """Causal self-attention with GQA and qk-norm (Qwen3; models.md §2.8–2.9), CPU-safe ops only.
 
-Core attention is explicit: ``softmax(scale·q·kᵀ + bias) · v`` with a hand-written backward
-(`kernels.CoreAttentionFn`). Masked logits get a finite −1e9 bias so a fully masked row (a sequence
+Core attention is explicit: ``softmax(scale·q·kᵀ, masked) · v`` with a hand-written backward
+(`kernels.CoreAttentionFn`). Masked logits are set to a finite −1e9 so a fully masked row (a sequence
 starting with the pad token) yields a uniform row instead of NaN.
 
 `CoreAttention` is the cell the reference names ``core_attention``: with ``track_max_logits`` it keeps
@@ -34,13 +34,15 @@ def core_attention(q, k, v, mask, scale: float, max_logits=None, fn=None):
     GQA without copying kv: query heads of one group are stacked along the row axis, so query head
     h uses kv head ⌊h/r⌋ (group-major, as the reference and HF). The mask is tiled to the scores'
     shape (broadcasting is the slow path on CPU) and the softmax runs in `kernels.CoreAttentionFn`
-    (``fn``; one is made when omitted). ``max_logits``: an ``(nh,)`` Parameter raised in place to the per-head max of the masked scaled logits (no gradient flows).
+    (``fn``; one is made when omitted). ``max_logits``: an ``(nh,)`` Parameter raised in place to the
+    per-head max of the masked scaled logits (no gradient flows).
     """
     b, nh, s, _ = q.shape
     ng, sk = k.shape[1], k.shape[2]  # sk > s under context parallel: keys of the whole sequence
     r = nh // ng
     qg = q.reshape(b, ng, r * s, q.shape[-1])  # (B, ng, r·S, d)
-    full = ops.tile(mask.reshape(mask.shape[0], 1, 1, s, sk), (b // mask.shape[0], ng, r, 1, 1)).reshape(b, ng, r * s, sk)
+    full = ops.tile(mask.reshape(mask.shape[0], 1, 1, s, sk), (b // mask.shape[0], ng, r, 1, 1))
+    full = full.reshape(b, ng, r * s, sk)  # the scores' own shape
     if max_logits is not None:  # head h = g·r + i; masked logits (−1e9) never win against a real one
         scores = ops.stop_gradient(ops.masked_fill(mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale, full, MASKED))
         ops.assign(max_logits, ops.maximum(max_logits, scores.reshape(b, ng, r, s, sk).max(axis=(0, 3, 4)).reshape(nh)))

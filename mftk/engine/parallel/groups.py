@@ -51,6 +51,21 @@ class AxisGroup:
         return len(self.ranks) == 1
 
 
+class StagePosition:
+    """``is_first``/``is_last`` of a pipeline stage, for classes holding ``stage`` and ``pp``."""
+
+    stage: int
+    pp: int
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.pp - 1
+
+
 def _mesh_shape(layout: Layout) -> tuple[int, ...]:
     return (layout.pp, layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp)
 

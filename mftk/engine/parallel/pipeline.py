@@ -19,7 +19,7 @@ from mindspore import Tensor, ops
 from mindspore.mint import distributed as dist
 
 from mftk.engine.parallel import comm
-from mftk.engine.parallel.groups import AxisGroup
+from mftk.engine.parallel.groups import AxisGroup, StagePosition
 
 Action = tuple[str, int]  # ("F" | "B", micro-batch index)
 
@@ -50,7 +50,7 @@ def make_schedule(name: str, num_micro: int, pp: int, stage: int) -> list[Action
     raise ValueError(f"unsupported pipeline schedule {name!r} (gpipe, 1f1b)")
 
 
-class PipelineStage:
+class PipelineStage(StagePosition):
     """Runs one stage's part of a schedule; `step` returns (last-stage losses, summed weight grads)."""
 
     def __init__(self, fn: Callable[..., Any], params: Sequence[ms.Parameter], group: AxisGroup, *,
@@ -58,14 +58,6 @@ class PipelineStage:
         self.fn, self.params, self.group = fn, list(params), group
         self.act_shape, self.act_dtype = tuple(act_shape), act_dtype
         self.stage, self.pp = group.rank, group.size
-
-    @property
-    def is_first(self) -> bool:
-        return self.stage == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.stage == self.pp - 1
 
     def step(self, micro_inputs: Sequence[tuple], schedule: Sequence[Action]) -> tuple[list[float], list[Tensor]]:
         """`micro_inputs[i]`: (x, *extra) on the first stage, (*extra,) elsewhere (e.g. labels on the last)."""

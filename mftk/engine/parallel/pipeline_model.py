@@ -19,6 +19,7 @@ import numpy as np
 from mindspore import Tensor
 
 from mftk.engine.models.gpt import loss_weights
+from mftk.engine.parallel.groups import StagePosition
 
 
 def stage_layers_of(config: Any) -> list[list[int]]:
@@ -87,7 +88,7 @@ class PipelineTable:
         return model, opt
 
 
-class StageModel:
+class StageModel(StagePosition):
     """This rank's stage: freezes other stages' parameters and provides the `PipelineStage` function."""
 
     def __init__(self, model: Any, layers: list[list[int]], stage: int) -> None:
@@ -99,14 +100,6 @@ class StageModel:
         for p in model.get_parameters():
             if stage_of_name(p.name, layers) != stage and p.requires_grad:
                 p.requires_grad = False
-
-    @property
-    def is_first(self) -> bool:
-        return self.stage == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.stage == self.pp - 1
 
     def owns(self, name: str) -> bool:
         return stage_of_name(name, self.layers) == self.stage
