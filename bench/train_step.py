@@ -12,7 +12,10 @@ sensitive than wall time to other load on a shared machine. Variants:
 - ``mftk``            mftk's real step, ``Trainer.train_step``: value_and_grad → fp32 flat gradient buffer →
   global norm → clip → chunked, threaded numpy AdamW over fp32 masters → weights (phase times printed
   below); with its defaults (here: every dense layer compiled whole by ``GPTModel.jit_blocks``, see
-  ``trainer.auto_jit_blocks``; the hand-written backward kernels of ``layers/kernels.py`` in both);
+  ``trainer.auto_jit_blocks``; the step dispatched from an idle-class thread, ``trainer.auto_low_priority_dispatch``;
+  the hand-written backward kernels of ``layers/kernels.py`` in all mftk variants);
+- ``mftk_spin``       the same with ``Trainer(low_priority_dispatch=False)``: the step dispatched from the calling
+  thread at normal priority, whose busy-wait (and MindSpore's relay thread's) competes with the kernels;
 - ``mftk_eager``      the same with ``Trainer(jit_blocks=False)`` (every op in PyNative);
 - ``ms_default``      MindSpore PyNative, default async dispatch;
 - ``ms_blocking``     + ``mindspore.runtime.launch_blocking()`` (mftk's default on CPU);
@@ -36,7 +39,7 @@ import time
 
 ARCH = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
             num_key_value_heads=8, head_dim=64, rope_theta=1e6, tie_word_embeddings=True)
-VARIANTS = ("torch_fp32", "torch_bf16", "mftk", "mftk_eager", "ms_default", "ms_blocking", "ms_ops_ce",
+VARIANTS = ("torch_fp32", "torch_bf16", "mftk", "mftk_spin", "mftk_eager", "ms_default", "ms_blocking", "ms_ops_ce",
             "ms_jit_blocks")
 LR, WD, CLIP = 1e-4, 0.1, 1.0
 
@@ -211,7 +214,8 @@ def run_mftk(args, variant: str) -> dict:
                       batch_schedule=BatchSchedule(args.batch, args.batch), total_steps=10 ** 9, max_norm=CLIP,
                       nan_policy=NanPolicy(skip=False, max_consecutive=0),
                       columns=("input_ids", "labels", "loss_mask"),
-                      jit_blocks=False if variant == "mftk_eager" else None)
+                      jit_blocks=False if variant == "mftk_eager" else None,
+                      low_priority_dispatch=False if variant == "mftk_spin" else None)
     state, phases = TrainState(), []
 
     def step() -> float:

@@ -64,6 +64,10 @@ class TrainingConfig:
         None, "Dynamic batch: [start_gbs, increment, rampup_samples].")
     use_skip_step_on_nan: bool = field(False, "Skip the update of a step whose loss or grad norm is not finite.")
     max_consecutive_skipped_steps: int = field(10, "Stop when this many steps in a row were skipped for NaN.")
+    low_priority_dispatch: Optional[bool] = field(
+        None, "mftk: dispatch the step from a SCHED_IDLE thread so MindSpore's busy-waiting leaves the cores to "
+        "its kernels (1.13-1.19x on CPU). null: on for one-process CPU runs of models with >= 10M parameters; "
+        "false on a machine whose cores other busy processes share.")
 
 
 @section

@@ -450,7 +450,8 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
         flops_per_sample=flops_per_step(cfg_model, global_batch_size=1) / layout.world, columns=_columns(config),
         nan_policy=nan_policy_from(config), monitor=monitor if monitor.enabled else None,
         stop=stop, epoch_micro_batches=len(loader), show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
-        seq_length=int(getattr(cfg_model, "seq_length", 0) or 0), dist=dist)
+        seq_length=int(getattr(cfg_model, "seq_length", 0) or 0), dist=dist,
+        low_priority_dispatch=tr.low_priority_dispatch)
     trainer.micro_batches_read = start_batch + (state.epoch * len(loader) if len(loader) else 0)
     start_step = state.global_step
     if start_step >= tr.steps:

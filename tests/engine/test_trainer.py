@@ -268,3 +268,22 @@ def test_deepseek_v3_trains_with_moe_and_mtp(corpus, tmp_path):
     model = load_file(tmp_path / "c" / "iteration_00000003" / "checkpoint-model-0000000-0000001.safetensors")
     bias = [k for k in model if k.endswith("expert_bias")]
     assert bias and any(np.abs(model[k]).sum() > 0 for k in bias)  # the expert-bias update ran
+
+
+@pytest.mark.parametrize("override, want", [(None, False), ("training.low_priority_dispatch=true", True)])
+def test_low_priority_dispatch_key_reaches_the_trainer(corpus, tmp_path, monkeypatch, override, want):
+    """null (auto) stays off for the tiny model; ``true`` forces the idle-class dispatch thread. The
+    dispatcher is recorded, then run inline, so this test process's threads keep their priority."""
+    from mftk.engine import dispatch
+
+    seen = []
+    real_init = dispatch.Dispatcher.__init__
+
+    def record(self, low_priority):
+        seen.append(low_priority)
+        real_init(self, False)
+
+    monkeypatch.setattr(dispatch.Dispatcher, "__init__", record)
+    raw = tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "c", steps=1, gbs=1)
+    r = run(raw, tmp_path, "d", *([override] if override else []))
+    assert r.final_step == 1 and seen == [want]

@@ -102,22 +102,23 @@ class CoreAttentionFn(nn.Cell):
     Masked logits are exactly −1e9 (a fully masked row is uniform) and get no gradient.
 
     Returns ``(out, probs)``: the probabilities ride along as a second output only so the backward
-    gets them without recomputing ``q·kᵀ`` and the softmax (callers ignore it; its gradient is zero)."""
+    gets them without recomputing ``q·kᵀ`` and the softmax (callers ignore it; its gradient is zero).
+    The scale multiplies ``q`` and the ``(…, d)``-sized gradients, not the 8× larger score matrices."""
 
     def __init__(self, scale: float, masked_value: float = -1e9) -> None:
         super().__init__()
         self.scale, self.masked_value = float(scale), float(masked_value)
 
     def construct(self, q, k, v, mask):
-        p = _softmax(_masked_fill(_bmm_nt(q, k) * self.scale, mask, self.masked_value))
+        p = _softmax(_masked_fill(_bmm_nt(q * self.scale, k), mask, self.masked_value))
         return _bmm(p, v), p
 
     def bprop(self, q, k, v, mask, out, dout):
         p, dout = out[1], dout[0]
         dp = _bmm_nt(dout, v)
         c = _rowsum(dp * p)
-        ds = _masked_fill((dp - _tile(c, (1, 1, 1, p.shape[-1]))) * p, mask, 0.0) * self.scale
-        return _bmm(ds, k), _bmm_tn(ds, q), _bmm_tn(p, dout), ops.zeros_like(mask)
+        ds = _masked_fill((dp - _tile(c, (1, 1, 1, p.shape[-1]))) * p, mask, 0.0)
+        return _bmm(ds, k) * self.scale, _bmm_tn(ds, q) * self.scale, _bmm_tn(p, dout), ops.zeros_like(mask)
 
 
 class SiluMulFn(nn.Cell):
