@@ -119,6 +119,8 @@ class Assumptions:
 # - retained: the model build alone raises RSS by ~2.5× the weights (init arrays, replaced tensors stay
 #   in glibc/MindSpore pools); the layer and vocab sweeps give the per-param slope above 28 B;
 # - activations, scores, logits: slopes of the batch, seq and vocab sweeps over the inventory's bytes;
+#   logits_copies re-measured on the --quick points after the LM-head loss began keeping P instead of
+#   log P (2.8 → 1.6); the other slopes predate the backward kernels (full grid now 0.79–1.33);
 # - overhead: a 1-layer hidden-16 model (MindSpore's kernels, pools and autograd graph at first step).
 # Several workers (`--multi` grid: dp2, fsdp2, tp2 over 1/4/8 layers, dsv3 ep2), from the code of
 # engine/distributed.py and parallel/data_parallel.py, each term checked against the layer sweep's slope:
@@ -134,7 +136,7 @@ class Assumptions:
 MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=5.0, overhead_bytes=27 * 2 ** 20,
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=4.0,
                        retained_bytes_per_param=2.5, activation_factor=1.7,
-                       mla_activation_factor=5.5, logits_copies=2.8, fsdp_keeps_full=True, grad_sync_copies=1.0,
+                       mla_activation_factor=5.5, logits_copies=1.6, fsdp_keeps_full=True, grad_sync_copies=1.0,
                        dist_norm_bytes=16.0, cut_build_bytes=10.0, name="mftk-cpu")
 PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
 

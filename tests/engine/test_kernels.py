@@ -138,6 +138,25 @@ def test_fused_head_loss_gradient_matches_finite_differences(rng, gradcheck):
     gradcheck(lambda: fused(hp, wp, safe, w)[0], [hp, wp], rng)
 
 
+def test_fused_head_loss_is_exact_where_the_label_probability_underflows():
+    """A label logit 150 below the row's best: P[y] is 0 in float32, so −log P[y] would be inf; the
+    kernel must give the exact logsumexp(z) − z[y] (float64 reference). A weight-0 token with the
+    same underflow adds exactly 0 (not inf·0 = NaN)."""
+    v, hdim = 6, 3
+    hid = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]], np.float32)
+    weight = np.zeros((v, hdim), np.float32)
+    weight[0, 0], weight[1, 1], weight[2, 2] = 150.0, 150.0, 0.5
+    labels = np.array([3, 4, 2, 5], np.int32)  # rows 0, 1: label logit 0 vs best 150 -> P[y] = exp(-150) = 0
+    wts = np.array([0.25, 0.0, 0.5, 0.25], np.float32)  # row 1 (underflowing) has weight 0
+    z = hid.astype(np.float64) @ weight.T.astype(np.float64)
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    ce = lse - z[np.arange(4), labels]
+    assert ce[0] > 140  # the case really underflows in float32
+    loss, p = HeadCrossEntropyFn()(Tensor(hid), Tensor(weight), Tensor(labels), Tensor(wts))
+    assert float(p.asnumpy()[0, 3]) == 0.0
+    assert float(loss.asnumpy()) == pytest.approx(float((ce * wts).sum()), rel=1e-6)
+
+
 def test_loss_weights_are_the_masked_mean_and_nan_without_targets():
     w = loss_weights(np.array([[1, 1, 0, 1]], np.float32), np.array([[3, -100, 2, 1]]))
     np.testing.assert_allclose(w, [[0.5, 0.0, 0.0, 0.5]])

@@ -158,7 +158,7 @@ def test_cpu_profile_terms_by_hand():
     assert "grad-norm scratch" not in [t.name for t in st.terms]    # float32 dot on views: no copy
     # inventory 360 B/token/layer of which scores 2·2·8·4 = 128: scaled 1.7·232 + 5 copies·64 = 714.4
     assert st.term("activations").value == pytest.approx(8 * 2 * (1.7 * 232 + 5 * 64))
-    assert st.term("logits + loss").value == pytest.approx(8 * ((2 * 4 * 4 + 1.8 * 4 * 10) + 4 * 10))
+    assert st.term("logits + loss").value == pytest.approx(8 * ((2 * 4 * 4 + 0.6 * 4 * 10) + 4 * 10))
     assert st.term("overhead").value == 27 * 2 ** 20
     blocked = attrs.evolve(MFTK_CPU, norm_scratch_bytes=8.0)        # a profile declaring a norm block
     assert estimate(Layout(world=1), inputs(tiny_qwen3()), blocked).stages[0].term("grad-norm scratch").value == 376 * 8
