@@ -66,7 +66,7 @@ class TrainingConfig:
     max_consecutive_skipped_steps: int = field(10, "Stop when this many steps in a row were skipped for NaN.")
     low_priority_dispatch: Optional[bool] = field(
         None, "mftk: dispatch the step from a SCHED_IDLE thread so MindSpore's busy-waiting leaves the cores to "
-        "its kernels (1.13-1.19x on CPU). null: on for one-process CPU runs of models with >= 10M parameters; "
+        "its kernels (1.06-1.19x on CPU). null: on for one-process CPU runs of models with >= 10M parameters; "
         "false on a machine whose cores other busy processes share.")
 
 

@@ -5,7 +5,7 @@ threads busy-wait for them: the Python thread that dispatched the op and MindSpo
 relay (both spin in ``sched_yield``). On the 2-core machines this project targets the spinners took
 ~0.75 CPU-s of every 1.8 s step of bench/train_step.py from the GEMMs, which then ran at half speed.
 Moving both spinners to the ``SCHED_IDLE`` class gives the cores to the kernel threads whenever they
-have work, and to the spinners only when a core is free: 1.13–1.19× faster steps (same bench, variant
+have work, and to the spinners only when a core is free: 1.06–1.19× faster steps (same bench, variant
 ``mftk`` vs ``mftk_spin``).
 
 Two Linux rules shape the code. A new thread inherits its creator's scheduling class, and MindSpore

@@ -222,7 +222,7 @@ def auto_jit_blocks(model: Any, dist: Any) -> bool:
 
 
 def auto_low_priority_dispatch(model: Any, dist: Any) -> bool:
-    """Dispatch from an idle-class thread (`dispatch.Dispatcher`) when `kernel_bound` on CPU: 1.13–1.19×
+    """Dispatch from an idle-class thread (`dispatch.Dispatcher`) when `kernel_bound` on CPU: 1.06–1.19×
     faster steps on the 29 M model; a tiny model's step is dispatch-bound and gets 10–25 % slower.
     Multi-process runs keep normal priority: an idle-class thread of one worker would wait behind the
     kernels of the others."""
