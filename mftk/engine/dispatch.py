@@ -19,7 +19,6 @@ in the same process a little speed.
 from __future__ import annotations
 
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -27,11 +26,12 @@ from typing import Any, Callable, TypeVar
 T = TypeVar("T")
 
 RELAY_THREADS = ("frontend_queue",)  # MindSpore 2.10's PyNative relay (runtime/pipeline AsyncRQueue)
+IDLE_CLASS = hasattr(os, "SCHED_IDLE")  # Linux only; elsewhere the dispatcher runs everything inline
 
 
 def low_priority_applies() -> bool:
-    """Linux (``SCHED_IDLE``) and MindSpore on CPU, where the kernels and the spinners share cores."""
-    if not (sys.platform.startswith("linux") and hasattr(os, "SCHED_IDLE")):
+    """``SCHED_IDLE`` exists and MindSpore runs on CPU, where the kernels and the spinners share cores."""
+    if not IDLE_CLASS:
         return False
     import mindspore as ms
 
@@ -66,7 +66,7 @@ class Dispatcher:
     call. ``call`` blocks the caller (asleep, not spinning) and re-raises the callable's exception."""
 
     def __init__(self, low_priority: bool) -> None:
-        self.low_priority = low_priority and hasattr(os, "SCHED_IDLE")  # Linux only; elsewhere inline
+        self.low_priority = low_priority and IDLE_CLASS
         self._pool: ThreadPoolExecutor | None = None
         self.lowered: list[str] | None = None  # moved to SCHED_IDLE ("dispatch", "relay:<tid>"); None: not yet
         self._relays: list[int] = []
