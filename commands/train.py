@@ -34,14 +34,17 @@ LogDirOpt = Annotated[Optional[Path], typer.Option("--log-dir", help="Where msru
                                                    "(default: OUTPUT/msrun_log).")]
 JoinOpt = Annotated[bool, typer.Option("--join/--no-join", help="Wait for the workers (default) or start them "
                                        "and return at once.")]
+NewRunOpt = Annotated[bool, typer.Option("--new-run", help="Start at step 0 although checkpoint.save_path holds "
+                                         "checkpoints of another run (they are kept; the tracker moves to this run).")]
 
 
 def train(config: ConfigArg, overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
           nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
-          master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True) -> None:
+          master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
+          new_run: NewRunOpt = False) -> None:
     """Train a model from one YAML (validated first; a bad config never starts a run)."""
-    run_command(config, overrides, output_dir, nproc, launcher=launcher_spec(nproc, nnodes, node_rank, master_addr,
-                                                                            master_port, log_dir, join))
+    run_command(config, overrides, output_dir, nproc, new_run=new_run,
+                launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join))
 
 
 def launcher_spec(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: Optional[int],
@@ -54,7 +57,7 @@ def launcher_spec(nproc: int, nnodes: int, node_rank: int, master_addr: str, mas
 
 def run_command(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], nproc: int, *,
                 resume_from: Optional[Path] = None, weights_only: bool = False, dry_run: bool = False,
-                launcher: Any = None) -> Any:
+                launcher: Any = None, new_run: bool = False) -> Any:
     """Shared by `train` and `resume`: load + validate, attach the console log, run, render the result."""
     from mftk.config.load import load_config
 
@@ -64,7 +67,8 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
 
     check_supported_layout(loaded, world)  # before any worker starts: PP/CP and unsupported TP/EP layouts exit 1
     if world > 1 and not dry_run:
-        return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only)
+        _check_save_path(loaded.config, resume_from, weights_only, new_run)  # before any worker starts
+        return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run)
     import logging
 
     from mftk.engine.run import mf_console_handler, train as run_train
@@ -74,7 +78,7 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     logger.addHandler(handler)
     display = LiveDisplay()
     try:
-        result = run_train(loaded, output_dir=output_dir or Path("output"), sinks=[display],
+        result = run_train(loaded, output_dir=output_dir or Path("output"), sinks=[display], new_run=new_run,
                            resume_from=resume_from, weights_only=weights_only, dry_run=dry_run, world_size=world)
     finally:
         display.close()
@@ -83,8 +87,23 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     return result
 
 
+def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: bool, new_run: bool) -> None:
+    """The checkpoint-folder guard of `mftk.ckpt.guard`, from the resume source's location alone."""
+    from mftk.ckpt.guard import check_save_path
+    from mftk.ckpt.layout import locate
+
+    ck = config.checkpoint
+    if not ck.enable_save:
+        return
+    source = resume_from or ck.load_path
+    located = locate(source) if source else None
+    check_save_path(ck.save_path, resume_dir=located.step_dir if located else None, new_run=new_run,
+                    weights_only=weights_only or ck.no_load_optim or (located is not None and located.kind == "hf"),
+                    total_steps=config.training.steps)
+
+
 def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
-                     resume_from: Optional[Path], weights_only: bool) -> Any:
+                     resume_from: Optional[Path], weights_only: bool, new_run: bool = False) -> Any:
     """msrun with ``launcher.nproc`` workers here; rank 0's log lines are echoed to stdout as they come."""
     from mftk.engine.run import train_distributed
 
@@ -97,7 +116,7 @@ def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: O
     try:
         result = train_distributed(config, overrides=overrides or [], output_dir=output_dir or Path("output"),
                                    spec=launcher, resume_from=resume_from, weights_only=weights_only,
-                                   on_log_line=echo, sinks=[display])
+                                   on_log_line=echo, sinks=[display], new_run=new_run)
     finally:
         display.close()
     render(result)

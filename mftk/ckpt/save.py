@@ -5,7 +5,8 @@ Order (a kill at any point leaves the previous checkpoint as the latest valid on
 2. ``write_rank_files`` (every rank): model/opt safetensors and the extra-state JSON, each fsynced.
 3. ``finalize_save`` (rank 0, after a barrier): ``common.json``, ``metadata.json``; check every rank's
    files are there; fsync the dir; rename it to ``iteration_XXXXXXXX``; fsync the root; only then
-   replace the tracker atomically; then apply ``save_max`` over every iteration dir on disk.
+   replace the tracker atomically.
+4. `Retention` (rank 0): ``save_max`` over the dirs *this run* saved; another run's are never touched.
 Any OSError (disk full, permissions) removes the temp dir and raises ``CheckpointError``;
 unlike the reference, a failed save is never swallowed. ``save_checkpoint`` does all three
 for a single process.
@@ -25,8 +26,8 @@ import numpy as np  # noqa: F401 - in the Tensors alias
 
 from mftk.ckpt import extra_state, safetensors_io
 from mftk.ckpt.common import CommonInfo
-from mftk.ckpt.layout import (COMMON, METADATA, TMP_PREFIX, TRACKER, iteration_dir_name, iteration_dirs,
-                              read_tracker, scan_step_dir, shard_file_name, state_file_name)
+from mftk.ckpt.layout import (COMMON, METADATA, TMP_PREFIX, TRACKER, iteration_dir_name, read_tracker, scan_step_dir,
+                              shard_file_name, state_file_name)
 from mftk.ckpt.safetensors_io import Bf16
 from mftk.errors import CheckpointError
 
@@ -40,7 +41,6 @@ class SavedCheckpoint:
     path: str
     files: tuple[str, ...]
     bytes: int
-    removed: tuple[str, ...] = ()  # iteration dirs deleted by save_max
     seconds: float = 0.0
 
 
@@ -80,9 +80,8 @@ def write_rank_files(tmp_dir: str | os.PathLike, *, rank: int, world: int, step:
 
 
 def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, world: int = 1,
-                  optimizer_saved: bool = True, metadata: dict[str, Any] | None = None,
-                  save_max: int | None = 5) -> SavedCheckpoint:
-    """Rank 0, after every rank wrote: publish the dir, then the tracker, then prune.
+                  optimizer_saved: bool = True, metadata: dict[str, Any] | None = None) -> SavedCheckpoint:
+    """Rank 0, after every rank wrote: publish the dir, then the tracker (pruning is `Retention`'s).
 
     ``metadata`` (world > 1) comes from :func:`mftk.ckpt.metadata.build_metadata`.
     """
@@ -104,9 +103,8 @@ def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, wor
     except BaseException:
         abort_save(root, step)
         raise
-    removed = apply_retention(root, save_max, keep={step})
     files = tuple(sorted(f.name for f in final.iterdir()))
-    return SavedCheckpoint(step=step, path=str(final), files=files, bytes=total, removed=tuple(removed))
+    return SavedCheckpoint(step=step, path=str(final), files=files, bytes=total)
 
 
 def abort_save(root: str | os.PathLike, step: int) -> None:
@@ -116,7 +114,7 @@ def abort_save(root: str | os.PathLike, step: int) -> None:
 
 def save_checkpoint(root: str | os.PathLike, *, step: int, common: CommonInfo, model: Tensors,
                     optimizer: Tensors | None = None, extra: dict[str, Any] | None = None,
-                    prefix: str | None = "checkpoint", save_max: int | None = 5) -> SavedCheckpoint:
+                    prefix: str | None = "checkpoint") -> SavedCheckpoint:
     """Single process (world 1): the whole save. ``optimizer=None`` is ``no_save_optim``."""
     t0 = time.perf_counter()
     tmp = begin_save(root, step)
@@ -125,7 +123,7 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, common: CommonInfo, m
     except BaseException:
         abort_save(root, step)
         raise
-    saved = finalize_save(root, step, common=common, world=1, optimizer_saved=optimizer is not None, save_max=save_max)
+    saved = finalize_save(root, step, common=common, world=1, optimizer_saved=optimizer is not None)
     return attrs.evolve(saved, seconds=time.perf_counter() - t0)
 
 
@@ -139,32 +137,45 @@ def write_tracker(root: str | os.PathLike, step: int) -> None:
         _fsync_dir(root)
 
 
-def apply_retention(root: str | os.PathLike, save_max: int | None, keep: set[int] = frozenset()) -> list[str]:
-    """Keep the newest ``save_max`` iteration dirs on disk (from any run) plus ``keep`` and the tracker's.
+@attrs.define
+class Retention:
+    """``save_max`` as the reference applies it: over the iteration dirs saved by *this run*, oldest first.
 
-    ``save_max`` None or <= 0 keeps everything (the reference deletes every checkpoint right
-    after writing it when ``save_max <= 0``). A dir is renamed to a hidden name before it is
-    deleted, so a kill mid-delete never leaves a half-deleted dir that looks complete.
+    Dirs that were already under ``save_path`` when the run started (an earlier run's, or the one this
+    run resumed from) are never removed, so pointing a new run at an old folder loses nothing. The
+    dir just written and the tracker's are always kept. ``save_max`` None or <= 0 keeps everything
+    (the reference deletes the checkpoint it just wrote when ``save_max <= 0``). A dir is renamed to a
+    hidden name before it is deleted, so a kill mid-delete never leaves a half-deleted dir that looks
+    complete; a dir that disappeared meanwhile is forgotten (the reference then stops pruning for good).
     """
-    if not save_max or save_max <= 0:
-        return []
-    dirs = iteration_dirs(root)
-    protected = set(keep)
-    try:
-        if (t := read_tracker(root)) is not None:
-            protected.add(t)
-    except CheckpointError:
-        pass
-    removable = [s for s in dirs if s not in protected]
-    excess = len(dirs) - save_max
-    removed = []
-    for step in removable[:max(0, excess)]:
-        doomed = Path(root) / f"{TMP_PREFIX}deleting-{dirs[step].name}"
-        with _as_checkpoint_error(dirs[step], "remove old checkpoint"):
-            os.rename(dirs[step], doomed)
-            shutil.rmtree(doomed)
-        removed.append(str(dirs[step]))
-    return removed
+
+    root: str
+    save_max: int | None
+    saved: list[int] = attrs.field(factory=list)  # steps this run published, oldest first
+
+    def record(self, step: int) -> list[str]:
+        """Note that ``step`` was just published; remove this run's oldest dirs beyond ``save_max``."""
+        if step in self.saved:
+            self.saved.remove(step)
+        self.saved.append(step)
+        if not self.save_max or self.save_max <= 0:
+            return []
+        try:
+            tracked = read_tracker(self.root)
+        except CheckpointError:
+            tracked = None
+        removed = []
+        for victim in [s for s in self.saved if s not in (step, tracked)][:max(0, len(self.saved) - self.save_max)]:
+            self.saved.remove(victim)
+            path = Path(self.root) / iteration_dir_name(victim)
+            if not path.is_dir():
+                continue
+            doomed = Path(self.root) / f"{TMP_PREFIX}deleting-{path.name}"
+            with _as_checkpoint_error(path, "remove old checkpoint"):
+                os.rename(path, doomed)
+                shutil.rmtree(doomed)
+            removed.append(str(path))
+        return removed
 
 
 def _check_complete(tmp: Path, world: int, optimizer_saved: bool) -> None:

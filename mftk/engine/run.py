@@ -123,10 +123,11 @@ class _StepLogSink(BaseSink):
 # --------------------------------------------------------------------------------------- entry point
 def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (),
           resume_from: str | os.PathLike | None = None, weights_only: bool = False, dry_run: bool = False,
-          world_size: int = 1, install_signals: bool = True, stop: Any = None) -> TrainResult:
+          world_size: int = 1, install_signals: bool = True, stop: Any = None, new_run: bool = False) -> TrainResult:
     """Train (or resume) on one process as the config says; returns what happened.
 
-    ``resume_from`` overrides ``checkpoint.load_path``; ``weights_only`` is ``no_load_optim``.
+    ``resume_from`` overrides ``checkpoint.load_path``; ``weights_only`` is ``no_load_optim``; ``new_run``
+    allows a run that starts at step 0 in a ``save_path`` holding checkpoints (`mftk.ckpt.guard`).
     ``dry_run`` decides the resume plan (or checks the start) and returns without training.
     """
     config = loaded.config
@@ -147,7 +148,7 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
         phases.append(("process setup", time.perf_counter() - t))
         return _run(loaded, ms, out_dir=out_dir, log_dir=log_dir, sinks=list(sinks), own_sinks=own_sinks,
                     phases=phases, resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
-                    install_signals=install_signals, stop=stop, layout=layout)
+                    install_signals=install_signals, stop=stop, layout=layout, new_run=new_run)
     finally:
         for s in own_sinks:
             s.close()
@@ -258,7 +259,7 @@ def _line(loaded: Any, path: str) -> int | None:
 
 
 def train_worker(config: str, overrides: list[str], output_dir: str, resume_from: str | None = None,
-                 weights_only: bool = False) -> dict[str, Any]:
+                 weights_only: bool = False, new_run: bool = False) -> dict[str, Any]:
     """The msrun worker body (`launch.worker_main` calls it after ``communication.init()``).
 
     Loads the config for this job's world size, logs to stdout (msrun's ``worker_<rank>.log``; the
@@ -276,7 +277,7 @@ def train_worker(config: str, overrides: list[str], output_dir: str, resume_from
     log.addHandler(handler)
     try:
         result = train(loaded, output_dir=output_dir, resume_from=resume_from, weights_only=weights_only,
-                       world_size=world)
+                       world_size=world, new_run=new_run)
     finally:
         log.removeHandler(handler)
     return attrs.asdict(result)
@@ -298,7 +299,7 @@ def result_from_json(data: dict[str, Any]) -> TrainResult:
 def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (),
                       output_dir: str | os.PathLike = "output", spec: Any, resume_from: Any = None,
                       weights_only: bool = False, on_log_line: Any = None, sinks: Iterable[StepSink] = (),
-                      timeout_s: float | None = None) -> TrainResult:
+                      timeout_s: float | None = None, new_run: bool = False) -> TrainResult:
     """Run `train_worker` on every rank through msrun (`engine.launch`); rank 0's log lines go to
     ``on_log_line`` and its step lines (parsed) to ``sinks``. A failing worker raises TrainingError."""
     from mftk.engine.launch import launch
@@ -306,7 +307,8 @@ def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (
 
     out = Path(output_dir).resolve()
     payload = {"config": str(Path(config).resolve()), "overrides": list(overrides), "output_dir": str(out),
-               "resume_from": str(Path(resume_from).resolve()) if resume_from else None, "weights_only": weights_only}
+               "resume_from": str(Path(resume_from).resolve()) if resume_from else None, "weights_only": weights_only,
+               "new_run": new_run}
     sinks = list(sinks)
 
     def on_line(line: str) -> None:
@@ -334,7 +336,7 @@ def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (
 
 def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own_sinks: list, phases: list,
          resume_from: Any, weights_only: bool, dry_run: bool, install_signals: bool,
-         stop: Any, layout: Any) -> TrainResult:
+         stop: Any, layout: Any, new_run: bool = False) -> TrainResult:
     from mftk.engine import trainer as T
     from mftk.engine.state import TrainState, extra_state, restore_rng
 
@@ -360,6 +362,14 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
         plan = plan_resume(config, load_path, weights_only=weights_only, model=model, world=layout.world)
         for n in plan.notes:
             log.info(n)
+    if ck.enable_save:
+        from mftk.ckpt.guard import check_save_path
+
+        for n in check_save_path(ck.save_path, resume_dir=plan.step_dir if plan else None,
+                                 weights_only=plan is not None and plan.scenario == 2, new_run=new_run,
+                                 total_steps=tr.steps):
+            log.warning(n)
+            notes.append(n)
     if dry_run:
         return TrainResult(start_step=plan.start_step if plan else 0, final_step=plan.start_step if plan else 0,
                            total_steps=tr.steps, consumed_samples=plan.consumed_samples if plan else 0, losses=(),
@@ -424,7 +434,9 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
     if ck.enable_save:
         checkpointer = T.Checkpointer(root=os.path.realpath(ck.save_path), interval=ck.save_interleaved_steps,
                                       save_max=ck.save_max, prefix=ck.prefix, save_optim=not ck.no_save_optim,
-                                      async_save=ck.async_save, dist=dist)
+                                      async_save=ck.async_save, dist=dist, start_step=state.global_step)
+        log.info("Checkpoints will be saved every %d steps starting from step %d, first save at step %d.",
+                 ck.save_interleaved_steps, state.global_step, state.global_step + ck.save_interleaved_steps)
         if plan is not None and plan.scenario != 2 and Path(plan.step_dir).parent == Path(checkpointer.root):
             checkpointer.last_saved_step = state.global_step  # that step is already on disk
     monitor, monitor_sinks = build_monitors(loaded, rank=_rank() if layout.world > 1 else 0, world=layout.world,

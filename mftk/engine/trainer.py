@@ -98,17 +98,24 @@ class Checkpointer:
     root: str
     interval: int
     save_max: int = 5
+    start_step: int = 0  # the reference counts save_interleaved_steps from the step a run starts (or resumes) at
     prefix: str | None = "checkpoint"
     save_optim: bool = True
     async_save: bool = False
     dist: Any = None  # distributed.DistContext: every rank writes its files, rank 0 publishes
     last_saved_step: int | None = None
     last_path: str = ""
+    _retention: Any = None
     _thread: threading.Thread | None = None
     _error: BaseException | None = None
 
+    def __attrs_post_init__(self) -> None:
+        from mftk.ckpt.save import Retention
+
+        self._retention = Retention(self.root, self.save_max)
+
     def due(self, step: int) -> bool:
-        return step > 0 and step % self.interval == 0
+        return step > self.start_step and (step - self.start_step) % self.interval == 0
 
     def save(self, step: int, payload: dict[str, Any], sink: StepSink) -> None:
         self.wait()
@@ -143,12 +150,13 @@ class Checkpointer:
             if self.dist is not None:
                 saved = self._write_distributed(step, payload)
             else:
-                saved = save_checkpoint(self.root, step=step, prefix=self.prefix, save_max=self.save_max, **payload)
+                saved = save_checkpoint(self.root, step=step, prefix=self.prefix, **payload)
+            removed = self._retention.record(step) if self.dist is None or self.dist.rank == 0 else []
         except CheckpointError as exc:
             raise TrainingError(message=f"checkpoint save at step {step} failed: {exc.message}",
                                 hint=exc.hint or "check checkpoint.save_path", step=step) from exc
         self.last_path = saved.path
-        for old in saved.removed:
+        for old in removed:
             log.info("save_max=%d: removed the oldest checkpoint %s", self.save_max, old)
         log.info("Checkpoint saved at step %d to %s (async=%s, remove_redundancy=False) in %.2fs",
                  step, self.root, self.async_save and self.dist is None, time.perf_counter() - t0)
@@ -175,8 +183,7 @@ class Checkpointer:
             model_specs, opt_specs = d.metadata_specs(payload["model"], payload["optimizer"])
             meta = build_metadata(model_specs, opt_specs, world=d.world, prefix=self.prefix)
             saved = finalize_save(self.root, step, common=payload["common"], world=d.world,
-                                  optimizer_saved=payload["optimizer"] is not None, metadata=meta,
-                                  save_max=self.save_max)
+                                  optimizer_saved=payload["optimizer"] is not None, metadata=meta)
         d.barrier()
         if saved is None:
             path = Path(self.root) / iteration_dir_name(step)

@@ -11,7 +11,7 @@ from mftk.ckpt.common import CommonInfo
 from mftk.ckpt.layout import TRACKER, iteration_dirs, locate
 from mftk.ckpt.load import load_global, load_rank
 from mftk.ckpt.metadata import ShardedTensor, build_metadata
-from mftk.ckpt.save import (apply_retention, begin_save, finalize_save, save_checkpoint, temp_dir_for,
+from mftk.ckpt.save import (Retention, begin_save, finalize_save, save_checkpoint, temp_dir_for,
                             write_rank_files)
 from mftk.errors import CheckpointError
 
@@ -48,23 +48,47 @@ def test_layout_on_disk_and_read_back_independently(tmp_path):
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
-def test_retention_counts_every_iteration_dir_on_disk(tmp_path):
-    mf_step_dir(tmp_path, step=1)  # "an earlier run"
-    mf_step_dir(tmp_path / "x", step=2)
-    os.rename(tmp_path / "x" / "iteration_00000002", tmp_path / "iteration_00000002")
-    for s in (3, 4):
-        saved = _save(tmp_path, s, save_max=2)
-    assert list(iteration_dirs(tmp_path)) == [3, 4]
-    assert saved.removed == (str(tmp_path / "iteration_00000002"),)
-    assert _save(tmp_path, 5, save_max=None).removed == ()
-    assert apply_retention(tmp_path, 0) == [] and list(iteration_dirs(tmp_path)) == [3, 4, 5]
+def _earlier_run(root, *steps):
+    """Iteration dirs an earlier run left under ``root`` (written by hand, not through `Retention`)."""
+    for step in steps:
+        mf_step_dir(root, step=step)
+
+
+def test_retention_never_removes_another_runs_dirs(tmp_path):
+    _earlier_run(tmp_path, 1, 2, 7)
+    keep = Retention(str(tmp_path), save_max=2)
+    removed = []
+    for s in (3, 4, 5, 6):
+        _save(tmp_path, s)
+        removed += keep.record(s)
+    # this run saved 3..6 and keeps its newest two; the earlier run's 1, 2 and 7 are all still there
+    assert list(iteration_dirs(tmp_path)) == [1, 2, 5, 6, 7]
+    assert removed == [str(tmp_path / "iteration_00000003"), str(tmp_path / "iteration_00000004")]
+
+
+def test_retention_off_and_vanished_dirs(tmp_path):
+    keep = Retention(str(tmp_path), save_max=None)
+    for s in (1, 2, 3):
+        _save(tmp_path, s)
+        assert keep.record(s) == []
+    assert list(iteration_dirs(tmp_path)) == [1, 2, 3]
+    # a dir of this run that someone removed is forgotten, and pruning goes on (the reference stops for good)
+    keep = Retention(str(tmp_path), save_max=1, saved=[1, 2])
+    import shutil
+
+    shutil.rmtree(tmp_path / "iteration_00000001")
+    assert keep.record(3) == [str(tmp_path / "iteration_00000002")]
+    _save(tmp_path, 4)
+    assert keep.record(4) == [str(tmp_path / "iteration_00000003")] and keep.saved == [4]
 
 
 def test_retention_never_removes_the_tracked_dir(tmp_path):
+    keep = Retention(str(tmp_path), save_max=1)
     _save(tmp_path, 9)
-    _save(tmp_path, 1, save_max=5)  # a dir older than the tracked one
-    (tmp_path / TRACKER).write_text("1")
-    assert apply_retention(tmp_path, 1) == [str(tmp_path / "iteration_00000009")]
+    keep.record(9)
+    _save(tmp_path, 1)
+    (tmp_path / TRACKER).write_text("9")  # the tracker still names 9 (e.g. the user reset it by hand)
+    assert keep.record(1) == [] and list(iteration_dirs(tmp_path)) == [1, 9]
 
 
 def test_disk_full_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):

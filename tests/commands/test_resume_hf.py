@@ -74,7 +74,8 @@ def test_hf_dir_needs_weights_only_and_dry_run_says_so(exported, tmp_path):
     d, cfg = exported
     r = runner.invoke(app, ["resume", str(cfg), "--from", str(d / "hf"), "--output-dir", str(tmp_path / "o")])
     assert r.exit_code == 1 and "holds no optimizer state" in r.stderr and "--weights-only" in r.stderr
-    r = runner.invoke(app, ["resume", str(cfg), "--from", str(d / "hf"), "--weights-only", "--dry-run", "--json"])
+    r = runner.invoke(app, ["resume", str(cfg), "--from", str(d / "hf"), "--weights-only", "--dry-run", "--json",
+                            "--set", f"checkpoint.save_path={tmp_path / 'fresh'}"])  # d/ckpt holds the run's own
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)
     assert plan["kind"] == "hf" and plan["scenario"] == 2 and plan["start_step"] == 0

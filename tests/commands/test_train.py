@@ -69,3 +69,53 @@ def test_model_parallel_degrees_are_refused_before_launch(tmp_path, corpus):
 def test_missing_config_file(tmp_path):
     r = runner.invoke(app, ["train", str(tmp_path / "nope.yaml")])
     assert r.exit_code in (1, 2) and "nope.yaml" in r.stderr
+
+
+def _another_runs_checkpoints(save_path):
+    """iteration_* dirs and a tracker left by another run (written without mftk)."""
+    from tests.ckpt.handmade import mf_step_dir
+
+    for step in (100, 200):
+        mf_step_dir(save_path, step=step)
+    (save_path / "latest_checkpointed_iteration.txt").write_text("200")
+    return {p.name: sorted(f.name for f in p.iterdir()) for p in save_path.iterdir() if p.is_dir()}
+
+
+@pytest.mark.engine
+def test_fresh_train_over_another_runs_checkpoints_is_refused(tmp_path, corpus):
+    cfg = write_config(tmp_path, corpus, steps=2, gbs=1)
+    before = _another_runs_checkpoints(tmp_path / "ckpt")
+    r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(tmp_path / "out")])
+    assert r.exit_code == 1, r.output
+    assert "step 200" in r.stderr and "mftk resume" in r.stderr and "--new-run" in r.stderr
+    assert "Traceback" not in r.output
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "200"
+    assert {p.name: sorted(f.name for f in p.iterdir()) for p in (tmp_path / "ckpt").iterdir() if p.is_dir()} == before
+
+
+@pytest.mark.engine
+def test_new_run_with_save_max_keeps_every_dir_of_the_earlier_run(tmp_path, corpus):
+    # save_max 1 with saves at 2, 4, 6: this run keeps only its newest, the earlier run's 100 and 200 all stay
+    cfg = write_config(tmp_path, corpus, steps=6, gbs=1)
+    before = _another_runs_checkpoints(tmp_path / "ckpt")
+    r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(tmp_path / "out"), "--new-run",
+                            "--set", "checkpoint.save_max=1"])
+    assert r.exit_code == 0, r.output
+    dirs = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir())
+    assert dirs == ["iteration_00000006", "iteration_00000100", "iteration_00000200"]
+    for name, files in before.items():
+        assert sorted(f.name for f in (tmp_path / "ckpt" / name).iterdir()) == files
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "6"
+
+
+@pytest.mark.engine
+def test_new_run_refuses_when_an_existing_dir_lies_on_its_path(tmp_path, corpus):
+    from tests.ckpt.handmade import mf_step_dir
+
+    cfg = write_config(tmp_path, corpus, steps=4, gbs=1)
+    mf_step_dir(tmp_path / "ckpt", step=4)
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("4")
+    r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(tmp_path / "out"), "--new-run"])
+    assert r.exit_code == 1 and "iteration_00000004" in r.stderr and "never deletes" in r.stderr
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["iteration_00000004",
+                                                                    "latest_checkpointed_iteration.txt"]

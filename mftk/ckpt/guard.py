@@ -1,0 +1,63 @@
+"""Before a run writes into ``checkpoint.save_path``: never take over another run's checkpoints unasked.
+
+A fresh run (or a weights-only start at step 0) pointed at a folder that already holds checkpoints
+would overwrite its tracker and, step by step, its ``iteration_*`` dirs — the run the user meant to
+``mftk resume`` loses its position. So such a start is refused unless the user says ``--new-run``,
+and even then it is refused when one of the existing dirs lies on this run's path (a save would
+replace it): mftk never deletes a checkpoint it did not write. A run continuing from a checkpoint
+in the same folder is the same run going on; dirs newer than the resumed step are named in a note
+(they are replaced when the run reaches their step, as in the reference).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mftk.ckpt.layout import TRACKER, iteration_dir_name, iteration_dirs, parse_iteration_dir_name, read_tracker
+from mftk.errors import CheckpointError
+
+
+def check_save_path(save_path: str | os.PathLike, *, resume_dir: str | os.PathLike | None, weights_only: bool,
+                    new_run: bool, total_steps: int) -> list[str]:
+    """Refuse (CheckpointError) to start a run over another run's checkpoints; return notes for a continuing run.
+
+    ``resume_dir`` is the step dir the run loads (None for a fresh run); ``weights_only`` starts at step 0.
+    """
+    root = Path(save_path)
+    steps = list(iteration_dirs(root))
+    try:
+        tracked = read_tracker(root)
+    except CheckpointError:
+        tracked = None
+    if not steps and tracked is None:
+        return []
+    continuing = (resume_dir is not None and not weights_only
+                  and Path(resume_dir).resolve().parent == root.resolve())
+    if continuing:
+        resumed = parse_iteration_dir_name(Path(resume_dir).name)
+        newer = [s for s in steps if resumed is not None and s > resumed]
+        if not newer:
+            return []
+        return [f"{root} holds checkpoints newer than the resumed step {resumed}: "
+                + ", ".join(iteration_dir_name(s) for s in newer)
+                + "; each is replaced when this run saves the same step"]
+    newest = max([*steps, *([tracked] if tracked is not None else [])])
+    where = f"{iteration_dir_name(newest)}" if newest in steps else f"{TRACKER} names step {newest}"
+    if not new_run:
+        start = "a weights-only start" if resume_dir is not None else "a fresh run"
+        raise CheckpointError(
+            message=f"checkpoint.save_path {root} already holds checkpoints (newest: step {newest}, {where}); "
+                    f"{start} would begin at step 0 and overwrite its tracker",
+            path=str(root),
+            hint="continue that run with `mftk resume CONFIG`; to start a new run in the same folder pass --new-run "
+                 "(the existing iteration dirs are kept); or set checkpoint.save_path to a new directory")
+    clash = [s for s in steps if 0 < s <= total_steps]
+    if clash:
+        names = ", ".join(iteration_dir_name(s) for s in clash[:5]) + (" ..." if len(clash) > 5 else "")
+        raise CheckpointError(
+            message=f"--new-run: {root} holds {names}, which this run (steps 1..{total_steps}) could overwrite; "
+                    "mftk never deletes checkpoints it did not write",
+            path=str(root), hint="move those iteration dirs away, or set checkpoint.save_path to a new directory")
+    return [f"--new-run: starting a new run in {root}; the tracker will point at this run's checkpoints, the "
+            f"{len(steps)} existing iteration dir(s) are kept"]
+
