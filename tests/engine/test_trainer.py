@@ -287,3 +287,13 @@ def test_low_priority_dispatch_key_reaches_the_trainer(corpus, tmp_path, monkeyp
     raw = tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "c", steps=1, gbs=1)
     r = run(raw, tmp_path, "d", *([override] if override else []))
     assert r.final_step == 1 and seen == [want]
+
+
+def test_save_interval_counts_from_the_resumed_step(tmp_path):
+    """The reference's example (mindformers-2.1.md §2.3): resumed at 300 with interval 70 → 370, 440, ..."""
+    from mftk.engine.trainer import Checkpointer
+
+    resumed = Checkpointer(root=str(tmp_path), interval=70, start_step=300)
+    assert [s for s in range(290, 520) if resumed.due(s)] == [370, 440, 510]
+    fresh = Checkpointer(root=str(tmp_path), interval=70)
+    assert [s for s in range(0, 150) if fresh.due(s)] == [70, 140]
