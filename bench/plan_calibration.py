@@ -87,7 +87,7 @@ def _overrides(over: dict, world: int = 1) -> list[str]:
 
 def estimate_bytes(template: str, over: dict, world: int = 1) -> dict:
     from mftk.config.load import load_config
-    from mftk.plan.layout import Layout, layout_from_config
+    from mftk.derive import Layout, layout_from_config
     from mftk.plan.memory import MFTK_CPU, estimate
     from mftk.plan.report import plan_inputs
 
@@ -168,7 +168,7 @@ def llama3_8b_fsdp8() -> dict:
     import yaml
 
     from mftk.config.load import load_data
-    from mftk.plan.layout import Layout
+    from mftk.derive import Layout
     from mftk.plan.memory import estimate
     from mftk.plan.report import plan_inputs
 

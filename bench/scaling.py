@@ -40,7 +40,8 @@ def config(model: str, d: Path, steps: int, layout: str) -> Path:
 def run(cfg: Path, workers: int, out: Path) -> list[dict]:
     from mftk.config.load import load_config
     from mftk.engine.launch import LaunchSpec
-    from mftk.engine.run import train, train_distributed
+    from mftk.engine.run import train
+    from mftk.engine.workers import train_distributed
 
     if workers == 1:
         train(load_config(cfg), output_dir=out, install_signals=False)

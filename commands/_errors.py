@@ -9,6 +9,8 @@ from __future__ import annotations
 import traceback
 from typing import Callable
 
+from rich.markup import escape
+
 from mftk import errors as E
 from commands._render import err_console
 
@@ -24,24 +26,49 @@ EXIT_INTERRUPT = 130
 def _render_config(exc: E.ConfigError) -> None:
     n = sum(1 for p in exc.problems if p.severity == "error")
     where = f" in {exc.source}" if exc.source else ""
-    err_console.print(f"[bold red]error:[/] {exc.message or f'{n} problem(s){where}'}")
+    err_console.print(f"[bold red]error:[/] {escape(exc.message or f'{n} problem(s){where}')}")
     for p in exc.problems:
         colour = "red" if p.severity == "error" else "yellow"
-        err_console.print(f"  [{colour}]•[/] {p.render()}", markup=True, highlight=False)
+        err_console.print(f"  [{colour}]•[/] {escape(p.render())}", highlight=False)
 
 
 def _render_checkpoint(exc: E.CheckpointError) -> None:
     _render_plain(exc)
     for p in exc.problems:
-        err_console.print(f"  [red]•[/] {p}", highlight=False)
+        err_console.print(f"  [red]•[/] {escape(str(p))}", highlight=False)
 
 
 def _render_plain(exc: E.MftkError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+    for label, value in _fields(exc):
+        err_console.print(f"  {label}: {escape(str(value))}", highlight=False)
+
+
+def _fields(exc: E.MftkError) -> list[tuple[str, object]]:
+    """The error's location and comparison fields that its message does not already say."""
+    message = exc.message
+    out: list[tuple[str, object]] = []
+    path = getattr(exc, "path", "")
+    if path and path not in message:
+        out.append(("file", path))
+    line = getattr(exc, "line", None)
+    if line is not None and f":{line}" not in message and f"line {line}" not in message:
+        out.append(("line", line))
+    offset = getattr(exc, "offset", None)
+    if offset is not None and str(offset) not in message:
+        out.append(("byte offset", offset))
+    for name in ("expected", "found", "rule"):
+        value = getattr(exc, name, "")
+        if value and str(value) not in message:
+            out.append((name, value))
+    step = getattr(exc, "step", None)
+    if step is not None and f"step {step}" not in message:
+        out.append(("step", step))
+    return out
 
 
 # Ordered: the first matching row wins, so subclasses come before their bases.
-TABLE: list[tuple[type[BaseException], int, Callable]] = [
+TABLE: list[tuple[type[BaseException], int | None, Callable]] = [  # None: the error carries its exit_code
     (E.ConfigError, EXIT_INVALID, _render_config),
     (E.NotBuiltError, EXIT_USAGE, _render_plain),
     (E.InputError, EXIT_USAGE, _render_plain),
@@ -49,6 +76,7 @@ TABLE: list[tuple[type[BaseException], int, Callable]] = [
     (E.CheckpointError, EXIT_INVALID, _render_checkpoint),
     (E.PlanError, EXIT_INVALID, _render_plain),
     (E.AnomaliesFound, EXIT_ANOMALIES, _render_plain),
+    (E.SubcommandFailed, None, _render_plain),
     (E.TrainingInterrupted, EXIT_SIGNAL_SAVED, _render_plain),
     (E.TrainingError, EXIT_TRAINING, _render_plain),
     (E.MftkError, EXIT_INVALID, _render_plain),
@@ -59,7 +87,7 @@ TABLE: list[tuple[type[BaseException], int, Callable]] = [
 def exit_code_for(exc: BaseException) -> int | None:
     for exc_type, code, _ in TABLE:
         if isinstance(exc, exc_type):
-            return code
+            return code if code is not None else exc.exit_code
     return None
 
 
@@ -70,8 +98,8 @@ def handle(exc: BaseException, *, debug: bool = False) -> int | None:
             render(exc)
             hint = getattr(exc, "hint", "")
             if hint:
-                err_console.print(f"[cyan]hint:[/] {hint}", highlight=False)
+                err_console.print(f"[cyan]hint:[/] {escape(hint)}", highlight=False)
             if debug:
-                err_console.print("".join(traceback.format_exception(exc)), highlight=False)
-            return code
+                err_console.print(escape("".join(traceback.format_exception(exc))), highlight=False)
+            return code if code is not None else exc.exit_code
     return None

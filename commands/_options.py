@@ -10,7 +10,8 @@ ConfigArg = Annotated[Path, typer.Argument(help="Training YAML (MindSpore Transf
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
 SetOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--set", help="Override a config value: --set training.steps=20 (repeatable; typed by the config model)."),
+    typer.Option("--set", metavar="KEY=VALUE",
+                 help="Override a config value: --set training.steps=20 (repeatable; typed by the config model)."),
 ]
 OutputDirOpt = Annotated[Optional[Path], typer.Option("--output-dir", help="Where logs and outputs go (default: ./output).")]
 NoCheckFilesOpt = Annotated[bool, typer.Option("--no-check-files", help="Do not check that data files exist.")]

@@ -1,16 +1,17 @@
-"""The Typer application: registers every subcommand and maps library errors to exit codes.
+"""The Typer application: registers every subcommand; `MftkGroup.invoke` maps library errors to exit codes.
 
 Only typer/rich and the thin command modules are imported here; each command imports the
 library (and MindSpore, for the engine) inside its body, so `mftk --help` stays fast.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 from typing import Annotated, Optional
 
+import click
 import typer
+import typer.core
 
 from mftk import __version__
 
@@ -26,13 +27,45 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("quickstart", "quickstart", "Getting started"),
 ]
 
+class _FlagsAsFlags:
+    """Boolean flags render as flags in --help (no ``<bool>`` metavar), the help option included."""
+
+    def get_params(self, ctx):  # type: ignore[no-untyped-def]
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            if getattr(p, "is_flag", False) and getattr(p, "metavar", None) is None:
+                p.metavar = ""
+        return params
+
+
+class MftkCommand(_FlagsAsFlags, typer.core.TyperCommand):
+    pass
+
+
+class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
+    """The ``mftk`` group; its `invoke` is the one place library errors become a message and an exit code."""
+
+    def invoke(self, ctx):  # type: ignore[no-untyped-def]
+        from commands._errors import handle
+
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, SystemExit, click.exceptions.ClickException, click.exceptions.Exit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - mapped, or re-raised as the bug it is
+            code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
+            if code is None:
+                raise
+            raise typer.Exit(code) from None
+
+
 app = typer.Typer(
     name="mftk",
     help="Pretrain LLMs with MindSpore in PyNative mode: prepare data, check one YAML, train, resume, inspect.",
     rich_markup_mode="rich",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
-    add_completion=False,
+    cls=MftkGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -53,32 +86,13 @@ def _root(
     """Pretrain LLMs with MindSpore in PyNative mode: prepare data, check one YAML, train, resume, inspect."""
 
 
-def _mapped(func):
-    """Wrap a command so library errors become a message on stderr and a mapped exit code."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        from commands._errors import handle
-
-        try:
-            return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - mapped or re-raised
-            code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
-            if code is None:
-                raise
-            raise typer.Exit(code) from None
-
-    return wrapper
-
-
 def _register() -> None:
     for module_name, cli_name, panel in COMMANDS:
         module = importlib.import_module(f"commands.{module_name}")
-        func = _mapped(getattr(module, module_name))
+        func = getattr(module, module_name)
         app.command(
             name=cli_name,
+            cls=MftkCommand,
             rich_help_panel=panel,
             epilog=getattr(module, "EPILOG", None),
             context_settings=getattr(module, "CONTEXT_SETTINGS", None),
@@ -89,7 +103,7 @@ _register()
 
 
 def main() -> None:
-    """Console entry point (errors are mapped per command by `_mapped`)."""
+    """Console entry point; library errors are mapped to exit codes by `MftkGroup.invoke`."""
     app()
 
 

@@ -45,7 +45,11 @@ def plan_parallel(
             err_console.print(f"[yellow]warning:[/] {note}", highlight=False)
         _render(console, report, top)
     if check and not report.check_ok:
-        raise typer.Exit(1)
+        from mftk.errors import PlanError
+
+        raise PlanError(message=f"--check: the layout of {config} does not fit {world_size} device(s)",
+                        rule="check", hint="see the rule or memory term above; plan-parallel without --check "
+                                           "lists layouts that fit")
 
 
 def _render(console, report, top: int) -> None:

@@ -71,7 +71,7 @@ def _stage(n: int, title: str, body: Callable):
     t0 = time.perf_counter()
     try:
         result = body()
-    except (MftkError, typer.Exit) as exc:
+    except MftkError as exc:
         code = getattr(exc, "exit_code", None)
         err_console.print(f"[bold red]✗ stage {n}/{STAGES} failed[/]" + (f" (exit code {code})" if code else ""),
                           highlight=False)
@@ -148,10 +148,11 @@ def _mftk(plan, argv: list[str]) -> None:
         for t in pumps:
             t.join()
     if code != 0:
-        err_console.print(f"[bold red]error:[/] `mftk {argv[0]}` exited with code {code}", highlight=False)
-        err_console.print(f"[cyan]hint:[/] fix the problem above, then rerun the stage by hand: "
-                          f"cd {plan.workdir} && mftk {' '.join(_quote(a) for a in argv)}", highlight=False)
-        raise typer.Exit(code)
+        from mftk.errors import SubcommandFailed
+
+        raise SubcommandFailed(message=f"`mftk {argv[0]}` exited with code {code}", exit_code=code,
+                               hint=f"fix the problem above, then rerun the stage by hand: "
+                                    f"cd {plan.workdir} && mftk {' '.join(_quote(a) for a in argv)}")
 
 
 def _pump(stream, console) -> None:

@@ -77,8 +77,10 @@ def _render_plan(plan, total_steps: int, json_out: bool) -> None:
         return
     from rich.table import Table
 
-    scenario = {1: "standard resume", 2: "weights-only init", 3: "changed global batch size"}[plan.scenario]
-    t = Table(title=f"resume plan: scenario {plan.scenario} ({scenario})", show_header=False)
+    from mftk.ckpt.resume import ResumeScenario
+
+    scenario = ResumeScenario(plan.scenario)
+    t = Table(title=f"resume plan: scenario {scenario.value} ({scenario.title})", show_header=False)
     rows = [("source", f"{plan.step_dir} ({plan.kind})"), ("saved step", str(plan.saved_step)),
             ("global batch size", f"{plan.saved_global_batch_size} -> {plan.global_batch_size}"),
             ("world", f"{plan.saved_world} -> {plan.world}"),

@@ -63,18 +63,17 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
 
     world = launcher.world if launcher is not None else nproc
     loaded = load_config(config, overrides=overrides or [], world_size=world)
-    from mftk.engine.run import check_supported_layout
+    if world > 1 and not dry_run:  # checked here, before any worker starts (each worker's train() checks again)
+        from mftk.engine.runnable import check_supported_layout
 
-    check_supported_layout(loaded, world)  # before any worker starts: PP/CP and unsupported TP/EP layouts exit 1
-    if world > 1 and not dry_run:
-        _check_save_path(loaded.config, resume_from, weights_only, new_run)  # before any worker starts
+        check_supported_layout(loaded, world)
+        _check_save_path(loaded.config, resume_from, weights_only, new_run)
         return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run)
-    import logging
-
-    from mftk.engine.run import mf_console_handler, train as run_train
+    from mftk.engine.run import train as run_train
+    from mftk.logs.sinks import mf_console_handler, train_logger
 
     handler = mf_console_handler(sys.stderr if dry_run else sys.stdout)  # a dry run's plan owns stdout
-    logger = logging.getLogger("mftk.train")
+    logger = train_logger()
     logger.addHandler(handler)
     display = LiveDisplay()
     try:
@@ -105,7 +104,7 @@ def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: boo
 def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
                      resume_from: Optional[Path], weights_only: bool, new_run: bool = False) -> Any:
     """msrun with ``launcher.nproc`` workers here; rank 0's log lines are echoed to stdout as they come."""
-    from mftk.engine.run import train_distributed
+    from mftk.engine.workers import train_distributed
 
     display = LiveDisplay()
 

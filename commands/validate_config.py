@@ -46,9 +46,8 @@ def validate_config(
     try:
         loaded = load_config(config, overrides=overrides or (), world_size=world, check_files=not no_check_files)
     except ConfigError as exc:
-        if json_out:
+        if json_out:  # the JSON on stdout, the same problems on stderr, exit 1
             print_json({"valid": False, "source": str(config), "problems": [_problem_dict(p) for p in exc.problems]})
-            raise typer.Exit(1)
         raise
     if show_samples is not None:
         _show_samples(loaded.config, world, rank, show_samples, start, tokenizer, json_out)

@@ -108,5 +108,12 @@ class AnomaliesFound(MftkError):
 
 
 @attrs.define(auto_exc=True, kw_only=True)
+class SubcommandFailed(MftkError):
+    """A step run as its own ``mftk`` process (the quick-start's stages) failed with ``exit_code``."""
+
+    exit_code: int = 1
+
+
+@attrs.define(auto_exc=True, kw_only=True)
 class NotBuiltError(MftkError):
     """A registered subcommand whose implementation has not landed yet."""

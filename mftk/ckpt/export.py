@@ -1,19 +1,18 @@
 """A MindSpore Transformers checkpoint → a Hugging Face ``transformers`` model directory.
 
 ``export_hf(path, out)``: merge the shards of every model tensor (``metadata.json``), map the
-reference names and layouts to HF ones (``mftk.engine.models.<family>.state_dict.mf_to_hf``, numpy
+reference names and layouts to HF ones (the family's `mftk.ckpt.hf` module, numpy
 only: MindSpore is never imported), and write ``model.safetensors`` (or ``model-0000i-of-0000n``
 files plus ``model.safetensors.index.json`` above ``max_shard_bytes``) and a ``config.json``
 describing what mftk's engine computed (:func:`mftk.config.hf.hf_config_from_model_section`).
 
-The architecture comes from the ``model:`` section mftk saves in its extra state (or from a
-training YAML for checkpoints without one): guessing it from tensor shapes cannot recover
+The architecture comes from the resolved config mftk saves with each checkpoint (`mftk.ckpt.run_config`;
+or from a training YAML for checkpoints without one): guessing it from tensor shapes cannot recover
 rope, eps or routing settings. Everything is written into a hidden temp dir next to ``out``
 and renamed when complete, so an interrupted export never looks like a finished one.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -24,14 +23,14 @@ import attrs
 import numpy as np
 
 from mftk.ckpt import safetensors_io as st
-from mftk.ckpt.extra_state import read_extra_state
 from mftk.ckpt.layout import HF_INDEX, HF_SINGLE, locate, scan_step_dir
 from mftk.ckpt.load import iter_global
+from mftk.ckpt.run_config import saved_model_section
+from mftk.config.families import family_of
 from mftk.errors import CheckpointError, ConfigError, InputError, Problem
 from mftk.progress import NULL_PROGRESS, Progress
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default ("5GB")
-_FAMILY_MODULE = {"qwen3": "qwen3", "deepseek_v3": "deepseek_v3", "deepseek_mtp": "deepseek_v3"}
 
 
 @attrs.frozen
@@ -78,7 +77,7 @@ def export_hf(path: str | os.PathLike, out: str | os.PathLike, *, model_config: 
     cfg = _build_config(section, model_source)
     from mftk.config.hf import hf_config_from_model_section, hf_export_notes
 
-    family = _family(cfg.model_type)
+    family = family_of(cfg)
     headers = {n: t for p in files.model.values() for n, t in st.read_header(p).tensors.items()}
     dtype = _export_dtype({t.dtype for t in headers.values()})
     hf_config = hf_config_from_model_section(cfg, dtype=dtype)  # refuses what HF cannot express, before reading data
@@ -127,16 +126,13 @@ def _model_section(step_dir: Path, world: int, model_config: Any) -> tuple[dict,
                               problems=[Problem(path="model", message="the model section is missing",
                                                 hint="pass the training YAML the checkpoint was saved with")])
         return section, str(model_config)
-    extra = read_extra_state(step_dir, 0, world)
-    section = extra.get("model") if isinstance(extra, dict) else None
-    if not isinstance(section, dict):
-        why = "has no mftk extra state (written by MindSpore Transformers or another tool)" if extra is None \
-            else "was saved by an mftk version that did not record the model section"
-        raise CheckpointError(message=f"{step_dir} {why}: the architecture cannot be read from it",
+    section, source = saved_model_section(step_dir, world)
+    if section is None:
+        raise CheckpointError(message=f"{step_dir} {source}: the architecture cannot be read from it",
                               path=str(step_dir),
                               hint="pass the training YAML it was saved with: mftk inspect-ckpt PATH --export-hf OUT "
                                    "--model-config CONFIG.yaml")
-    return section, f"{step_dir.name}/mftk extra state"
+    return section, source
 
 
 def _build_config(section: dict, source: str) -> Any:
@@ -146,16 +142,7 @@ def _build_config(section: dict, source: str) -> Any:
     errors = [p for p in problems if p.severity == "error"]
     if cfg is None or errors:
         raise ConfigError(message=f"the model section from {source} does not load", source=source, problems=errors)
-    if cfg.model_type not in _FAMILY_MODULE:
-        raise ConfigError(message=f"no Hugging Face export for model_type {cfg.model_type!r}", source=source,
-                          problems=[Problem(path="model.model_type", value=cfg.model_type,
-                                            message="no HF name mapping", hint=f"one of {', '.join(_FAMILY_MODULE)}")])
     return cfg
-
-
-def _family(model_type: str) -> Any:
-    """The family's numpy-only name mapping (imported lazily: it lives under mftk.engine)."""
-    return importlib.import_module(f"mftk.engine.models.{_FAMILY_MODULE[model_type]}.state_dict")
 
 
 # ------------------------------------------------------------------------------------- tensors

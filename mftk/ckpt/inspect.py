@@ -288,7 +288,9 @@ def _balanced_reason(units: int) -> str:
 
 def resume_scenarios(c: _Collector) -> list[Scenario]:
     """Which of the reference's four resume scenarios (§4.2) this checkpoint can serve, and why not."""
-    names = ["standard resume", "weights-only initialisation", "resume with a changed batch size", "balanced loading"]
+    from mftk.ckpt.resume import ResumeScenario
+
+    names = [s.title for s in ResumeScenario]
     if c.loc.kind == "file":
         why = "a single file is not a checkpoint dir: pass its directory"
         return [Scenario(i + 1, n, False, why) for i, n in enumerate(names)]

@@ -5,6 +5,7 @@
 <save_path>/iteration_00000100/common.json, metadata.json (world > 1),
     {prefix}-model-{rank:07d}-{world:07d}.safetensors, {prefix}-opt-....safetensors,
     mftk-state-{rank:07d}-{world:07d}.json          mftk's extra state (RNG, data position)
+    mftk-config.json                                 mftk's resolved config of the run that saved it
 ```
 Unlike the reference, a path that does not exist, a tracker that names a missing dir, or a
 save root without a tracker is an error here, never a silent fresh start.
@@ -22,6 +23,7 @@ from mftk.errors import CheckpointError, InputError
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON = "common.json"
 METADATA = "metadata.json"
+RESOLVED_CONFIG = "mftk-config.json"  # the run's resolved config (mftk's; the reference ignores the file)
 HF_INDEX = "model.safetensors.index.json"
 HF_SINGLE = "model.safetensors"
 KINDS = ("model", "opt")

@@ -3,7 +3,8 @@
 Order (a kill at any point leaves the previous checkpoint as the latest valid one):
 1. ``begin_save`` (rank 0): make ``<root>/.tmp-iteration_XXXXXXXX/``; no reader ever looks there.
 2. ``write_rank_files`` (every rank): model/opt safetensors and the extra-state JSON, each fsynced.
-3. ``finalize_save`` (rank 0, after a barrier): ``common.json``, ``metadata.json``; check every rank's
+3. ``finalize_save`` (rank 0, after a barrier): ``common.json``, ``metadata.json``, ``mftk-config.json``
+   (the run's resolved config, so resume and export know the architecture); check every rank's
    files are there; fsync the dir; rename it to ``iteration_XXXXXXXX``; fsync the root; only then
    replace the tracker atomically.
 4. `Retention` (rank 0): ``save_max`` over the dirs *this run* saved; another run's are never touched.
@@ -26,8 +27,8 @@ import numpy as np  # noqa: F401 - in the Tensors alias
 
 from mftk.ckpt import extra_state, safetensors_io
 from mftk.ckpt.common import CommonInfo
-from mftk.ckpt.layout import (COMMON, METADATA, TMP_PREFIX, TRACKER, iteration_dir_name, read_tracker, scan_step_dir,
-                              shard_file_name, state_file_name)
+from mftk.ckpt.layout import (COMMON, METADATA, RESOLVED_CONFIG, TMP_PREFIX, TRACKER, iteration_dir_name, read_tracker,
+                              scan_step_dir, shard_file_name, state_file_name)
 from mftk.ckpt.safetensors_io import Bf16
 from mftk.errors import CheckpointError
 
@@ -80,7 +81,8 @@ def write_rank_files(tmp_dir: str | os.PathLike, *, rank: int, world: int, step:
 
 
 def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, world: int = 1,
-                  optimizer_saved: bool = True, metadata: dict[str, Any] | None = None) -> SavedCheckpoint:
+                  optimizer_saved: bool = True, metadata: dict[str, Any] | None = None,
+                  config: dict[str, Any] | None = None) -> SavedCheckpoint:
     """Rank 0, after every rank wrote: publish the dir, then the tracker (pruning is `Retention`'s).
 
     ``metadata`` (world > 1) comes from :func:`mftk.ckpt.metadata.build_metadata`.
@@ -93,9 +95,11 @@ def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, wor
             if metadata is None:
                 raise CheckpointError(message=f"saving with world {world} needs metadata.json", path=str(tmp))
             total += _write_text(tmp / METADATA, json.dumps(metadata, ensure_ascii=False, indent=2))
+        if config is not None:
+            total += _write_text(tmp / RESOLVED_CONFIG, json.dumps(config, ensure_ascii=False, indent=1))
         _check_complete(tmp, world, optimizer_saved)
         with _as_checkpoint_error(final, "publish"):
-            total += sum(f.stat().st_size for f in tmp.iterdir() if f.name not in (COMMON, METADATA))
+            total += sum(f.stat().st_size for f in tmp.iterdir() if f.name not in (COMMON, METADATA, RESOLVED_CONFIG))
             _fsync_dir(tmp)
             _replace_dir(tmp, final)
             _fsync_dir(root)
@@ -114,7 +118,7 @@ def abort_save(root: str | os.PathLike, step: int) -> None:
 
 def save_checkpoint(root: str | os.PathLike, *, step: int, common: CommonInfo, model: Tensors,
                     optimizer: Tensors | None = None, extra: dict[str, Any] | None = None,
-                    prefix: str | None = "checkpoint") -> SavedCheckpoint:
+                    prefix: str | None = "checkpoint", config: dict[str, Any] | None = None) -> SavedCheckpoint:
     """Single process (world 1): the whole save. ``optimizer=None`` is ``no_save_optim``."""
     t0 = time.perf_counter()
     tmp = begin_save(root, step)
@@ -123,7 +127,7 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, common: CommonInfo, m
     except BaseException:
         abort_save(root, step)
         raise
-    saved = finalize_save(root, step, common=common, world=1, optimizer_saved=optimizer is not None)
+    saved = finalize_save(root, step, common=common, world=1, optimizer_saved=optimizer is not None, config=config)
     return attrs.evolve(saved, seconds=time.perf_counter() - t0)
 
 

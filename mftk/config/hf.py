@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 import yaml
 
-from mftk.config.model import (DELETED, MODEL_CONFIGS, NOTE, WARNING, DeepseekV3ModelConfig, Qwen3ModelConfig,
-                               TransformerFields, normalize_model_dict)
+from mftk.config.model import (DELETED, NOTE, WARNING, DeepseekV3ModelConfig, Qwen3ModelConfig,
+                               TransformerFields, model_configs, normalize_model_dict)
 from mftk.errors import ConfigError, DataFormatError, InputError, Problem
 
 # HF-only keys with no place in the model section (beyond the reference's own deleted keys).
@@ -38,13 +38,14 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
     if not isinstance(config_json, dict):
         raise ConfigError(message="config.json must hold a JSON object", problems=[])
     mt = config_json.get("model_type")
-    cls = MODEL_CONFIGS.get(mt) if isinstance(mt, str) else None
+    configs = model_configs()
+    cls = configs.get(mt) if isinstance(mt, str) else None
     if cls is None:
         raise ConfigError(
             message=f"unsupported HF model_type {mt!r}",
-            hint=f"supported: {', '.join(MODEL_CONFIGS)}",
+            hint=f"supported: {', '.join(configs)}",
             problems=[Problem(path="model_type", value=mt, message="unsupported model_type",
-                              hint=f"one of {', '.join(MODEL_CONFIGS)}")])
+                              hint=f"one of {', '.join(configs)}")])
     notes: list[Problem] = []
     fields = attrs.fields_dict(cls)
     raw: dict[str, Any] = {}

@@ -12,7 +12,6 @@ import difflib
 import os
 import types
 import typing
-from pathlib import Path
 from typing import Any, Iterable, Union
 
 import attrs
@@ -87,8 +86,9 @@ def build_config(raw: dict, lines: LineMap | None = None) -> tuple[S.Config | No
 
 
 def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
-    from mftk.config.model import MODEL_CONFIGS, normalize_model_dict, yaml_key_for
+    from mftk.config.model import model_configs, normalize_model_dict, yaml_key_for
 
+    configs = model_configs()
     if model_raw is None:
         return None, [Problem(path="model", message="the model section is missing",
                               hint="add model: {model_type: qwen3, architectures: Qwen3ForCausalLM, ...}")]
@@ -97,14 +97,14 @@ def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
     model_type = model_raw.get("model_type")
     if model_type is None:
         return None, [Problem(path="model.model_type", message="required key is missing",
-                              hint=f"one of: {', '.join(sorted(MODEL_CONFIGS))}")]
-    if model_type not in MODEL_CONFIGS:
+                              hint=f"one of: {', '.join(sorted(configs))}")]
+    if model_type not in configs:
         return None, [Problem(path="model.model_type", value=model_type,
                               message=f"unknown model_type {model_type!r}",
-                              hint=_did_you_mean(str(model_type), MODEL_CONFIGS) or
-                              f"one of: {', '.join(sorted(MODEL_CONFIGS))}")]
+                              hint=_did_you_mean(str(model_type), configs) or
+                              f"one of: {', '.join(sorted(configs))}")]
     cleaned, problems = normalize_model_dict(dict(model_raw))
-    model, found = structure(cleaned, MODEL_CONFIGS[model_type], root="model")
+    model, found = structure(cleaned, configs[model_type], root="model")
     for p in found:
         # Report on the key the user typed (an alias such as num_layers), so the line number matches.
         name = p.path.removeprefix("model.").split(".")[0].split("[")[0]

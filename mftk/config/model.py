@@ -257,16 +257,18 @@ class DeepseekV3ModelConfig(TransformerFields):
 
 ModelConfig = Qwen3ModelConfig | DeepseekV3ModelConfig
 
-MODEL_CONFIGS: dict[str, type] = {
-    "qwen3": Qwen3ModelConfig,
-    "deepseek_v3": DeepseekV3ModelConfig,
-    "deepseek_mtp": DeepseekV3ModelConfig,
-}
+def model_configs() -> dict[str, type]:
+    """``model_type`` → config class, from the one family table (`mftk.config.families`)."""
+    from mftk.config.families import MODEL_TYPES
 
-ARCHITECTURES: dict[type, tuple[str, ...]] = {
-    Qwen3ModelConfig: ("Qwen3ForCausalLM",),
-    DeepseekV3ModelConfig: ("DeepseekV3ForCausalLM",),
-}
+    return {mt: f.config_class for mt, f in MODEL_TYPES.items()}
+
+
+def architectures_of(cls: type) -> tuple[str, ...]:
+    from mftk.config.families import FAMILIES
+
+    return next(f.architectures for f in FAMILIES if f.config_class is cls)
+
 
 # ---------------------------------------------------------------------------------------------
 # Key normalisation (aliases, deleted keys, inert keys, unknown keys)
@@ -347,13 +349,13 @@ def _float_fields(cls: type) -> set[str]:
 def family_of(raw: dict) -> type | None:
     """The config class for a raw `model:` mapping, from its `model_type` (None when unknown)."""
     mt = raw.get("model_type") if isinstance(raw, dict) else None
-    return MODEL_CONFIGS.get(mt) if isinstance(mt, str) else None
+    return model_configs().get(mt) if isinstance(mt, str) else None
 
 
 def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
     """Rewrite a raw YAML `model:` mapping to our field names; say what was changed and why.
 
-    Returns the dict to structure into `MODEL_CONFIGS[model_type]` plus problems: notes (alias
+    Returns the dict to structure into the family's config class plus problems: notes (alias
     rewritten, deleted key dropped, string coerced), warnings (inert or unknown keys, as the
     reference's "Unmapped Keys" warning) and errors (no/unknown model_type, conflicting aliases,
     switched-on unsupported features).
@@ -367,7 +369,7 @@ def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
         mt = raw.get("model_type")
         msg = "is required" if mt is None else f"unknown model_type {mt!r}"
         problems.append(Problem(path="model.model_type", message=msg, value=mt,
-                                hint=f"one of: {', '.join(MODEL_CONFIGS)}" + _did_you_mean(mt, list(MODEL_CONFIGS))))
+                                hint=f"one of: {', '.join(model_configs())}" + _did_you_mean(mt, list(model_configs()))))
         return {}, problems
     fields = attrs.fields_dict(cls)
     aliases, deleted = ALIASES[cls], DELETED[cls]
@@ -496,7 +498,7 @@ def model_config_from_dict(raw: dict) -> tuple[ModelConfig | None, list[Problem]
     data, problems = normalize_model_dict(raw)
     if any(p.severity == ERROR for p in problems):
         return None, problems
-    return MODEL_CONFIGS[raw["model_type"]](**data), problems
+    return model_configs()[raw["model_type"]](**data), problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,7 +528,7 @@ def _positive(cfg: Any, ps: list[Problem], names: tuple[str, ...]) -> None:
 
 
 def _check_common(cfg: ModelConfig, ps: list[Problem]) -> None:
-    allowed = ARCHITECTURES[type(cfg)]
+    allowed = architectures_of(type(cfg))
     if cfg.architectures not in allowed:
         _err(ps, "architectures", cfg.architectures, f"{cfg.architectures!r} is not a model class for "
              f"model_type {cfg.model_type!r}", f"use {' or '.join(allowed)}")

@@ -66,7 +66,7 @@ def section_table(cls: type, prefix: str) -> list[str]:
 
 
 def config_reference_markdown() -> str:
-    from mftk.config.model import MODEL_CONFIGS
+    from mftk.config.model import model_configs
 
     lines = [START, ""]
     hints = typing.get_type_hints(S.Config)
@@ -79,11 +79,12 @@ def config_reference_markdown() -> str:
         if target:
             lines += section_table(target[0], f.name)
     seen: set[type] = set()
-    for model_type, cls in MODEL_CONFIGS.items():
+    configs = model_configs()
+    for model_type, cls in configs.items():
         if cls in seen:
             continue
         seen.add(cls)
-        names = ", ".join(f"`{k}`" for k, v in MODEL_CONFIGS.items() if v is cls)
+        names = ", ".join(f"`{k}`" for k, v in configs.items() if v is cls)
         lines += [f"### `model` (model_type {names})", "", (cls.__doc__ or "").strip().splitlines()[0], ""]
         lines += section_table(cls, "model")
     lines.append(END)

@@ -13,7 +13,7 @@ import yaml
 
 from mftk.config.load import LoadedConfig
 from mftk.config.sections import Config
-from mftk.plan import layout as L
+from mftk import derive as L
 
 
 @attrs.frozen

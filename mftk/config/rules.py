@@ -7,20 +7,19 @@ where mftk's meaning differs.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
+from mftk import derive as L
 from mftk.config.sections import Config
+from mftk.derive import DeriveError, parse_layer_range
 from mftk.errors import Problem
-from mftk.plan import layout as L
 
 LR_TYPES = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR", "WarmUpStableDecayLR",
             "ConstantWithCoolDownLR", "PolynomialWithWarmUpLR"}
 LR_NEED_WARMUP = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "ConstantWithCoolDownLR", "WarmUpStableDecayLR"}
 LOADER_TYPES = {"BlendedMegatronDatasetDataLoader", "MindDataset"}
 LOADER_TYPES_REFERENCE_ONLY = {"HFDataLoader", "OrderedIndexDataLoader"}
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
 
 class _Rules:
@@ -53,7 +52,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
         r.error("lora_config.target_modules", "required to enable LoRA", hint="e.g. '.*linear_qkv.*'")
     if config.model is not None:
         from mftk.config.model import model_problems
-        from mftk.engine.support import unsupported_model_settings
+        from mftk.config.support import unsupported_model_settings
 
         r.problems += model_problems(config.model)
         r.problems += unsupported_model_settings(config.model)
@@ -256,16 +255,6 @@ def _check_stage_list(spec: list[str], pp: int, inter: int, layers: int, path: s
         r.error(path, f"stages must cover layers 0..{layers - 1} exactly once", spec)
 
 
-def parse_layer_range(text: str) -> list[int] | None:
-    """'3' -> [3]; '2-5' -> [2, 3, 4, 5]; anything else -> None."""
-    match = _RANGE.match(str(text))
-    if not match:
-        return None
-    a = int(match.group(1))
-    b = int(match.group(2)) if match.group(2) is not None else a
-    return list(range(a, b + 1)) if b >= a else None
-
-
 def _check_choices(r: _Rules, path: str, value: str, choices: set[str]) -> None:
     if value not in choices:
         r.error(path, f"{value!r} is not one of {', '.join(sorted(choices))}", value)
@@ -350,8 +339,15 @@ def _check_dataset(c: Config, r: _Rules, *, check_files: bool) -> None:
                 f"one of: {', '.join(sorted(LOADER_TYPES))}")
         return
     if loader.type == "MindDataset":
+        d = loader.config
+        if d is not None and d.seq_length is not None and d.seq_length <= 0:
+            r.error(f"{base}.config.seq_length", f"must be a positive integer, got {d.seq_length}", d.seq_length)
+        if d is not None and not d.add_extra_token_to_sequence:
+            r.error(f"{base}.config.add_extra_token_to_sequence", "must be true for MindDataset (samples hold "
+                    "seq_length + 1 tokens; labels are the inputs shifted by one)", False)
         if not loader.dataset_files and not loader.dataset_dir:
-            r.error(f"{base}.dataset_files", "MindDataset needs dataset_files (MindRecord files)")
+            r.error(f"{base}.dataset_files", "MindDataset needs dataset_files (MindRecord files or directories)",
+                    hint="e.g. dataset_files: [data/wiki_text.mindrecord]")
         elif check_files:
             for i, f in enumerate(loader.dataset_files or []):
                 if not Path(f).exists():
@@ -383,6 +379,13 @@ def _check_data_config(c: Config, d, base: str, r: _Rules, check_files: bool) ->
         r.note(f"{base}.create_compressed_eod_mask", "not set; false is used",
                hint="the reference requires this key: add create_compressed_eod_mask: false")
     paths = {"data_path": d.data_path, "train_data_path": d.train_data_path}
+    if d.data_path and d.train_data_path:
+        r.error(f"{base}.train_data_path", "cannot be combined with data_path", d.train_data_path,
+                "use data_path + split, or train_data_path alone")
+    if d.mock and any(paths.values()):
+        r.error(f"{base}.mock", "is true but data_path is also set", True,
+                "remove mock: true to train on the data, or remove data_path")
+        return
     if not any(paths.values()):
         if d.mock:
             r.warn(f"{base}.mock", "training on random tokens (mock: true)")
@@ -409,45 +412,19 @@ def _check_data_config(c: Config, d, base: str, r: _Rules, check_files: bool) ->
 
 def _check_split(split: str, path: str, r: _Rules) -> None:
     try:
-        parts = [float(x) for x in re.split(r"[,/]", split) if x.strip() != ""]
-    except ValueError:
-        r.error(path, f"{split!r} does not parse; expected numbers like '1, 0, 0'", split)
-        return
-    if not parts or len(parts) > 3 or any(x < 0 for x in parts) or sum(parts) <= 0:
-        r.error(path, f"{split!r} must be up to 3 non-negative numbers with a positive sum", split)
+        L.parse_split(split)
+    except DeriveError as e:
+        r.error(path, e.message, split, e.hint)
 
 
 def _check_blend(blend: list[str], path: str, r: _Rules) -> list[str]:
-    """Validate weight/prefix pairs or a plain prefix list; return the prefixes."""
-    numeric = [_as_weight(x) is not None for x in blend]
-    if not any(numeric):
-        return list(blend)
-    if len(blend) % 2:
-        r.error(path, f"weight/prefix pairs need an even length, got {len(blend)} entries", blend,
-                "write [weight, prefix, weight, prefix, ...] or only prefixes")
-        return []
-    weights, prefixes = blend[0::2], blend[1::2]
-    for i, w in enumerate(weights):
-        value = _as_weight(w)
-        if value is None:
-            r.error(f"{path}[{2 * i}]", f"expected a weight (number), got {w!r}", w)
-            return []
-        if value < 0:
-            r.error(f"{path}[{2 * i}]", f"weight must be ≥ 0, got {w}", w)
-    for i, p in enumerate(prefixes):
-        if _as_weight(p) is not None:
-            r.error(f"{path}[{2 * i + 1}]", f"expected a path prefix, got the number {p!r}", p)
-            return []
-    if all((_as_weight(w) or 0) == 0 for w in weights):
-        r.error(path, "all weights are zero", blend)
-    return list(prefixes)
-
-
-def _as_weight(text: str) -> float | None:
+    """Weight/prefix pairs or a plain prefix list (`derive.parse_data_path`, as the loader reads it); the prefixes."""
     try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
+        return list(L.parse_data_path(blend).prefixes)
+    except DeriveError as e:
+        where = path if e.index is None else f"{path}[{e.index}]"
+        r.error(where, e.message, blend if e.index is None else blend[e.index], e.hint)
+        return []
 
 
 def _check_prefix_files(prefix: str, path: str, r: _Rules) -> None:

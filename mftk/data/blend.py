@@ -8,118 +8,20 @@ greedy blending index picks, at every step, the source furthest behind its share
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Sequence
 
 import numpy as np
 
-from mftk.errors import ConfigError, Problem
-
-SPLITS = ("train", "valid", "test")
 SIZE_SURPLUS = 0.005  # MF's margin on every weighted source's sample count
-MAX_DATASETS = 32766  # dataset_index is int16 (reference asserts < 32767)
-_CFG = "train_dataset.dataloader.config"
-
-
-def _config_error(path: str, message: str, value: Any = None, hint: str = "") -> ConfigError:
-    return ConfigError(message=f"{path}: {message}",
-                       problems=[Problem(path=path, message=message, value=value, hint=hint)])
 
 
 # ---------------------------------------------------------------------------------------------
-# data_path
+# weights and split bounds (parsing data_path and split is `mftk.derive`'s)
 # ---------------------------------------------------------------------------------------------
-def parse_data_path(data_path: Sequence[Any], *, key: str = "data_path") -> tuple[list[str], list[float] | None]:
-    """``[w0, p0, w1, p1, …]`` → (prefixes, weights); a plain prefix list → (prefixes, None).
-
-    Like MindSpore Transformers 2.1.0, a list where only some weights parse as numbers is an
-    error (the older reference silently read every entry as a prefix). Weights must be > 0.
-    """
-    path = f"{_CFG}.{key}"
-    if isinstance(data_path, (str, bytes)):
-        data_path = [data_path]
-    items = list(data_path or [])
-    if not items:
-        raise _config_error(path, "is empty", items, "list the dataset prefixes (without .bin/.idx)")
-    if len(items) % 2 == 1:
-        return [_prefix(p, path) for p in items], None
-    weights: list[float | None] = [_as_float(w) for w in items[0::2]]
-    parsed = [w is not None for w in weights]
-    if not any(parsed):
-        return [_prefix(p, path) for p in items], None
-    if not all(parsed):
-        bad = [str(items[2 * i]) for i, ok in enumerate(parsed) if not ok]
-        raise _config_error(path, f"mixes weights and prefixes: {', '.join(map(repr, bad))} is not a weight",
-                            items, "give either only prefixes, or weight/prefix pairs such as "
-                            "['0.3', 'a_text_document', '0.7', 'b_text_document']")
-    prefixes = [_prefix(p, path) for p in items[1::2]]
-    values = [float(w) for w in weights]  # type: ignore[arg-type]
-    check_weights(values, prefixes, path)
-    return prefixes, values
-
-
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _prefix(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _config_error(path, f"{value!r} is not a dataset prefix", value,
-                            "prefixes are paths without extension, e.g. data/wiki_text_document")
-    return value.strip()
-
-
-def check_weights(weights: Sequence[float], prefixes: Sequence[str], path: str) -> None:
-    """Weights must be finite and > 0 (a zero weight makes the reference fail an assertion)."""
-    if len(weights) > MAX_DATASETS:
-        raise _config_error(path, f"{len(weights)} datasets; at most {MAX_DATASETS} can be blended", len(weights))
-    bad = [(p, w) for p, w in zip(prefixes, weights) if not math.isfinite(w) or w < 0]
-    if bad:
-        raise _config_error(path, "weights must be positive numbers: " +
-                            ", ".join(f"{w} for {p}" for p, w in bad), list(weights))
-    if sum(weights) <= 0:
-        raise _config_error(path, "all weights are zero", list(weights), "give each prefix a weight > 0")
-    zero = [p for p, w in zip(prefixes, weights) if w == 0]
-    if zero:
-        raise _config_error(path, f"weight 0 for {', '.join(zero)}", list(weights),
-                            "remove the prefix instead of giving it weight 0")
-
-
 def normalize(weights: Sequence[float]) -> list[float]:
     """``w / sum(w)`` in float64, as a list (the reference applies it twice; so do we)."""
     w = np.array(weights, dtype=np.float64)
     return (w / np.sum(w)).tolist()
-
-
-# ---------------------------------------------------------------------------------------------
-# split
-# ---------------------------------------------------------------------------------------------
-def parse_split(split: Any) -> list[float]:
-    """``"969, 30, 1"`` → normalised [train, valid, test] shares (missing ones are 0)."""
-    path = f"{_CFG}.split"
-    if split is None:
-        raise _config_error(path, "is required with data_path", None, "e.g. split: '1, 0, 0' (all for training)")
-    text = str(split)
-    parts = re.findall(r"[.0-9]+", text)
-    leftover = re.sub(r"[.0-9]+", "", text)
-    if not parts or re.search(r"[^\s,/]", leftover):
-        raise _config_error(path, f"{text!r} does not parse as up to three numbers", text,
-                            "write it like '98, 2, 0' (train, valid, test proportions)")
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        raise _config_error(path, f"{text!r} does not parse as up to three numbers", text) from None
-    if len(values) > len(SPLITS):
-        raise _config_error(path, f"{text!r} has {len(values)} numbers; at most 3 (train, valid, test)", text)
-    values += [0.0] * (len(SPLITS) - len(values))
-    if sum(values) <= 0:
-        raise _config_error(path, f"{text!r} sums to 0", text, "give the training split a share > 0")
-    return normalize(values)
 
 
 def split_matrix(shares: Sequence[float]) -> list[tuple[float, float] | None]:

@@ -11,7 +11,6 @@ samples [j·gbs, (j+1)·gbs) across the ranks. Resume maps ``consumed_samples`` 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
 import attrs
@@ -20,46 +19,17 @@ import numpy as np
 from mftk.data import blend
 from mftk.data.cache import IndexCache, default_cache_dir, gpt_description
 from mftk.data.gpt_dataset import SampleOptions, build_gpt_dataset, mock_dataset
+from mftk.derive import parse_data_path, parse_split, skip_micro_batches
 from mftk.errors import ConfigError, InputError, Problem
 from mftk.progress import NULL_PROGRESS, Progress
 
 _LOADER = "train_dataset.dataloader"
 _CFG = f"{_LOADER}.config"
-SUPPORTED_TYPE = "BlendedMegatronDatasetDataLoader"
 MINDRECORD_TYPE = "MindDataset"
 
 
-_MISSING = object()
-
-
-def _config_default(key: str) -> Any:
-    """The config model's default for a dataloader/dataset key: one source of defaults, also for dicts."""
-    from mftk.config.sections import DataloaderConfig, DatasetConfig
-
-    for cls in (DatasetConfig, DataloaderConfig):
-        field = attrs.fields_dict(cls).get(key)
-        if field is not None and not isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
-            return field.default
-    return None
-
-
-def _get(obj: Any, key: str, default: Any = _MISSING) -> Any:
-    """A key of a dict or an attribute of an object (config model or plain namespace).
-
-    A missing or null value falls back to ``default`` when given, else to the config model's default.
-    """
-    if obj is None:
-        value = None
-    elif isinstance(obj, Mapping):
-        value = obj.get(key, None)
-    else:
-        value = getattr(obj, key, None)
-    if value is not None:
-        return value
-    return _config_default(key) if default is _MISSING else default
-
-
 def _error(path: str, message: str, value: Any = None, hint: str = "") -> ConfigError:
+    """A setting that turns out wrong once the files are read (the config rules checked everything else)."""
     return ConfigError(message=f"{path}: {message}",
                        problems=[Problem(path=path, message=message, value=value, hint=hint)])
 
@@ -72,11 +42,6 @@ def shard_indices(num_samples: int, dp_size: int, dp_rank: int) -> np.ndarray:
     total = -(-num_samples // dp_size) * dp_size
     return (np.arange(dp_rank, total, dp_size, dtype=np.int64) % num_samples) if num_samples else \
         np.zeros(0, np.int64)
-
-
-def skip_batches(consumed_samples: int, dp_size: int, local_batch_size: int) -> int:
-    """Micro-batches each rank has already read after ``consumed_samples`` (the reference's resume rule)."""
-    return consumed_samples // (dp_size * local_batch_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +80,7 @@ class DataLoader:
 
     def start_batch(self, consumed_samples: int) -> int:
         """Position (micro-batch within the epoch) to resume from after ``consumed_samples``."""
-        skip = skip_batches(consumed_samples, self.dp_size, self.local_batch_size)
+        skip = skip_micro_batches(consumed_samples, self.dp_size, self.local_batch_size)
         return skip % len(self) if len(self) else 0
 
     def iter_batches(self, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
@@ -168,34 +133,11 @@ class TrainData:
 
 
 def _sample_options(cfg: Any) -> SampleOptions:
-    seq = _get(cfg, "seq_length")
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
-        raise _error(f"{_CFG}.seq_length", f"must be a positive integer, got {seq!r}", seq)
-    pad_length = _get(cfg, "eod_pad_length")
     return SampleOptions(
-        seq_length=seq, eod=int(_get(cfg, "eod")), pad=int(_get(cfg, "pad")),
-        eod_mask_loss=bool(_get(cfg, "eod_mask_loss")),
-        reset_position_ids=bool(_get(cfg, "reset_position_ids")),
-        reset_attention_mask=bool(_get(cfg, "reset_attention_mask")),
-        create_attention_mask=bool(_get(cfg, "create_attention_mask")),
-        create_compressed_eod_mask=bool(_get(cfg, "create_compressed_eod_mask")),
-        eod_pad_length=int(pad_length),
-        add_extra_token=bool(_get(cfg, "add_extra_token_to_sequence")))
-
-
-def _train_size(dataloader: Any, global_batch_size: int) -> int:
-    sizes = _get(dataloader, "sizes")
-    if not sizes:
-        raise _error(f"{_LOADER}.sizes", "is required: [train_samples, 0, 0]", sizes,
-                     "e.g. sizes: [steps * global_batch_size, 0, 0]")
-    train = sizes[0]
-    if isinstance(train, bool) or not isinstance(train, int) or train <= 0:
-        raise _error(f"{_LOADER}.sizes", f"sizes[0] must be a positive integer, got {train!r}", sizes)
-    if train < global_batch_size:
-        raise _error(f"{_LOADER}.sizes", f"sizes[0]={train} is smaller than global_batch_size="
-                     f"{global_batch_size}, so not one step of data would be used", sizes,
-                     f"set sizes[0] to at least {global_batch_size} (steps * global_batch_size)")
-    return train
+        seq_length=cfg.seq_length, eod=cfg.eod, pad=cfg.pad, eod_mask_loss=cfg.eod_mask_loss,
+        reset_position_ids=cfg.reset_position_ids, reset_attention_mask=cfg.reset_attention_mask,
+        create_attention_mask=cfg.create_attention_mask, create_compressed_eod_mask=bool(cfg.create_compressed_eod_mask),
+        eod_pad_length=cfg.eod_pad_length, add_extra_token=cfg.add_extra_token_to_sequence)
 
 
 def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_size: int, dp_size: int = 1,
@@ -204,15 +146,10 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
                         seq_length: int | None = None, progress: Progress = NULL_PROGRESS) -> TrainData:
     """Build the training samples MindSpore Transformers would build, and this rank's loader.
 
-    ``dataloader`` is the ``train_dataset.dataloader`` section: a dict or an object with
-    attributes (the config model). Keys read there: ``type`` (BlendedMegatronDatasetDataLoader
-    when given), ``datasets_type`` ("GPTDataset" when given), ``sizes`` (required; sizes[0]
-    is the train sample count), ``shuffle`` (False). From its ``config`` sub-section (or the
-    section itself when it has none): ``data_path`` or ``train_data_path``, ``split``,
-    ``seed`` (1234), ``seq_length`` (required), ``eod``/``pad`` (−1), ``eod_mask_loss``,
-    ``reset_position_ids``, ``reset_attention_mask`` (False), ``create_attention_mask`` (True),
-    ``create_compressed_eod_mask`` (False), ``eod_pad_length`` / ``compressed_eod_mask_length``
-    (128), ``add_extra_token_to_sequence`` (True), ``path_to_cache``, ``mock`` (False).
+    ``dataloader`` is the typed ``train_dataset.dataloader`` section (`config.sections.DataloaderConfig`)
+    of a config the rules accepted: type, sizes, data_path and split are not checked again here; what
+    can only be known from the files (too few tokens for seq_length, a prefix whose split is empty, a
+    blend asking a source for more samples than it has) is a ConfigError at the YAML path.
 
     ``cache_dir`` overrides where indices are cached when ``path_to_cache`` is unset (default
     ``<prefix>/cache/GPTDataset_indices``). ``max_epochs`` turns "sizes needs more passes over a
@@ -224,37 +161,29 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
     see ``mftk.data.mindrecord``); its sample length is ``config.seq_length`` when given, else
     ``seq_length`` (pass the model's), else the files' own.
     """
-    loader_type = _get(dataloader, "type")
-    if loader_type is not None and loader_type not in (SUPPORTED_TYPE, MINDRECORD_TYPE):
-        raise _error(f"{_LOADER}.type", f"{loader_type!r} is not a GPT dataloader", loader_type,
-                     f"use {SUPPORTED_TYPE} (Megatron .bin/.idx) or {MINDRECORD_TYPE} (MindRecord)")
     for name, value in (("global_batch_size", global_batch_size), ("local_batch_size", local_batch_size),
                         ("dp_size", dp_size)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank {dp_rank} out of range for dp_size {dp_size}")
-    if loader_type == MINDRECORD_TYPE:
+    if dataloader.type == MINDRECORD_TYPE:
         return _build_mindrecord(dataloader, local_batch_size=local_batch_size, dp_size=dp_size, dp_rank=dp_rank,
                                  drop_remainder=drop_remainder, seq_length=seq_length, progress=progress)
-    ds_type = _get(dataloader, "datasets_type", "GPTDataset")
-    if ds_type != "GPTDataset":
-        raise _error(f"{_LOADER}.datasets_type", f"{ds_type!r} is not supported", ds_type, "use GPTDataset")
-    cfg = _get(dataloader, "config", dataloader)
+    cfg = dataloader.config
     options = _sample_options(cfg)
-    train = _train_size(dataloader, global_batch_size)
-    seed = int(_get(cfg, "seed"))
+    train = dataloader.sizes[0]
     warnings: list[str] = []
     notes: list[str] = []
 
-    dataset, sources = _build_blend(cfg, train, options, seed, warnings, notes, cache_dir=cache_dir,
+    dataset, sources = _build_blend(cfg, train, options, cfg.seed, warnings, notes, cache_dir=cache_dir,
                                     max_epochs=max_epochs, use_cache=use_cache, open_dataset=open_dataset,
                                     progress=progress)
     used = min(train // global_batch_size * global_batch_size, len(dataset))
     if used < train // global_batch_size * global_batch_size:
         warnings.append(f"only {len(dataset)} samples available, fewer than sizes[0]={train}; "
                         f"the run uses {used // global_batch_size} steps of data per epoch")
-    sample_ids = _rank_order(dataloader, used, seed, dp_size, dp_rank, warnings)
+    sample_ids = _rank_order(dataloader, used, cfg.seed, dp_size, dp_rank, warnings)
     loader = DataLoader(dataset=dataset, sample_ids=sample_ids, local_batch_size=local_batch_size,
                         dp_size=dp_size, dp_rank=dp_rank, drop_remainder=drop_remainder,
                         compressed_eod_mask=options.create_compressed_eod_mask)
@@ -266,7 +195,7 @@ def _rank_order(dataloader: Any, used: int, seed: int, dp_size: int, dp_rank: in
                 warnings: list[str]) -> np.ndarray:
     """The first ``used`` samples, optionally shuffled, then this rank's shard of them."""
     order = np.arange(used, dtype=np.int64)
-    if _get(dataloader, "shuffle"):
+    if dataloader.shuffle:
         # MindSpore shuffles with its own RNG, which numpy cannot reproduce; ours is seeded but different.
         order = np.random.RandomState(seed).permutation(used).astype(np.int64)
         warnings.append(f"{_LOADER}.shuffle: true reorders samples with mftk's own seeded shuffle, which "
@@ -285,10 +214,10 @@ def _build_mindrecord(dataloader: Any, *, local_batch_size: int, dp_size: int, d
 
     dataset, warnings = build_mindrecord_dataset(dataloader, seq_length=seq_length, progress=progress)
     notes: list[str] = []
-    if _get(dataloader, "sizes"):
+    if dataloader.sizes:
         notes.append(f"{_LOADER}.sizes is not used by MindDataset: an epoch is every sample of the files")
-    cfg = _get(dataloader, "config", dataloader)
-    sample_ids = _rank_order(dataloader, len(dataset), int(_get(cfg, "seed")), dp_size, dp_rank, warnings)
+    seed = dataloader.config.seed if dataloader.config is not None else 1234
+    sample_ids = _rank_order(dataloader, len(dataset), seed, dp_size, dp_rank, warnings)
     loader = DataLoader(dataset=dataset, sample_ids=sample_ids, local_batch_size=local_batch_size,
                         dp_size=dp_size, dp_rank=dp_rank, drop_remainder=drop_remainder,
                         compressed_eod_mask=dataset.options.create_compressed_eod_mask)
@@ -302,39 +231,25 @@ def _build_blend(cfg: Any, train: int, options: SampleOptions, seed: int, warnin
                  notes: list[str], *, cache_dir: str | None, max_epochs: int | None, use_cache: bool,
                  open_dataset: Any, progress: Progress) -> tuple[Any, list[SourceInfo]]:
     """The blended train dataset (reference §4.4 cases A, B, C, D)."""
-    mock = bool(_get(cfg, "mock"))
-    data_path = _get(cfg, "data_path")
-    per_split = _get(cfg, "train_data_path")
-    if data_path is not None and per_split is not None:
-        raise _error(f"{_CFG}.train_data_path", "cannot be combined with data_path", per_split,
-                     "use data_path + split, or train_data_path alone")
-    if mock:
-        if data_path is not None or per_split is not None:
-            raise _error(f"{_CFG}.mock", "is true but data_path is also set", True,
-                         "remove mock: true to train on the data, or remove data_path")
+    if cfg.mock:
         low = mock_dataset(options.seq_length, seed, eod=options.eod)
         gpt = build_gpt_dataset(low, (0, len(low)), train, options, seed, name="mock", progress=progress)
         return blend.SingleDataset(gpt), [SourceInfo("mock", 1.0, train, (0, len(low)), len(gpt),
                                                      gpt.indices.epochs, "")]
-    if data_path is None and per_split is None:
-        raise _error(f"{_CFG}.data_path", "is required (mftk never switches to random data silently)", None,
-                     "list the preprocessed prefixes, e.g. data_path: ['data/wiki_text_document'], "
-                     "or set mock: true to train on random tokens")
-    key = "data_path" if data_path is not None else "train_data_path"
-    prefixes, weights = blend.parse_data_path(data_path if data_path is not None else per_split, key=key)
+    data_path = cfg.data_path
+    parsed = parse_data_path(data_path if data_path is not None else cfg.train_data_path)
+    prefixes, weights = list(parsed.prefixes), (list(parsed.weights) if parsed.weights is not None else None)
     if data_path is not None:
-        split_str = str(_get(cfg, "split")) if _get(cfg, "split") is not None else None
-        shares = blend.parse_split(split_str)
+        split_str = str(cfg.split)
+        shares = parse_split(split_str)
     else:
         split_str, shares = None, [1.0, 0.0, 0.0]
-    if shares[0] <= 0:
-        raise _error(f"{_CFG}.split", f"gives the training split no data ({split_str!r})", split_str)
     matrix = blend.split_matrix(shares)
 
     files = open_dataset is None  # default cache next to the data only for real files
     if open_dataset is None:
         from mftk.data.indexed import IndexedDataset as open_dataset  # noqa: N813
-    path_to_cache = _get(cfg, "path_to_cache", cache_dir)
+    path_to_cache = cfg.path_to_cache if cfg.path_to_cache is not None else cache_dir
 
     single = len(prefixes) == 1 and (weights is None or data_path is None)
     if single:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -288,42 +287,26 @@ class MindRecordDataset:
         return make_sample(self.text(i), self.options)
 
 
-def _get(obj: Any, key: str) -> Any:
-    if obj is None:
-        return None
-    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
-
-
 def sample_options(dataloader: Any, seq_length: int | None) -> tuple[SampleOptions | None, Any, str]:
-    """(options, options-for-a-length function, YAML key of seq_length) from ``dataloader.config``
-    (or the section itself); options is None when seq_length is unknown.
+    """(options, options-for-a-length function, YAML key of seq_length) from ``dataloader.config``;
+    options is None when seq_length is unknown (neither the section nor the model gives it).
 
-    ``create_attention_mask`` defaults to False when the key is absent: MindDataset feeds only
-    input_ids and the model builds its own causal mask.
+    ``create_attention_mask`` is off: MindDataset feeds only input_ids and the model builds its own
+    causal mask.
     """
-    cfg = _get(dataloader, "config") or dataloader
-    seq = _get(cfg, "seq_length")
-    where = f"{_LOADER}.config.seq_length"
+    from mftk.config.sections import DatasetConfig
+
+    cfg = dataloader.config if dataloader.config is not None else DatasetConfig()
+    seq, where = cfg.seq_length, f"{_LOADER}.config.seq_length"
     if seq is None:
         seq, where = seq_length, "model.seq_length"
-    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0):
-        raise _config_error(where, f"must be a positive integer, got {seq!r}", seq)
-    if _get(cfg, "add_extra_token_to_sequence") is False:
-        raise _config_error(f"{_LOADER}.config.add_extra_token_to_sequence", "must be true for MindDataset "
-                            "(samples hold seq_length + 1 tokens; labels are the inputs shifted by one)", False)
-
-    def flag(key: str, default: Any) -> Any:
-        value = _get(cfg, key)
-        return default if value is None else value
 
     def options(length: int) -> SampleOptions:
-        return SampleOptions(seq_length=length, eod=int(flag("eod", -1)), pad=int(flag("pad", -1)),
-                             eod_mask_loss=bool(flag("eod_mask_loss", False)),
-                             reset_position_ids=bool(flag("reset_position_ids", False)),
-                             reset_attention_mask=bool(flag("reset_attention_mask", False)),
-                             create_attention_mask=bool(flag("create_attention_mask", False)),
-                             create_compressed_eod_mask=bool(flag("create_compressed_eod_mask", False)),
-                             eod_pad_length=int(flag("eod_pad_length", flag("compressed_eod_mask_length", 128))))
+        return SampleOptions(seq_length=length, eod=cfg.eod, pad=cfg.pad, eod_mask_loss=cfg.eod_mask_loss,
+                             reset_position_ids=cfg.reset_position_ids, reset_attention_mask=cfg.reset_attention_mask,
+                             create_attention_mask=False,
+                             create_compressed_eod_mask=bool(cfg.create_compressed_eod_mask),
+                             eod_pad_length=cfg.eod_pad_length)
 
     return (options(seq) if seq is not None else None), options, where
 
@@ -335,25 +318,11 @@ def build_mindrecord_dataset(dataloader: Any, *, seq_length: int | None = None,
     ``seq_length`` (the model's) is used when the section has no ``config.seq_length``; without
     either, it is taken from the data (all files must agree). Returns (dataset, warnings).
     """
-    files_entry = _get(dataloader, "dataset_files")
-    dir_entry = _get(dataloader, "dataset_dir")
-    if isinstance(files_entry, str):
-        files_entry = [files_entry]
-    if files_entry:
-        files = find_files(list(files_entry), f"{_LOADER}.dataset_files")
-    elif dir_entry:
-        files = find_files([dir_entry], f"{_LOADER}.dataset_dir")
-    else:
-        raise _config_error(f"{_LOADER}.dataset_files", "MindDataset needs dataset_files (MindRecord files or "
-                            "directories)", None, "e.g. dataset_files: [data/wiki_text.mindrecord]")
-    warnings = []
-    columns = _get(dataloader, "columns_list")
-    if columns is not None:
-        if COLUMN not in list(columns):
-            raise _config_error(f"{_LOADER}.columns_list", f"must include {COLUMN}", columns)
-        if list(columns) != [COLUMN]:
-            warnings.append(f"{_LOADER}.columns_list: only {COLUMN} is read; labels, loss_mask and "
-                            "position_ids are derived from it")
+    if dataloader.dataset_files:
+        files = find_files(list(dataloader.dataset_files), f"{_LOADER}.dataset_files")
+    else:  # the config rules require one of the two
+        files = find_files([dataloader.dataset_dir], f"{_LOADER}.dataset_dir")
+    warnings: list[str] = []
     options, make_options, where = sample_options(dataloader, seq_length)
     want = options.seq_length + 1 if options is not None else None
     samples = []

@@ -9,7 +9,7 @@ from typing import Any
 
 from mftk.config.sections import Config
 from mftk.errors import InputError
-from mftk.plan.layout import layout_from_config
+from mftk.derive import layout_from_config
 from mftk.progress import NULL_PROGRESS, Progress
 
 

@@ -1,7 +1,6 @@
 """The MindSpore PyNative engine: models built from specs.
 
-Only this package imports MindSpore, and only when a model symbol is used: the numpy-only name
-mappings (``mftk.engine.models.<family>.state_dict``) import without it. Public model API::
+Only this package imports MindSpore, and only when a model symbol is used. Public model API::
 
     model = build_model(model_cfg, seed=1234)        # GPTModel (mindspore.nn.Cell), fp32
     out = model.forward(batch)                        # ModelOutput (numpy): loss, aux terms, counts
@@ -19,7 +18,7 @@ _EXPORTS = {
     "load_state_dict": "mftk.engine.models.build", "state_dict": "mftk.engine.models.build",
     "GPTModel": "mftk.engine.models.gpt", "ModelOutput": "mftk.engine.models.gpt",
     "ModelSpec": "mftk.engine.spec", "ModuleSpec": "mftk.engine.spec", "LayerSpec": "mftk.engine.spec",
-    "build_spec": "mftk.engine.spec", "register": "mftk.engine.spec",
+    "build_spec": "mftk.engine.spec",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -36,7 +36,7 @@ class PipelineTrainer(Trainer):
         micro = []
         for _ in range(n):
             batch = next(self.batches)
-            self.micro_batches_read += 1
+            self.state.micro_batches_read += 1
             micro.append(self.stage_model.micro_inputs(batch, 1.0 / n))
         timer.add("data", time.perf_counter() - t)
         t = time.perf_counter()

@@ -1,8 +1,8 @@
 """Specs: small recipes describing which parts make a layer, and a registry of family builders.
 
 A family (Qwen3, DeepSeek-V3, …) is a function ``model_cfg → ModelSpec``; ``GPTModel`` only composes
-what the spec names (torchtitan/Megatron ModuleSpec idea). A new family is a new builder registered
-by ``model_type`` and ``architectures``, not a new model file.
+what the spec names (torchtitan/Megatron ModuleSpec idea). A new family is a new builder named in the
+family table (`mftk.config.families`), not a new model file.
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 import attrs
 
-from mftk.errors import ConfigError, Problem
 
 
 @attrs.frozen
@@ -52,46 +51,8 @@ class ModelSpec:
     tp: Any = None  # parallel.groups.AxisGroup when tensor parallel (with SP) is on; see parallel.model_parallel
 
 
-_BUILDERS: dict[str, Callable[[Any], ModelSpec]] = {}
-_ARCHITECTURES: dict[str, str] = {}
-
-
-def register(model_type: str, architectures: tuple[str, ...] = ()):
-    """Decorator: register a ``model_cfg → ModelSpec`` builder under ``model_type`` and architecture names."""
-
-    def wrap(fn: Callable[[Any], ModelSpec]) -> Callable[[Any], ModelSpec]:
-        _BUILDERS[model_type] = fn
-        for arch in architectures:
-            _ARCHITECTURES[arch] = model_type
-        return fn
-
-    return wrap
-
-
-def registered() -> dict[str, tuple[str, ...]]:
-    """model_type → architectures, for error messages and docs."""
-    return {mt: tuple(a for a, m in _ARCHITECTURES.items() if m == mt) for mt in _BUILDERS}
-
-
 def build_spec(model_cfg: Any) -> ModelSpec:
-    """Pick the builder by ``model_type`` (then ``architectures``) and run it."""
-    import importlib
+    """The family's `ModelSpec` for a typed ``model:`` section (builder from `mftk.config.families`)."""
+    from mftk.config.families import family_of
 
-    from mftk.engine.models import FAMILY_SPEC_MODULES
-
-    for module in FAMILY_SPEC_MODULES:  # importing a family registers its builder
-        importlib.import_module(module)
-
-    mt = getattr(model_cfg, "model_type", None)
-    arch = getattr(model_cfg, "architectures", None)
-    if isinstance(arch, (list, tuple)):
-        arch = arch[0] if arch else None
-    key = mt if mt in _BUILDERS else _ARCHITECTURES.get(arch or "")
-    if key is None:
-        known = ", ".join(f"{m} ({', '.join(a)})" for m, a in registered().items())
-        raise ConfigError(
-            message=f"unknown model family model_type={mt!r}, architectures={arch!r}",
-            problems=[Problem(path="model.model_type", message="no engine builder for this model", value=mt,
-                              hint=f"use one of: {known}")],
-        )
-    return _BUILDERS[key](model_cfg)
+    return family_of(model_cfg).spec_builder()(model_cfg)

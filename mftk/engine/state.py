@@ -5,7 +5,7 @@
   parameters only, as the reference writes them);
 - extra state (``mftk-state-*.json``, which the reference ignores): what an exact resume needs
   beyond that — the data position and batch plan it was computed with, the numpy RNG, the NaN-skip
-  counter — plus the resolved ``model:`` section, so a resume can check the architecture.
+  counter. The run's resolved config goes next to it, in ``mftk-config.json`` (`mftk.ckpt.run_config`).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class TrainState:
     epoch: int = 0
     consecutive_skipped: int = 0
     skipped_steps: int = 0
+    micro_batches_read: int = 0  # by this rank since the start of the first epoch (the epoch count follows)
 
 
 def model_tensors(model: Any) -> dict[str, np.ndarray]:
@@ -60,8 +61,7 @@ def low_precision(params: list[Any]) -> bool:
     return any(p.dtype != ms.float32 for p in params)
 
 
-def extra_state(state: TrainState, *, global_batch_size: int, dp: int, local_batch_size: int,
-                model_section: dict | None) -> dict[str, Any]:
+def extra_state(state: TrainState, *, global_batch_size: int, dp: int, local_batch_size: int) -> dict[str, Any]:
     """mftk's additions for an exact resume (never put in common.json: the reference refuses extra keys)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
@@ -76,7 +76,6 @@ def extra_state(state: TrainState, *, global_batch_size: int, dp: int, local_bat
         "local_batch_size": local_batch_size,
         "numpy_rng": {"kind": kind, "keys": keys, "pos": int(pos), "has_gauss": int(has_gauss),
                       "cached_gaussian": float(cached)},
-        "model": model_section,
     }
 
 

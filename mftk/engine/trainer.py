@@ -9,28 +9,30 @@
     expert_bias_update(tokens_per_expert)          # after the optimizer, every step (reference LossCallback)
     advance(state)                                 # consumed_samples += gbs; global_step += 1
     report(metrics)                                # the MF log line + JSON metrics through StepSinks
-    checkpointer.after_step(state)                 # every save_interleaved_steps, and at the end
-    stop.check()                                   # SIGTERM/SIGINT: save, then TrainingInterrupted
+    checkpointer.save(step, INTERVAL)              # every save_interleaved_steps (ckpt.checkpointer), FINAL at the end
+    stop.check()                                   # SIGTERM/SIGINT: save (SIGNAL), then TrainingInterrupted
 
-Every policy lives in its component; the loop body only calls them in order.
+Every policy lives in its component; the loop body only calls them in order. `Trainer.from_config` builds
+the trainer of a run from its validated config; its counters live in `TrainState`.
 """
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import attrs
 import numpy as np
 
+from mftk.ckpt.checkpointer import Checkpointer, Payload, SaveReason
 from mftk.ckpt.common import CommonInfo
+from mftk.derive import accumulation_steps, rampup_gbs
 from mftk.engine.dispatch import Dispatcher, low_priority_applies
 from mftk.engine.optim import AdamW, clip_factor, global_norm
-from mftk.engine.state import TrainState, model_tensors, write_masters
-from mftk.errors import CheckpointError, TrainingError, TrainingInterrupted
-from mftk.plan.layout import rampup_gbs
+from mftk.engine.state import TrainState, extra_state, model_tensors, write_masters
+from mftk.errors import TrainingError, TrainingInterrupted
+from mftk.logs.sinks import StepLogSink
 from mftk.progress import FanOut, StepSink
 
 log = logging.getLogger("mftk.train")
@@ -59,7 +61,7 @@ class BatchSchedule:
         if self.rampup is not None:
             start, inc, samples = self.rampup
             gbs = rampup_gbs(consumed_samples, start, inc, samples, self.global_batch_size)
-        return BatchPlan(gbs, max(1, gbs // (self.dp * self.local_batch_size)))
+        return BatchPlan(gbs, accumulation_steps(gbs, self.local_batch_size, self.dp)[0] or 1)
 
 
 @attrs.frozen
@@ -84,111 +86,6 @@ class StopFlag:
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
-
-
-# --------------------------------------------------------------------------------------- checkpoints
-@attrs.define
-class Checkpointer:
-    """Save policy + crash-safe writes through `mftk.ckpt.save` (temp dir → rename → tracker → retention).
-
-    ``async_save`` writes from one background thread; the tracker is updated by that thread once
-    the step dir is complete (the reference never writes the last one's). Errors stop the run.
-    """
-
-    root: str
-    interval: int
-    save_max: int = 5
-    start_step: int = 0  # the reference counts save_interleaved_steps from the step a run starts (or resumes) at
-    prefix: str | None = "checkpoint"
-    save_optim: bool = True
-    async_save: bool = False
-    dist: Any = None  # distributed.DistContext: every rank writes its files, rank 0 publishes
-    last_saved_step: int | None = None
-    last_path: str = ""
-    _retention: Any = None
-    _thread: threading.Thread | None = None
-    _error: BaseException | None = None
-
-    def __attrs_post_init__(self) -> None:
-        from mftk.ckpt.save import Retention
-
-        self._retention = Retention(self.root, self.save_max)
-
-    def due(self, step: int) -> bool:
-        return step > self.start_step and (step - self.start_step) % self.interval == 0
-
-    def save(self, step: int, payload: dict[str, Any], sink: StepSink) -> None:
-        self.wait()
-        self.last_saved_step = step
-        if self.async_save and self.dist is None:  # a multi-process save needs barriers: synchronous
-            self._thread = threading.Thread(target=self._write_async, args=(step, payload, sink),
-                                            name=f"mftk-save-{step}", daemon=True)
-            self._thread.start()
-        else:
-            self._write(step, payload, sink)
-
-    def wait(self) -> None:
-        """Join a pending async save; its error, if any, is raised here."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-
-    def _write_async(self, step: int, payload: dict[str, Any], sink: StepSink) -> None:
-        try:
-            self._write(step, payload, sink)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
-            self._error = exc
-
-    def _write(self, step: int, payload: dict[str, Any], sink: StepSink) -> None:
-        from mftk.ckpt.save import save_checkpoint
-
-        t0 = time.perf_counter()
-        try:
-            if self.dist is not None:
-                saved = self._write_distributed(step, payload)
-            else:
-                saved = save_checkpoint(self.root, step=step, prefix=self.prefix, **payload)
-            removed = self._retention.record(step) if self.dist is None or self.dist.rank == 0 else []
-        except CheckpointError as exc:
-            raise TrainingError(message=f"checkpoint save at step {step} failed: {exc.message}",
-                                hint=exc.hint or "check checkpoint.save_path", step=step) from exc
-        self.last_path = saved.path
-        for old in removed:
-            log.info("save_max=%d: removed the oldest checkpoint %s", self.save_max, old)
-        log.info("Checkpoint saved at step %d to %s (async=%s, remove_redundancy=False) in %.2fs",
-                 step, self.root, self.async_save and self.dist is None, time.perf_counter() - t0)
-        sink.on_checkpoint(step, saved.path)
-
-    def _write_distributed(self, step: int, payload: dict[str, Any]) -> Any:
-        """Reference order (§3.1): rank 0 prepares the dir → barrier → every rank writes its files →
-        barrier → rank 0 writes common.json + metadata.json, publishes, tracker, retention → barrier."""
-        from pathlib import Path
-
-        from mftk.ckpt.layout import iteration_dir_name
-        from mftk.ckpt.metadata import build_metadata
-        from mftk.ckpt.save import SavedCheckpoint, begin_save, finalize_save, temp_dir_for, write_rank_files
-
-        d = self.dist
-        if d.rank == 0:
-            begin_save(self.root, step)
-        d.barrier()
-        write_rank_files(temp_dir_for(self.root, step), rank=d.rank, world=d.world, step=step, model=payload["model"],
-                         optimizer=payload["optimizer"], extra=payload["extra"], prefix=self.prefix)
-        d.barrier()
-        saved = None
-        if d.rank == 0:
-            model_specs, opt_specs = d.metadata_specs(payload["model"], payload["optimizer"])
-            meta = build_metadata(model_specs, opt_specs, world=d.world, prefix=self.prefix)
-            saved = finalize_save(self.root, step, common=payload["common"], world=d.world,
-                                  optimizer_saved=payload["optimizer"] is not None, metadata=meta)
-        d.barrier()
-        if saved is None:
-            path = Path(self.root) / iteration_dir_name(step)
-            saved = SavedCheckpoint(step=step, path=str(path), files=(), bytes=0)
-        return saved
 
 
 # --------------------------------------------------------------------------------------- timing
@@ -240,20 +137,20 @@ class Trainer:
     """Runs steps ``state.global_step + 1 .. total_steps`` on one process."""
 
     def __init__(self, *, model: Any, optimizer: AdamW, schedule: Callable[[int], float], batches: Iterator[dict],
-                 batch_schedule: BatchSchedule, total_steps: int, max_norm: float, sinks: StepSink | None = None,
-                 checkpointer: Checkpointer | None = None, extra_state: Callable[[TrainState, int], dict] | None = None,
-                 flops_per_sample: float = 0.0,
-                 nan_policy: NanPolicy, columns: tuple[str, ...] = ("input_ids", "labels"),
-                 monitor: Any = None, stop: StopFlag | None = None, epoch_micro_batches: int = 0,
-                 show_mtp: bool = True, seq_length: int = 0, dist: Any = None,
+                 batch_schedule: BatchSchedule, total_steps: int, max_norm: float, nan_policy: NanPolicy,
+                 sinks: Sequence[StepSink] = (), checkpointer: Checkpointer | None = None,
+                 saved_config: dict | None = None, flops_per_sample: float = 0.0,
+                 columns: tuple[str, ...] = ("input_ids", "labels"), monitor: Any = None, stop: StopFlag | None = None,
+                 epoch_micro_batches: int = 0, show_mtp: bool = True, seq_length: int = 0, dist: Any = None,
                  jit_blocks: bool | None = None, low_priority_dispatch: bool | None = None) -> None:
         import mindspore as ms
 
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
         self.batches, self.batch_schedule = batches, batch_schedule
         self.total_steps, self.max_norm = int(total_steps), float(max_norm)
-        self.sink = sinks if sinks is not None else FanOut()
-        self.checkpointer, self.extra_state = checkpointer, extra_state
+        self.step_log = StepLogSink(self.total_steps)  # the reference's step line, and the run's losses
+        self.sink = FanOut(self.step_log, *sinks)
+        self.checkpointer, self.saved_config = checkpointer, saved_config
         self.flops_per_sample, self.nan_policy, self.monitor = flops_per_sample, nan_policy, monitor
         self.stop = stop or StopFlag()
         self.columns = tuple(c for c in MODEL_INPUTS if c in columns)
@@ -267,14 +164,45 @@ class Trainer:
         self.grad_fn = ms.value_and_grad(model, None, self.params, has_aux=True)
         low = auto_low_priority_dispatch(model, dist) if low_priority_dispatch is None else low_priority_dispatch
         self.dispatch = Dispatcher(low_priority=low)
-        self.micro_batches_read = 0
+        self.state = TrainState()  # the state being advanced (given to `fit`)
         self.first_step_seconds: float | None = None
         self.dist = dist  # distributed.DistContext for a data-parallel (DP/FSDP) job, else None
         self.sharded = dist is not None and dist.sharding.enabled
         self._norm_weights = dist.sharding.norm_weights(optimizer) if self.sharded else None
 
+    @classmethod
+    def from_config(cls, config: Any, *, model: Any, optimizer: AdamW, loader: Any, state: TrainState, dist: Any,
+                    layout: Any, checkpointer: Checkpointer | None, sinks: Sequence[StepSink] = (),
+                    monitor: Any = None, stop: StopFlag | None = None) -> "Trainer":
+        """The trainer of a run: every setting from the validated config, the data from ``state``'s position."""
+        from mftk.config.report import resolved
+        from mftk.engine.builders import build_schedule, model_columns
+        from mftk.plan.flops import flops_per_step
+
+        tr, m = config.training, config.model
+        kind, extra = cls, {}
+        if dist is not None and dist.pipeline is not None:
+            from mftk.engine.pipeline_trainer import PipelineTrainer
+
+            kind = PipelineTrainer
+            extra = {"stage": dist.stage, "schedule_name": config.parallelism.pipeline_parallel_schedule,
+                     "local_batch_size": tr.local_batch_size}
+        rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
+        return kind(
+            **extra, model=model, optimizer=optimizer, schedule=build_schedule(config),
+            batches=loader.iter_batches(loader.start_batch(state.consumed_samples)),
+            batch_schedule=BatchSchedule(tr.global_batch_size, tr.local_batch_size, layout.dp, rampup),
+            total_steps=tr.steps, max_norm=tr.max_norm, nan_policy=nan_policy_from(config), sinks=sinks,
+            checkpointer=checkpointer, saved_config=resolved(config),
+            flops_per_sample=flops_per_step(m, global_batch_size=1) / layout.world, columns=model_columns(config),
+            monitor=monitor, stop=stop, epoch_micro_batches=len(loader),
+            show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
+            seq_length=int(getattr(m, "seq_length", 0) or 0), dist=dist,
+            low_priority_dispatch=tr.low_priority_dispatch)
+
     # ------------------------------------------------------------------------------- the loop
     def fit(self, state: TrainState) -> TrainState:
+        self.state = state
         try:
             while state.global_step < self.total_steps:
                 self.train_step(state)
@@ -318,7 +246,7 @@ class Trainer:
         for _ in range(plan.accumulation):
             t = time.perf_counter()
             batch = next(self.batches)
-            self.micro_batches_read += 1
+            self.state.micro_batches_read += 1
             timer.add("data", time.perf_counter() - t)
             t = time.perf_counter()
             inputs = [Tensor(np.ascontiguousarray(batch[c])) if c in self.columns and c in batch else None
@@ -423,7 +351,7 @@ class Trainer:
         state.global_step += 1
         self.last_gbs = plan.global_batch_size
         if self.epoch_micro_batches:
-            state.epoch = self.micro_batches_read // self.epoch_micro_batches
+            state.epoch = state.micro_batches_read // self.epoch_micro_batches
 
     def metrics(self, state: TrainState, plan: BatchPlan, out: StepOutput, norm: float | None, step_ms: float,
                 timer: PhaseTimer, lr_used: float | None) -> dict[str, Any]:
@@ -435,7 +363,7 @@ class Trainer:
         if self.show_mtp:
             for k, v in enumerate(out.mtp, start=1):
                 m[f"mtp_{k}_loss"] = v
-        m["lr"] = self.schedule(state.global_step)  # the reference logs the *next* update's LR
+        m["lr"] = self.schedule(self.optimizer.global_step)  # the reference logs the *next* update's LR
         m["grad_norm"] = norm
         if self.flops_per_sample:
             m["throughput"] = self.flops_per_sample * plan.global_batch_size / (max(step_ms, 1e-3) * 1e9)
@@ -451,11 +379,11 @@ class Trainer:
         self.sink.on_step(metrics)
 
     def checkpoint_policy(self, state: TrainState, timer: PhaseTimer | None = None) -> None:
-        if self.checkpointer is not None and self.checkpointer.due(state.global_step):
-            t = time.perf_counter()
-            self.save(state)
-            if timer is not None:
-                timer.add("save", time.perf_counter() - t)
+        if self.checkpointer is None:
+            return
+        t = time.perf_counter()
+        if self.save(state, SaveReason.INTERVAL) and timer is not None:
+            timer.add("save", time.perf_counter() - t)
 
     def stop_if_requested(self, state: TrainState) -> None:
         if self.dist is not None:  # every rank must stop (and save) at the same step
@@ -465,9 +393,7 @@ class Trainer:
             return
         path = ""
         if self.checkpointer is not None:
-            if self.checkpointer.last_saved_step != state.global_step:
-                self.save(state)
-            self.checkpointer.wait()
+            self.save(state, SaveReason.SIGNAL)
             path = self.checkpointer.last_path
         raise TrainingInterrupted(message=f"{self.stop.signal_name} received: stopped after step {state.global_step}"
                                   + (f", checkpoint saved to {path}" if path else " (checkpoints disabled: nothing saved)"),
@@ -475,18 +401,20 @@ class Trainer:
                                   hint="continue with: mftk resume CONFIG" if path else "")
 
     def save_final(self, state: TrainState) -> None:
-        if self.checkpointer is None:
-            return
-        if self.checkpointer.last_saved_step != state.global_step:
-            self.save(state)
-        self.checkpointer.wait()
+        if self.checkpointer is not None:
+            self.save(state, SaveReason.FINAL)
 
     def model_tensors_to_save(self) -> dict[str, np.ndarray]:
         """The model tensors this rank writes (all of them; a pipeline stage narrows this)."""
         return model_tensors(self.model)
 
-    def save(self, state: TrainState) -> None:
-        gbs = self.last_gbs
+    def save(self, state: TrainState, reason: SaveReason) -> bool:
+        """Ask the checkpointer to save this step for ``reason``; it decides whether one is due."""
+        return self.checkpointer.save(state.global_step, reason, lambda: self.payload(state), self.sink)
+
+    def payload(self, state: TrainState) -> Payload:
+        """What this rank writes for the current step."""
+        gbs, bs = self.last_gbs, self.batch_schedule
         common = CommonInfo.for_step(step=state.global_step, max_steps=self.total_steps, global_batch_size=gbs,
                                      consumed_samples=state.consumed_samples, epoch=state.epoch)
         opt = None
@@ -497,6 +425,11 @@ class Trainer:
         model = self.model_tensors_to_save()
         if self.sharded:  # this rank's rows of each sharded parameter; the rest whole
             model = self.dist.sharding.cut(model)
-        payload = {"common": common, "model": model, "optimizer": opt,
-                   "extra": self.extra_state(state, gbs) if self.extra_state else None}
-        self.checkpointer.save(state.global_step, payload, self.sink)
+        extra = extra_state(state, global_batch_size=gbs, dp=bs.dp, local_batch_size=bs.local_batch_size)
+        return Payload(common=common, model=model, optimizer=opt, extra=extra, config=self.saved_config)
+
+
+def nan_policy_from(config: Any) -> NanPolicy:
+    """The skip-on-NaN policy of ``training.use_skip_step_on_nan`` / ``max_consecutive_skipped_steps``."""
+    tr = config.training
+    return NanPolicy(skip=tr.use_skip_step_on_nan, max_consecutive=tr.max_consecutive_skipped_steps)

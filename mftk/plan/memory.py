@@ -15,10 +15,9 @@ from typing import Any
 
 import attrs
 
-from mftk.config.rules import parse_layer_range
 from mftk.errors import InputError
 from mftk.plan import flops as F
-from mftk.plan.layout import Layout
+from mftk.derive import Layout, stage_layers
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 GiB = 1024 ** 3
@@ -209,29 +208,6 @@ def _ranges(ids: tuple[int, ...]) -> str:
         if i is not None:
             start = prev = i
     return ",".join(out)
-
-
-# ----------------------------------------------------------------------------- stage assignment
-
-def stage_layers(num_layers: int, pp: int, interleave: int, spec: Any = "auto") -> list[list[int]] | None:
-    """Decoder layer ids held by each pipeline rank; None when the split is impossible.
-
-    'auto' puts chunk c of rank r at virtual stage c·pp + r, L/(pp·v) layers each (reference §1.3);
-    an explicit list (one string per rank, `v` comma-separated chunks) is taken literally.
-    """
-    if isinstance(spec, list) and len(spec) == pp:
-        out = []
-        for stage in spec:
-            chunks = str(stage).split(",")
-            ids = [parse_layer_range(c) for c in chunks]
-            if len(chunks) != interleave or any(x is None for x in ids):
-                return None
-            out.append(sorted(i for x in ids for i in x))
-        return out if sorted(i for s in out for i in s) == list(range(num_layers)) else None
-    if num_layers % (pp * interleave):
-        return None
-    n = num_layers // (pp * interleave)
-    return [[i for c in range(interleave) for i in range((c * pp + r) * n, (c * pp + r + 1) * n)] for r in range(pp)]
 
 
 # ----------------------------------------------------------------------------- parameters

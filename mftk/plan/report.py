@@ -17,7 +17,7 @@ from mftk.config.load import LoadedConfig, build_config, load_data
 from mftk.config.yamlio import parse_yaml, read_config_file
 from mftk.errors import InputError, PlanError
 from mftk.plan import search as S
-from mftk.plan.layout import Layout, layout_from_config
+from mftk.derive import Layout, layout_from_config
 from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, parse_bytes, preset
 
 SHAPE_KEYS = ("vocab_size", "seq_length", "hidden_size", "num_hidden_layers", "num_attention_heads")

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import attrs
 
-from mftk.plan.layout import Layout
-from mftk.plan.memory import PlanInputs, stage_layers
+from mftk.derive import Layout, stage_layers
+from mftk.plan.memory import PlanInputs
 
 # rule name -> (mesh dimension it constrains, what it says)
 RULES: dict[str, tuple[str, str]] = {

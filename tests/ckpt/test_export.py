@@ -20,8 +20,8 @@ from mftk.ckpt.metadata import ShardedTensor, build_metadata
 from mftk.ckpt.save import begin_save, finalize_save, save_checkpoint, write_rank_files
 from mftk.config.hf import hf_config_from_model_section, hf_to_model_section
 from mftk.config.model import model_config_from_dict
-from mftk.engine.models.deepseek_v3 import state_dict as dsv3_sd
-from mftk.engine.models.qwen3 import state_dict as qwen3_sd
+from mftk.ckpt.hf import deepseek_v3 as dsv3_sd
+from mftk.ckpt.hf import qwen3 as qwen3_sd
 from mftk.errors import CheckpointError, ConfigError, InputError
 from tests.config.test_hf import DEEPSEEK_V3, QWEN3_0_6B
 

@@ -54,9 +54,28 @@ def test_missing_source_is_an_error(trained, tmp_path):
     assert r.exit_code == 2 and "does not exist" in r.stderr
 
 
-def test_mismatched_model_is_refused(trained, tmp_path):
+def test_mismatched_model_takes_the_checkpoints_architecture(trained):
+    """The checkpoint stores the resolved config: a YAML whose model: does not fit resumes with the saved
+    architecture, and the differing keys are named (issue: checkpoints store the resolved config)."""
     d, cfg = trained
-    r = runner.invoke(app, ["resume", str(cfg), "--dry-run", "--set", "model.hidden_size=32",
+    r = runner.invoke(app, ["resume", str(cfg), "--dry-run", "--json", "--set", "model.hidden_size=32",
                             "--set", "model.num_attention_heads=2", "--set", "model.num_key_value_heads=1"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["missing"] == [] and plan["mismatched"] == []
+    assert "architecture is taken from the checkpoint" in r.stderr and "model.hidden_size: YAML 32, checkpoint 64" in r.stderr
+
+
+def test_mismatched_model_without_a_saved_config_is_refused(trained, tmp_path):
+    import shutil
+
+    d, cfg = trained
+    ref = tmp_path / "ref"
+    shutil.copytree(d / "ckpt", ref)
+    for f in ref.glob("iteration_*/mftk-config.json"):  # as MindSpore Transformers writes it: no mftk config
+        f.unlink()
+    r = runner.invoke(app, ["resume", str(cfg), "--dry-run", "--from", str(ref), "--set", "model.hidden_size=32",
+                            "--set", "model.num_attention_heads=2", "--set", "model.num_key_value_heads=1",
+                            "--set", f"checkpoint.save_path={tmp_path / 'new'}"])
     assert r.exit_code == 1, r.output
     assert "does not fit" in r.stderr

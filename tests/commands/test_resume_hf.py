@@ -89,7 +89,9 @@ def test_weights_loaded_from_hf_equal_the_original(template, tmp_path):
     from mftk.ckpt.export import export_hf
     from mftk.ckpt.save import save_checkpoint
     from mftk.engine import build_model, state_dict
-    from mftk.engine.run import load_checkpoint, plan_resume
+    from mftk.ckpt.resume import plan_resume
+    from mftk.engine.builders import param_shapes
+    from mftk.engine.restore import load_checkpoint
 
     raw = tiny_raw(template, tmp_path / "unused", tmp_path / "ckpt")
     import mindspore as ms
@@ -104,7 +106,7 @@ def test_weights_loaded_from_hf_equal_the_original(template, tmp_path):
     export_hf(tmp_path / "ckpt", tmp_path / "hf")
 
     model = build_model(config.model, seed=2)
-    plan = plan_resume(config, str(tmp_path / "hf"), weights_only=True, model=model)
+    plan = plan_resume(config, str(tmp_path / "hf"), weights_only=True, params=param_shapes(model))
     assert plan.kind == "hf" and plan.scenario == 2 and plan.start_step == 0
     loaded = load_checkpoint(plan, model, config)
     assert loaded.optimizer is None and loaded.extra is None

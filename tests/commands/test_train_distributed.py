@@ -87,7 +87,7 @@ def test_multi_process_checkpoint_layout(work, fsdp_q):
     names = sorted(p.name for p in step.iterdir())
     assert names == ["checkpoint-model-0000000-0000002.safetensors", "checkpoint-model-0000001-0000002.safetensors",
                      "checkpoint-opt-0000000-0000002.safetensors", "checkpoint-opt-0000001-0000002.safetensors",
-                     "common.json", "metadata.json", "mftk-state-0000000-0000002.json",
+                     "common.json", "metadata.json", "mftk-config.json", "mftk-state-0000000-0000002.json",
                      "mftk-state-0000001-0000002.json"]
     meta = json.loads((step / "metadata.json").read_text())["state_dict_metadata"]
     emb = meta["embedding.word_embeddings.weight"]

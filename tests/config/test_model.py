@@ -4,7 +4,7 @@ import math
 import attrs
 import pytest
 
-from mftk.config.model import (MODEL_CONFIGS, DeepseekV3ModelConfig, Qwen3ModelConfig, model_config_from_dict,
+from mftk.config.model import (model_configs, DeepseekV3ModelConfig, Qwen3ModelConfig, model_config_from_dict,
                                model_problems, normalize_model_dict)
 
 from tests.plan.test_flops import PYNATIVE_DS3, tiny_dsv3, tiny_qwen3
@@ -17,7 +17,7 @@ def by_path(problems):
 # ----- the classes -----
 
 def test_registry():
-    assert MODEL_CONFIGS == {"qwen3": Qwen3ModelConfig, "deepseek_v3": DeepseekV3ModelConfig,
+    assert model_configs() == {"qwen3": Qwen3ModelConfig, "deepseek_v3": DeepseekV3ModelConfig,
                              "deepseek_mtp": DeepseekV3ModelConfig}
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from mftk.config.load import load_data
-from mftk.config.rules import parse_layer_range
+from mftk.derive import parse_layer_range
 from mftk.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,9 +115,9 @@ def test_data_path_rules(tmp_path):
     cfg["data_path"] = ["0.5", "a", "0.5"]
     assert "even length" in errors(data)["train_dataset.dataloader.config.data_path"]
     cfg["data_path"] = ["0", "a", "0", "b"]
-    assert "all weights are zero" in errors(data)["train_dataset.dataloader.config.data_path"]
+    assert "must be a number > 0" in errors(data)["train_dataset.dataloader.config.data_path[0]"]
     cfg["data_path"] = ["-1", "a", "2", "b"]
-    assert "weight must be ≥ 0" in errors(data)["train_dataset.dataloader.config.data_path[0]"]
+    assert "must be a number > 0" in errors(data)["train_dataset.dataloader.config.data_path[0]"]
     cfg["data_path"] = ["1", str(tmp_path / "missing")]
     assert ".bin" in errors(data, check_files=True)["train_dataset.dataloader.config.data_path"]
     (tmp_path / "present.bin").write_bytes(b"")
@@ -141,7 +141,7 @@ def test_split_must_parse():
     data["train_dataset"]["dataloader"]["config"]["split"] = "a, b"
     assert "does not parse" in errors(data)["train_dataset.dataloader.config.split"]
     data["train_dataset"]["dataloader"]["config"]["split"] = "0, 0, 0"
-    assert "positive sum" in errors(data)["train_dataset.dataloader.config.split"]
+    assert "sums to 0" in errors(data)["train_dataset.dataloader.config.split"]
 
 
 def test_save_path_required_when_saving():
@@ -208,3 +208,46 @@ def test_parse_layer_range(text, expected):
 def test_quick_start_example_validates():
     data = yaml.safe_load((ROOT / "tests/config/fixtures/pynative_ds3.yaml").read_text())
     assert errors(data, world_size=2) == {}
+
+
+_DL = "train_dataset.dataloader"
+
+
+@pytest.mark.parametrize("change, path, match", [
+    (lambda d: d.update(sizes=None), f"{_DL}.sizes", "required"),
+    (lambda d: d.update(sizes=[0, 0, 0]), f"{_DL}.sizes", "positive train count"),
+    (lambda d: d.update(sizes=[1, 0, 0]), f"{_DL}.sizes", "< global_batch_size"),
+    (lambda d: d.update(type="HFDataLoader"), f"{_DL}.type", "not supported by mftk"),
+    (lambda d: d.update(type="Bert"), f"{_DL}.type", "unknown dataloader type"),
+    (lambda d: d.update(datasets_type="BertDataset"), f"{_DL}.datasets_type", "must be 'GPTDataset'"),
+    (lambda d: d["config"].update(seq_length=0), f"{_DL}.config.seq_length", "required: a positive integer"),
+    (lambda d: d["config"].update(split="0, 1, 0"), f"{_DL}.config.split", "training split no data"),
+    (lambda d: d["config"].update(split="1 ; x"), f"{_DL}.config.split", "does not parse"),
+    (lambda d: d["config"].update(data_path=["-1", "corpA"]), f"{_DL}.config.data_path[0]", "must be a number > 0"),
+    (lambda d: d["config"].update(data_path=["0", "a", "1", "b"]), f"{_DL}.config.data_path[0]", "weight '0' of a"),
+    (lambda d: d["config"].update(data_path=["0.5", "a", "b", "c"]), f"{_DL}.config.data_path[2]", "mixes weights"),
+    (lambda d: d["config"].update(train_data_path=["corpA"]), f"{_DL}.config.train_data_path", "cannot be combined"),
+    (lambda d: d["config"].update(data_path=None), f"{_DL}.config.data_path", "no data: data_path is missing"),
+    (lambda d: d["config"].update(mock=True), f"{_DL}.config.mock", "data_path is also set"),
+])
+def test_dataloader_rules_are_checked_once_here(change, path, match):
+    """The loader does not check these again (one place, tests/data/test_loader.py keeps the file-dependent ones)."""
+    data = tiny()
+    change(data["train_dataset"]["dataloader"])
+    found = errors(data)
+    assert path in found and match in found[path], found
+
+
+def test_a_zero_weight_fails_validate_config_as_it_would_fail_train():
+    """The issue's example of the two validations disagreeing: one rule now (derive.parse_data_path)."""
+    data = tiny()
+    data["train_dataset"]["dataloader"]["config"]["data_path"] = ["0", "a", "1", "b"]
+    assert "remove the prefix" in str(pytest.raises(ConfigError, load_data, data, check_files=False).value.problems[0].hint)
+
+
+def test_mind_dataset_rules():
+    data = tiny()
+    data["train_dataset"]["dataloader"] = {"type": "MindDataset", "config": {"add_extra_token_to_sequence": False}}
+    found = errors(data)
+    assert "MindDataset needs dataset_files" in found[f"{_DL}.dataset_files"]
+    assert "must be true for MindDataset" in found[f"{_DL}.config.add_extra_token_to_sequence"]

@@ -6,33 +6,7 @@ import numpy as np
 import pytest
 
 from mftk.data import blend
-from mftk.errors import ConfigError
-
-
-@pytest.mark.parametrize("data_path, expected", [
-    (["1", "p"], (["p"], [1.0])),
-    (["p", "q"], (["p", "q"], None)),
-    (["30", "p", "70", "q"], (["p", "q"], [30.0, 70.0])),
-    ([0.3, " a ", 0.7, "b"], (["a", "b"], [0.3, 0.7])),
-    (["a", "b", "c"], (["a", "b", "c"], None)),
-    ("only", (["only"], None)),
-])
-def test_parse_data_path(data_path, expected):
-    assert blend.parse_data_path(data_path) == expected
-
-
-@pytest.mark.parametrize("data_path, match", [
-    ([], "is empty"),
-    (["0.5", "a", "b", "c"], "mixes weights and prefixes"),
-    (["-1", "a", "2", "b"], "must be positive"),
-    (["0", "a", "0", "b"], "all weights are zero"),
-    (["0", "a", "1", "b"], "weight 0 for a"),
-    (["nan", "a", "1", "b"], "must be positive"),
-])
-def test_parse_data_path_errors(data_path, match):
-    with pytest.raises(ConfigError, match=match) as info:
-        blend.parse_data_path(data_path)
-    assert info.value.problems[0].path == "train_dataset.dataloader.config.data_path"
+from mftk.derive import parse_split
 
 
 def test_normalize_twice_is_what_the_reference_does():
@@ -51,24 +25,12 @@ def test_normalize_twice_is_what_the_reference_does():
     ("0.7,0.2,0.1", 3, [(0, 2), (2, 3), (3, 3)]),
 ])
 def test_split_ranges(split, n, ranges):
-    assert blend.split_ranges(blend.parse_split(split), n) == ranges
+    assert blend.split_ranges(parse_split(split), n) == ranges
 
 
-def test_split_vectors_and_matrix():
-    assert blend.parse_split("1, 0, 0") == [1.0, 0.0, 0.0]
-    assert blend.parse_split("0.7,0.2,0.1") == [0.7000000000000001, 0.20000000000000004, 0.10000000000000002]
+def test_split_matrix():
     m = blend.split_matrix([1.0, 0.0, 0.0])
     assert m == [(0, 1.0), None, None] and isinstance(m[0][0], int)
-
-
-@pytest.mark.parametrize("split, match", [
-    ("", "does not parse"), ("abc", "does not parse"), ("1,2,3,4", "at most 3"),
-    ("0,0,0", "sums to 0"), ("-1, 2", "does not parse"), ("1..2", "does not parse"), (None, "is required"),
-])
-def test_split_errors(split, match):
-    with pytest.raises(ConfigError, match=match) as info:
-        blend.parse_split(split)
-    assert info.value.problems[0].path == "train_dataset.dataloader.config.split"
 
 
 @pytest.mark.parametrize("target, weights, mf", [

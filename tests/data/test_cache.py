@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from mftk.data import blend
+from mftk.derive import parse_split
 from mftk.data.cache import (IndexCache, blended_description, check_indices, description_md5,
                              gpt_description)
 from mftk.data.gpt_dataset import build_indices
@@ -18,7 +19,7 @@ B1 = dict(dataset_path="corpA", num_samples=21, index_split="train", seed=1234, 
 def desc(**kw):
     args = {**B1, **kw}
     extra = args.pop("extra", 1)
-    return gpt_description(**args, split_matrix=blend.split_matrix(blend.parse_split(args["split"])),
+    return gpt_description(**args, split_matrix=blend.split_matrix(parse_split(args["split"])),
                            extra=extra)
 
 

@@ -1,15 +1,15 @@
 """build_train_dataset end to end: blends B1–B4, sharding, resume position, show_samples, bad configs."""
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 
 from mftk.data import blend
 from mftk.data.gpt_dataset import InMemoryDataset, SampleOptions, build_gpt_dataset
-from mftk.data.loader import build_train_dataset, collate, shard_indices, show_samples, skip_batches
+from mftk.data.loader import build_train_dataset, collate, shard_indices, show_samples
+from mftk.derive import skip_micro_batches
 from mftk.errors import ConfigError, DataFormatError, InputError
+from tests.helpers.config import dataloader
 
 LEN_A = [5, 9, 3, 12, 7, 1, 4, 8, 6, 10]
 LEN_B = [20, 3, 11, 6, 9, 15]
@@ -23,10 +23,17 @@ def corpus(lengths, base, step):
 CORPORA = {"corpA": corpus(LEN_A, 100, 100), "corpB": corpus(LEN_B, 5000, 100)}
 
 
-def section(data_path, sizes, **config):
+def raw_section(data_path, sizes, **config):
     cfg = {"data_path": data_path, "split": "1, 0, 0", "seq_length": 8, "eod": 1, **config}
     return {"type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": sizes,
             "config": cfg}
+
+
+def section(data_path, sizes, *, shuffle=False, **config):
+    """The typed section (the config rules validate it before the loader sees it)."""
+    raw = raw_section(data_path, sizes, **config)
+    raw["shuffle"] = shuffle
+    return dataloader(raw)
 
 
 def build(loader_section, gbs=1, lbs=1, dp=1, rank=0, **kw):
@@ -109,7 +116,7 @@ def test_batches_and_resume_position():
     assert b["input_ids"].shape == (2, 8) and b["input_ids"].dtype == np.int32
     assert b["input_ids"].tolist() == [data.dataset[5]["input_ids"].tolist(), data.dataset[7]["input_ids"].tolist()]
     # consumed_samples=8 → 8 // (2·2) = 2 micro-batches already read on each rank.
-    assert skip_batches(8, 2, 2) == 2 and lo.start_batch(8) == 2
+    assert skip_micro_batches(8, 2, 2) == 2 and lo.start_batch(8) == 2
     it = lo.iter_batches(lo.start_batch(8))
     assert next(it)["input_ids"].tolist() == lo.batch(2)["input_ids"].tolist()
     assert lo.start_batch(20) == 0  # past one epoch: wraps
@@ -139,49 +146,24 @@ def test_show_samples_records():
         show_samples(data, 1, start=100)
 
 
-def test_accepts_objects_with_attributes():
-    cfg = types.SimpleNamespace(data_path=["corpA"], split="1,0,0", seq_length=8, eod=1, seed=None,
-                                pad=None, mock=False)
-    sec = types.SimpleNamespace(type=None, datasets_type=None, sizes=[20, 0, 0], shuffle=False, config=cfg)
-    assert len(build(sec).dataset) == 24
-
-
 def test_shuffle_true_is_seeded_and_warned():
-    sec = section(["corpA"], [16, 0, 0])
-    sec["shuffle"] = True
+    sec = section(["corpA"], [16, 0, 0], shuffle=True)
     a, b = build(sec), build(sec)
     assert a.loader.sample_ids.tolist() == b.loader.sample_ids.tolist() != list(range(16))
     assert any("shuffle" in w for w in a.warnings)
 
 
-def test_mock_only_when_explicit():
+def test_mock_trains_on_random_tokens():
     sec = section(None, [8, 0, 0], mock=True)
     data = build_train_dataset(sec, global_batch_size=2, local_batch_size=2)
     assert data.loader.batch(0)["input_ids"].shape == (2, 8)
-    with pytest.raises(ConfigError, match="data_path: is required"):
-        build(section(None, [8, 0, 0]))
-    with pytest.raises(ConfigError, match="mock"):
-        build(section(["corpA"], [8, 0, 0], mock=True))
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda s: s.update(sizes=None), "sizes: is required"),
-    (lambda s: s.update(sizes=[0, 0, 0]), "positive integer"),
-    (lambda s: s.update(sizes=[1, 0, 0]), "smaller than global_batch_size"),
-    (lambda s: s.update(type="HFDataLoader"), "not a GPT dataloader"),
-    (lambda s: s.update(datasets_type="BertDataset"), "not supported"),
-    (lambda s: s["config"].update(seq_length=0), "seq_length: must be a positive integer"),
-    (lambda s: s["config"].update(seq_length=100), "seq_length=100 needs 101 tokens"),
-    (lambda s: s["config"].update(split="0, 1, 0"), "no data"),
-    (lambda s: s["config"].update(split="1 ; x"), "does not parse"),
-    (lambda s: s["config"].update(data_path=["-1", "corpA"]), "positive"),
-    (lambda s: s["config"].update(train_data_path=["corpA"]), "cannot be combined"),
-])
-def test_bad_configs(change, match):
-    sec = section(["corpA"], [20, 0, 0])
-    change(sec)
-    with pytest.raises(ConfigError, match=match):
-        build(sec, gbs=2)
+def test_settings_wrong_for_the_files_are_config_errors():
+    """What only the files can tell (the config rules check the rest: tests/config/test_rules.py)."""
+    with pytest.raises(ConfigError, match="seq_length=100 needs 101 tokens") as e:
+        build(section(["corpA"], [20, 0, 0], seq_length=100), gbs=2)
+    assert e.value.problems[0].path == "train_dataset.dataloader.config.seq_length"
 
 
 def test_max_epochs_turns_repetition_into_error():

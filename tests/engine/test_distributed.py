@@ -7,7 +7,7 @@ import pytest
 from mftk.ckpt.metadata import build_metadata, coverage_problems, parse_metadata, shard_slices
 from mftk.engine.distributed import DistContext, FlatSharding
 from mftk.engine.optim import AdamW, decide_weight_decay
-from mftk.plan.layout import Layout
+from mftk.derive import Layout
 
 NAMES = ["emb", "norm", "odd", "proj"]
 SHAPES = [(8, 3), (4,), (5, 2), (6, 4)]
@@ -97,7 +97,9 @@ def test_worker_result_round_trips_through_json():
 
     import attrs
 
-    from mftk.engine.run import ResumePlan, TrainResult, result_from_json
+    from mftk.ckpt.resume import ResumePlan
+    from mftk.engine.run import TrainResult
+    from mftk.engine.workers import result_from_json
 
     plan = ResumePlan(source="s", kind="mf", step_dir="d", scenario=1, saved_step=2, saved_global_batch_size=4,
                       global_batch_size=4, saved_world=2, world=1, start_step=2, consumed_samples=8,

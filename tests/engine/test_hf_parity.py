@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from mftk.engine import build_model, state_dict
-from mftk.engine.models.deepseek_v3 import state_dict as dsv3_sd
-from mftk.engine.models.qwen3 import state_dict as qwen3_sd
+from mftk.ckpt.hf import deepseek_v3 as dsv3_sd
+from mftk.ckpt.hf import qwen3 as qwen3_sd
 
 from tests.engine.model_fixtures import gradcheck, rng, tiny_dsv3, tiny_qwen3  # noqa: F401  (fixtures)
 

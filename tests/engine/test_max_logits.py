@@ -187,15 +187,17 @@ def test_export_hf_skips_the_buffer(runs, tmp_path):
 
 
 def test_checkpoints_load_with_tracking_switched_either_way(runs, corpus):
-    from mftk.engine.run import _build_model, load_checkpoint, plan_resume
+    from mftk.ckpt.resume import plan_resume
+    from mftk.engine.builders import build_model, param_shapes
+    from mftk.engine.restore import load_checkpoint
 
     d, _, _ = runs
     for saved, track in (("on", False), ("off", True)):
         raw = tiny_raw("qwen3_tiny.yaml", corpus, d / "x", steps=3)
         raw["model"]["track_max_attention_logit"] = track
         config = load(raw).config
-        model = _build_model(config)
-        plan = plan_resume(config, str(d / saved / "ckpt"), weights_only=False, model=model)
+        model = build_model(config)
+        plan = plan_resume(config, str(d / saved / "ckpt"), weights_only=False, params=param_shapes(model))
         assert not plan.missing and not plan.unexpected
         load_checkpoint(plan, model, config)
         has = [p.name for p in model.get_parameters() if p.name.endswith("max_logits_val")]
@@ -233,7 +235,7 @@ def test_model_flag_alone_adds_a_monitor_every_step(caplog, corpus):
      "model.track_max_attention_logit"),
 ])
 def test_bad_callbacks_are_refused_before_a_run(callbacks, parallelism, path, corpus):
-    from mftk.engine.run import check_supported_layout
+    from mftk.engine.runnable import check_supported_layout
 
     raw = tiny_raw("qwen3_tiny.yaml", corpus, Path("unused"))
     raw["callbacks"] = callbacks
@@ -247,7 +249,7 @@ def test_bad_callbacks_are_refused_before_a_run(callbacks, parallelism, path, co
 
 
 def test_support_table_accepts_tracking(corpus):
-    from mftk.engine.support import unsupported_model_settings
+    from mftk.config.support import unsupported_model_settings
 
     raw = tiny_raw("qwen3_tiny.yaml", corpus, Path("unused"))
     raw["model"]["track_max_attention_logit"] = True

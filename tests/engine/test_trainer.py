@@ -65,7 +65,10 @@ def test_checkpoint_layout_matches_reference(baseline):
     step_dir = root / "iteration_00000004"
     names = sorted(os.listdir(step_dir))
     assert names == ["checkpoint-model-0000000-0000001.safetensors", "checkpoint-opt-0000000-0000001.safetensors",
-                     "common.json", "mftk-state-0000000-0000001.json"]
+                     "common.json", "mftk-config.json", "mftk-state-0000000-0000001.json"]
+    saved = json.loads((step_dir / "mftk-config.json").read_text())  # the resolved config, defaults filled in
+    assert saved["training"]["steps"] == raw["training"]["steps"] and saved["checkpoint"]["save_max"] == 10
+    assert saved["model"]["hidden_size"] == raw["model"]["hidden_size"] and "rms_norm_eps" in saved["model"]
     common = json.loads((step_dir / "common.json").read_text())
     assert list(common) == ["epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size",
                             "consumed_samples", "ckpt_status"]

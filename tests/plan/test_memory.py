@@ -5,7 +5,7 @@ import pytest
 from mftk.config.model import Qwen3ModelConfig
 from mftk.errors import InputError
 from mftk.plan.flops import param_counts
-from mftk.plan.layout import Layout
+from mftk.derive import Layout
 from mftk.plan.memory import (Assumptions, PlanInputs, activation_inventory, estimate, in_flight, parse_bytes)
 from tests.plan.test_flops import tiny_dsv3
 from tests.plan.test_flops import tiny_qwen3 as flops_tiny_qwen3

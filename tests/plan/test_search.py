@@ -4,8 +4,9 @@ import itertools
 import pytest
 
 from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig
-from mftk.plan.layout import Layout
-from mftk.plan.memory import PlanInputs, stage_layers
+from mftk.derive import Layout
+from mftk.derive import stage_layers
+from mftk.plan.memory import PlanInputs
 from mftk.plan.search import RULES, candidate_layouts, check_layout, factorisations, search, why_none
 
 

@@ -1,4 +1,2 @@
-"""Model families. Each family package holds ``spec.py`` (MindSpore spec builder, registered on import)
-and ``state_dict.py`` (numpy-only HF ↔ reference name/layout mapping)."""
-
-FAMILY_SPEC_MODULES = ("mftk.engine.models.qwen3.spec", "mftk.engine.models.deepseek_v3.spec")
+"""Model families' spec builders (``<family>/spec.py``); the family table is `mftk.config.families`, the
+Hugging Face name mappings live with the other checkpoint formats in `mftk.ckpt.hf`."""

@@ -15,7 +15,7 @@ import itertools
 
 import attrs
 
-from mftk.plan.layout import Layout
+from mftk.derive import Layout
 
 DENSE_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 

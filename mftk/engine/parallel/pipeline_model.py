@@ -6,7 +6,7 @@ frozen (``requires_grad = False``), which keeps them out of the optimizer, the g
 norm and the checkpoint; they cost memory only (tiny on the models this runs on CPU).
 
 Stage contents (reference §1.3): the first stage holds the embedding, the last the final norm and
-the output layer; decoder layer ``i`` is on the stage `plan.memory.stage_layers` gives it
+the output layer; decoder layer ``i`` is on the stage `derive.stage_layers` gives it
 ('auto' or the explicit per-stage strings). Tied embeddings and MTP would share the embedding
 between the first and last stage; they are refused (`pipeline_problems`) rather than half-handled.
 """
@@ -24,7 +24,7 @@ from mftk.engine.parallel.groups import StagePosition
 
 def stage_layers_of(config: Any) -> list[list[int]]:
     """Decoder layer ids per stage from ``parallelism.pipeline_parallel_layers_per_stage``."""
-    from mftk.plan.memory import stage_layers
+    from mftk.derive import stage_layers
 
     p, m = config.parallelism, config.model
     out = stage_layers(int(m.num_hidden_layers), int(p.pipeline_parallel), 1,

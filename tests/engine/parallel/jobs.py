@@ -47,7 +47,7 @@ def two_rank_checks() -> dict:
     from mindspore import communication
 
     from mftk.engine.parallel.groups import create_groups
-    from mftk.plan.layout import Layout
+    from mftk.derive import Layout
 
     world = communication.get_group_size()
     tp_groups = create_groups(Layout(world=world, tp=world))
@@ -235,7 +235,7 @@ def four_rank_groups() -> dict:
 
     from mftk.engine.parallel import comm
     from mftk.engine.parallel.groups import create_groups
-    from mftk.plan.layout import Layout
+    from mftk.derive import Layout
 
     rank = communication.get_rank()
     groups = create_groups(Layout(world=4, tp=2, dp_shard=2, ep=2))

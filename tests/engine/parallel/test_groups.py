@@ -5,7 +5,7 @@ import pytest
 
 from mftk.engine.parallel.groups import coords_of, mesh_groups, rank_of
 from mftk.errors import PlanError
-from mftk.plan.layout import Layout
+from mftk.derive import Layout
 
 
 def test_c_order_mesh_tp_innermost():

@@ -90,7 +90,7 @@ def _loaded(corpus, template: str, **parallelism):
      "colossal only"),
 ])
 def test_unsupported_layouts_are_refused(corpus, template, settings, path, words):
-    from mftk.engine.run import check_supported_layout
+    from mftk.engine.runnable import check_supported_layout
 
     loaded = _loaded(corpus, template, **settings)
     with pytest.raises(ConfigError) as err:
@@ -99,7 +99,7 @@ def test_unsupported_layouts_are_refused(corpus, template, settings, path, words
 
 
 def test_supported_model_parallel_layouts_pass(corpus):
-    from mftk.engine.run import check_supported_layout
+    from mftk.engine.runnable import check_supported_layout
 
     lay = check_supported_layout(_loaded(corpus, "qwen3_tiny.yaml", tensor_parallel=2, sequence_parallel=True), 2)
     assert (lay.tp, lay.dp) == (2, 1)

@@ -9,7 +9,7 @@ from mftk.engine.layers.mlp import MLP
 from mftk.engine.layers.moe import MoELayer
 from mftk.engine.layers.norm import RMSNorm
 from mftk.engine.layers.rope import rotary_table
-from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec, register
+from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec
 
 
 def _moe_spec(cfg) -> ModuleSpec:
@@ -24,7 +24,6 @@ def _moe_spec(cfg) -> ModuleSpec:
     })
 
 
-@register("deepseek_v3", architectures=("DeepseekV3ForCausalLM",))
 def deepseek_v3_spec(cfg) -> ModelSpec:
     h, eps = cfg.hidden_size, cfg.rms_norm_eps
     norm = ModuleSpec(RMSNorm, {"dim": h, "eps": eps})

@@ -5,10 +5,9 @@ from mftk.engine.layers.attention import SelfAttention
 from mftk.engine.layers.mlp import MLP
 from mftk.engine.layers.norm import RMSNorm
 from mftk.engine.layers.rope import rotary_table
-from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec, register
+from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec
 
 
-@register("qwen3", architectures=("Qwen3ForCausalLM",))
 def qwen3_spec(cfg) -> ModelSpec:
     h, eps = cfg.hidden_size, cfg.rms_norm_eps
     hd = cfg.kv_channels()

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mftk.engine.models.convert import Source, deinterleave_rows, interleave_rows
+from mftk.ckpt.hf.convert import Source, deinterleave_rows, interleave_rows
 
 _RENAMES = (
     ("input_layernorm.weight", "input_layernorm.weight"),

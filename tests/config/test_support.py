@@ -46,6 +46,6 @@ def test_support_table_does_not_import_mindspore():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", "import sys, mftk.engine.support; print('mindspore' in sys.modules)"],
+    out = subprocess.run([sys.executable, "-c", "import sys, mftk.config.support; print('mindspore' in sys.modules)"],
                          capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "False"

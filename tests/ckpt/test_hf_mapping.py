@@ -7,16 +7,16 @@ import sys
 import numpy as np
 import pytest
 
-from mftk.engine.models.convert import interleave_rows
-from mftk.engine.models.deepseek_v3 import state_dict as dsv3_sd
-from mftk.engine.models.qwen3 import state_dict as qwen3_sd
+from mftk.ckpt.hf.convert import interleave_rows
+from mftk.ckpt.hf import deepseek_v3 as dsv3_sd
+from mftk.ckpt.hf import qwen3 as qwen3_sd
 from mftk.errors import CheckpointError
 
 pytestmark = pytest.mark.engine
 
 
 def test_mappings_import_without_mindspore():
-    code = ("import sys; import mftk.engine.models.qwen3.state_dict, mftk.engine.models.deepseek_v3.state_dict; "
+    code = ("import sys; import mftk.ckpt.hf.qwen3, mftk.ckpt.hf.deepseek_v3; "
             "assert 'mindspore' not in sys.modules, 'mindspore loaded'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

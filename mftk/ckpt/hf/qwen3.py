@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mftk.engine.models.convert import Source, deinterleave_rows, expect_shape, interleave_rows
+from mftk.ckpt.hf.convert import Source, deinterleave_rows, expect_shape, interleave_rows
 
 _RENAMES = (  # (HF suffix, MF suffix) inside a layer
     ("input_layernorm.weight", "input_layernorm.weight"),

@@ -1,0 +1,163 @@
+"""What a resume will do, decided from ``common.json``, ``metadata.json`` and file headers (no tensor data).
+
+The reference's scenarios (§4.2): 1 standard (weights + optimizer + step + data position; bit-exact
+with mftk's extra state), 2 weights only (step 0, fresh optimizer, masters from the loaded weights;
+also from a Hugging Face dir), 3 changed global batch size (step rescaled ``int(step·old/new)``,
+``consumed_samples`` kept, the optimizer's own step counter kept as the reference keeps it), 4
+balanced loading (each unique shard read once; a way of loading, combinable with 1–3). Everything
+the reference only warns about is an error here. Pure: MindSpore is never imported.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Mapping
+
+import attrs
+
+from mftk.ckpt.layout import locate, scan_step_dir
+from mftk.derive import skip_micro_batches
+from mftk.errors import CheckpointError
+
+
+class ResumeScenario(enum.IntEnum):
+    """The reference's resume scenarios, numbered as its guide numbers them."""
+
+    STANDARD = 1
+    WEIGHTS_ONLY = 2
+    BATCH_CHANGED = 3
+    BALANCED = 4
+
+    @property
+    def title(self) -> str:
+        return {1: "standard resume", 2: "weights-only initialisation", 3: "resume with a changed batch size",
+                4: "balanced loading"}[self.value]
+
+
+@attrs.frozen
+class ResumePlan:
+    """What a resume will do: where from, which scenario, where training continues."""
+
+    source: str
+    kind: str  # "mf" or "hf"
+    step_dir: str
+    scenario: ResumeScenario
+    saved_step: int
+    saved_global_batch_size: int | None
+    global_batch_size: int
+    saved_world: int
+    world: int
+    start_step: int
+    consumed_samples: int
+    skip_micro_batches: int
+    loads: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    mismatched: tuple[str, ...] = ()
+
+    @property
+    def loads_optimizer(self) -> bool:
+        return self.kind == "mf" and self.scenario != ResumeScenario.WEIGHTS_ONLY
+
+    @property
+    def problems(self) -> list[str]:
+        """Why the checkpoint does not fit the model (empty when it does)."""
+        return ([f"missing in checkpoint: {n}" for n in self.missing]
+                + [f"unexpected in checkpoint: {n}" for n in self.unexpected]
+                + [f"shape mismatch: {m}" for m in self.mismatched])
+
+
+def optional_buffer(name: str) -> bool:
+    """``max_logits_val`` is a statistic reset every step: a checkpoint may have it or not either way."""
+    return name.endswith(".max_logits_val")
+
+
+def is_optimizer_name(name: str) -> bool:
+    return name == "global_step" or name.startswith(("adam_m.", "adam_v.", "main_param.", "muon_m."))
+
+
+def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[str, tuple[int, ...]],
+                world: int = 1, dp: int = 1) -> ResumePlan:
+    """Decide the scenario and positions for resuming ``config``'s run (``params``: the model's names and
+    shapes) from ``path``; check names and shapes. A checkpoint saved by another number of processes is
+    resharded (global tensors → this layout)."""
+    from mftk.ckpt.common import read_common
+    from mftk.ckpt.load import hf_weight_files
+    from mftk.ckpt.metadata import read_metadata
+    from mftk.ckpt.safetensors_io import read_header
+
+    tr = config.training
+    gbs, lbs = tr.global_batch_size, tr.local_batch_size
+    loc = locate(path)
+    if loc.kind == "file":
+        raise CheckpointError(message=f"{path} is a single file; resume needs a checkpoint directory", path=str(path),
+                              hint="pass the save_path of a run, an iteration_* dir or a Hugging Face weights dir")
+    notes: list[str] = []
+    if loc.kind == "hf":
+        if not weights_only:
+            raise CheckpointError(message=f"{path} is a Hugging Face weights dir: it holds no optimizer state",
+                                  path=str(path), hint="use --weights-only (no_load_optim: true) to initialise from it")
+        names = {n for f in hf_weight_files(loc.step_dir) for n in read_header(f).tensors}
+        return ResumePlan(source=str(path), kind="hf", step_dir=str(loc.step_dir), scenario=ResumeScenario.WEIGHTS_ONLY,
+                          saved_step=0, saved_global_batch_size=None, global_batch_size=gbs, saved_world=1, world=world,
+                          start_step=0, consumed_samples=0, skip_micro_batches=0,
+                          loads=("model weights (HF names mapped)",),
+                          notes=(f"weights-only init from Hugging Face dir {loc.step_dir} ({len(names)} tensors)",))
+    files = scan_step_dir(loc.step_dir)
+    if files.problems:
+        raise CheckpointError(message=f"{loc.step_dir}: inconsistent rank files", path=str(loc.step_dir),
+                              problems=list(files.problems))
+    common = read_common(loc.step_dir)
+    if missing_ranks := files.missing_model_ranks:
+        raise CheckpointError(message=f"{loc.step_dir}: model files of ranks {missing_ranks} are missing "
+                              f"(saved by {files.world} processes)", path=str(loc.step_dir))
+    if not weights_only and files.missing_opt_ranks:
+        raise CheckpointError(message=f"no optimizer file for ranks {files.missing_opt_ranks} in {loc.step_dir}",
+                              path=str(loc.step_dir),
+                              hint="resume with --weights-only (no_load_optim: true) for a fresh optimizer at step 0")
+    if files.world > 1:
+        meta = read_metadata(loc.step_dir)
+        if meta is None:
+            raise CheckpointError(message=f"{loc.step_dir} was saved by {files.world} processes but has no "
+                                  "metadata.json, so its shards cannot be put together", path=str(loc.step_dir))
+        shapes = {n: t.global_shape for n, t in meta.items() if not is_optimizer_name(n)}
+        if files.world != world:
+            notes.append(f"Resharding: saved by {files.world} processes, loading into {world}; global tensors "
+                         "are assembled from metadata.json and cut for this layout")
+    else:
+        shapes = {n: tuple(h.shape) for n, h in read_header(files.model[0]).tensors.items()}
+        if world > 1:
+            notes.append(f"Resharding: saved by 1 process, loading into {world}")
+    missing = tuple(sorted(n for n in params if n not in shapes and not optional_buffer(n)))
+    unexpected = tuple(sorted(n for n in shapes if n not in params and not optional_buffer(n)))
+    if any(optional_buffer(n) for n in set(params) ^ set(shapes)):
+        notes.append("max_logits_val: tracking differs from the saved run; the running max starts from 0")
+    mismatched = tuple(f"{n}: model {params[n]}, checkpoint {shapes[n]}" for n in sorted(params)
+                       if n in shapes and tuple(shapes[n]) != tuple(params[n]))
+    saved_step, saved_gbs = common.step, common.global_batch_size
+    loads = ["model weights"]
+    if weights_only:
+        scenario, start, consumed = ResumeScenario.WEIGHTS_ONLY, 0, 0
+        notes.append("no_load_optim=True: refreshing fp32 master weights from loaded model params.")
+    else:
+        loads += ["optimizer states (adam_m, adam_v, global_step)"]
+        consumed = common.consumed_samples if common.consumed_samples is not None else saved_step * (saved_gbs or gbs)
+        if tr.rampup_batch_size or not saved_gbs or saved_gbs == gbs:
+            scenario, start = ResumeScenario.STANDARD, saved_step
+        else:
+            scenario, start = ResumeScenario.BATCH_CHANGED, int(saved_step * saved_gbs / gbs)
+            notes.append(f"Scaled global step: {saved_step} -> {start} (batch size changed from {saved_gbs} to {gbs}); "
+                         "training.steps and the LR schedule's total steps are not rescaled")
+            notes.append(f"LR position: the optimizer keeps its own step counter {saved_step} (as the reference "
+                         "does), so the LR schedule and Adam's bias correction continue from it")
+        if files.state.get(0) is not None:
+            loads += ["mftk extra state (RNG, data position)"]
+    skip = skip_micro_batches(consumed, dp, lbs)
+    if not weights_only:
+        notes.append(f"Resume from {loc.step_dir}: step {saved_step} -> start at step {start}, "
+                     f"consumed_samples={consumed}, skip {skip} micro-batches")
+    return ResumePlan(source=str(path), kind="mf", step_dir=str(loc.step_dir), scenario=scenario,
+                      saved_step=saved_step, saved_global_batch_size=saved_gbs, global_batch_size=gbs,
+                      saved_world=files.world, world=world, start_step=start, consumed_samples=consumed,
+                      skip_micro_batches=skip, loads=tuple(loads), notes=tuple(notes), missing=missing,
+                      unexpected=unexpected, mismatched=mismatched)

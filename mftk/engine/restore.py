@@ -1,0 +1,95 @@
+"""Resume, the loading half: a `ckpt.resume.ResumePlan`'s tensors into the model, optimizer and train state.
+
+The plan (pure, `mftk.ckpt.resume`) decided what to load; this module reads the tensors (one file,
+shards assembled through ``metadata.json``, or balanced loading) into the full model, and returns
+the optimizer tensors (global; the caller cuts this rank's share) and the extra state (RNG, data
+position) for `restore_state` to apply once the loader and optimizer exist.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+
+from mftk.ckpt.resume import ResumePlan, ResumeScenario, is_optimizer_name
+from mftk.engine.state import TrainState, restore_rng
+from mftk.errors import CheckpointError
+
+log = logging.getLogger("mftk.train")
+
+
+@attrs.frozen
+class LoadedCheckpoint:
+    """What a checkpoint gave beyond the model weights (already in the model)."""
+
+    optimizer: dict | None  # global optimizer tensors (None: weights only)
+    extra: dict | None  # mftk's extra state of the saving rank (None: a reference checkpoint)
+
+
+def load_checkpoint(plan: ResumePlan, model: Any, config: Any, *, rank: int = 0) -> LoadedCheckpoint:
+    """Load the plan's tensors into ``model``; multi-process checkpoints are assembled through metadata.json."""
+    from mftk.ckpt.extra_state import read_extra_state
+    from mftk.ckpt.load import load_global, load_rank
+    from mftk.engine.models.build import load_state_dict
+
+    if plan.problems:
+        raise CheckpointError(message=f"{plan.step_dir} does not fit the model ({len(plan.problems)} problems)",
+                              path=plan.step_dir, problems=plan.problems[:50],
+                              hint="check that the model: section matches the run that saved the checkpoint")
+    with_opt = plan.loads_optimizer
+    balanced = None
+    if config.checkpoint.load_balanced and plan.world > 1:  # scenario 4: each shard read once
+        from mftk.engine.balanced_load import load_balanced
+
+        balanced = load_balanced(plan.step_dir, rank=rank, world=plan.world,
+                                 kinds=("model", "opt") if with_opt else ("model",))
+    same_rank = rank if rank < plan.saved_world else 0  # the data position and RNG are the same on every rank
+    if plan.kind == "hf":
+        from mftk.config.families import family_of
+
+        hf = balanced.model if balanced else load_global(plan.step_dir)
+        load_state_dict(model, _with_buffers(model, family_of(config.model).hf_to_mf(hf, config.model)))
+        return LoadedCheckpoint(None, None)
+    if balanced is not None:
+        load_state_dict(model, balanced.model)
+        return LoadedCheckpoint(balanced.optimizer if with_opt else None,
+                                read_extra_state(plan.step_dir, same_rank, plan.saved_world))
+    if plan.saved_world == 1:
+        one = load_rank(plan.step_dir, optimizer=with_opt)
+        load_state_dict(model, one.model)
+        return LoadedCheckpoint(one.optimizer, one.extra)
+    from mftk.ckpt.metadata import read_metadata
+
+    tensors = load_global(plan.step_dir, list(read_metadata(plan.step_dir)))
+    load_state_dict(model, {n: a for n, a in tensors.items() if not is_optimizer_name(n)})
+    opt = {n: a for n, a in tensors.items() if is_optimizer_name(n)} if with_opt else None
+    return LoadedCheckpoint(opt, read_extra_state(plan.step_dir, same_rank, plan.saved_world))
+
+
+def restore_state(plan: ResumePlan | None, loaded: LoadedCheckpoint | None, *, epoch_micro_batches: int,
+                  start_batch: int) -> TrainState:
+    """The train state a run starts from: step and samples from the plan, the rest from the extra state."""
+    if plan is None:
+        return TrainState(micro_batches_read=start_batch)
+    state = TrainState(global_step=plan.start_step, consumed_samples=plan.consumed_samples)
+    extra = loaded.extra if loaded is not None else None
+    if extra:
+        state.epoch = int(extra.get("epoch", 0))
+        state.consecutive_skipped = int(extra.get("consecutive_skipped", 0))
+        state.skipped_steps = int(extra.get("skipped_steps", 0))
+        if plan.scenario == ResumeScenario.STANDARD:
+            restore_rng(extra)
+    elif plan.scenario == ResumeScenario.STANDARD:
+        log.info("no mftk extra state in %s (a reference checkpoint?): RNG re-seeded from training.seed", plan.step_dir)
+    state.micro_batches_read = start_batch + state.epoch * epoch_micro_batches
+    return state
+
+
+def _with_buffers(model: Any, tensors: dict) -> dict:
+    """HF dirs hold no MindSpore Transformers buffers (expert_bias, tokens_per_expert...): keep the model's."""
+    out = dict(tensors)
+    for p in model.get_parameters():
+        if not p.requires_grad and p.name not in out:
+            out[p.name] = p.asnumpy()
+    return out
