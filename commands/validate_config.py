@@ -52,7 +52,8 @@ def validate_config(
     if show_samples is not None:
         _show_samples(loaded.config, world, rank, show_samples, start, tokenizer, json_out)
         return
-    from mftk.config.report import resolved, resolved_yaml, summarize
+    from mftk.config.report import resolved, resolved_yaml
+    from mftk.plan.config_summary import summarize
 
     summary = summarize(loaded, world)
     if json_out:

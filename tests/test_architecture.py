@@ -86,3 +86,58 @@ def test_version():
 
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and __version__ in r.stdout
+
+
+# Which mftk packages each layer may import (at any depth, lazily too): arrows only run downwards.
+LAYERS = {
+    "mftk/derive.py": set(),                                     # pure helpers: nothing of mftk's
+    "mftk/errors.py": set(),
+    "mftk/progress.py": set(),
+    "mftk/config/": {"mftk.config", "mftk.derive", "mftk.errors"},
+    "mftk/plan/": {"mftk.plan", "mftk.config", "mftk.derive", "mftk.errors", "mftk.progress"},
+    "mftk/data/": {"mftk.data", "mftk.config", "mftk.derive", "mftk.errors", "mftk.progress"},
+    "mftk/ckpt/": {"mftk.ckpt", "mftk.config", "mftk.derive", "mftk.errors", "mftk.progress"},
+    "mftk/logs/": {"mftk.logs", "mftk.errors", "mftk.progress"},
+}
+
+
+def _mftk_imports(path: Path) -> list[tuple[str, int]]:
+    """(mftk module, line) of every import; ``from mftk import x`` counts as ``mftk.x``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "mftk"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mftk":
+            out += ([(f"mftk.{a.name}", node.lineno) for a in node.names] if node.module == "mftk"
+                    else [(node.module, node.lineno)])
+    return out
+
+
+def test_layers_import_only_downwards():
+    """Nothing in config/ imports plan/ or engine/; plan/ does not reach into config rules or the engine;
+    ckpt/ owns checkpoint formats without the engine; derive.py imports nothing of mftk's."""
+    bad = []
+    for prefix, allowed in LAYERS.items():
+        paths = [ROOT / prefix] if prefix.endswith(".py") else sorted((ROOT / prefix).rglob("*.py"))
+        for path in paths:
+            for module, line in _mftk_imports(path):
+                if not any(module == a or module.startswith(a + ".") for a in allowed):
+                    bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert bad == []
+
+
+def test_one_family_table():
+    """model_type → config class, spec builder and HF mapping come from config/families.py alone."""
+    import importlib
+
+    from mftk.config.families import FAMILIES, MODEL_TYPES
+    from mftk.config.model import model_configs
+
+    assert model_configs() == {mt: f.config_class for mt, f in MODEL_TYPES.items()}
+    for family in FAMILIES:
+        module, _, function = family.spec.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), family.spec
+        mapping = family.hf_mapping()
+        assert callable(mapping.hf_to_mf) and callable(mapping.mf_to_hf), family.hf
+    sources = "\n".join(p.read_text() for p in (ROOT / "mftk").rglob("*.py") if p.name != "families.py")
+    assert "import_module(f\"mftk.engine.models" not in sources and "FAMILY_SPEC_MODULES" not in sources
