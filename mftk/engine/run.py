@@ -459,11 +459,11 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
         sinks=sink, checkpointer=checkpointer,
         extra_state=lambda s, g: extra_state(s, global_batch_size=g, dp=dp, local_batch_size=lbs,
                                              model_section=model_section),
-        flops_per_sample=flops_per_step(cfg_model, global_batch_size=1) / layout.world, columns=_columns(config),
+        flops_per_sample=flops_per_step(cfg_model, global_batch_size=1) / layout.world, columns=config.model_columns,
         nan_policy=nan_policy_from(config), monitor=monitor if monitor.enabled else None,
         stop=stop, epoch_micro_batches=len(loader), show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
         seq_length=int(getattr(cfg_model, "seq_length", 0) or 0), dist=dist,
-        low_priority_dispatch=tr.low_priority_dispatch)
+        low_priority_dispatch=config.mftk.low_priority_dispatch)
     trainer.micro_batches_read = start_batch + (state.epoch * len(loader) if len(loader) else 0)
     start_step = state.global_step
     if start_step >= tr.steps:
@@ -662,13 +662,6 @@ def _schedule(config: Any):
     return build_schedule(config.lr_scheduler, config.training.steps)
 
 
-def _columns(config: Any) -> tuple[str, ...]:
-    ds = config.train_dataset
-    if ds.input_columns:
-        return tuple(ds.input_columns)
-    return tuple(ds.dataloader.column_names) if ds.dataloader is not None else ("input_ids", "labels")
-
-
 def _model_section(loaded: Any) -> dict | None:
     raw = loaded.raw.get("model") if isinstance(loaded.raw, dict) else None
     return dict(raw) if isinstance(raw, dict) else None
@@ -753,6 +746,10 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any, world
         raise CheckpointError(message=f"{loc.step_dir}: inconsistent rank files", path=str(loc.step_dir),
                               problems=list(files.problems))
     common = read_common(loc.step_dir)
+    notes += common.notes()
+    if not weights_only and "global_step" in common.missing:
+        raise CheckpointError(message=f"{loc.step_dir}/common.json has no global_step: the step to resume from is "
+                              "unknown", path=str(loc.step_dir), hint="resume with --weights-only (no_load_optim: true)")
     if missing_ranks := files.missing_model_ranks:
         raise CheckpointError(message=f"{loc.step_dir}: model files of ranks {missing_ranks} are missing "
                               f"(saved by {files.world} processes)", path=str(loc.step_dir))
@@ -819,7 +816,9 @@ def _optional_buffer(name: str) -> bool:
 
 
 def _is_opt_name(name: str) -> bool:
-    return name == "global_step" or name.startswith(("adam_m.", "adam_v.", "main_param.", "muon_m."))
+    from mftk.ckpt.names import is_optimizer_name
+
+    return is_optimizer_name(name)
 
 
 def load_checkpoint(plan: ResumePlan, model: Any, config: Any, *, rank: int = 0) -> _Loaded:

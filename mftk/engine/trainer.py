@@ -64,8 +64,8 @@ class BatchSchedule:
 
 @attrs.frozen
 class NanPolicy:
-    """``use_skip_step_on_nan``: drop the update of a step whose loss or grad norm is not finite,
-    at most ``max_consecutive_skipped_steps`` times in a row; otherwise a NaN stops the run."""
+    """``use_skip_step_on_nan``: drop the update of a step whose loss or grad norm is not finite, until
+    ``max_consecutive_skipped_steps`` (> 0) steps in a row were dropped (0: no limit); otherwise a NaN stops the run."""
 
     skip: bool
     max_consecutive: int
@@ -374,24 +374,30 @@ class Trainer:
         return global_norm(grads)
 
     def nan_guard(self, state: TrainState, loss: float, norm: float) -> bool:
-        """True when the update may be applied; a non-finite loss/norm is skipped or stops the run."""
+        """True when the update may be applied; a non-finite loss/norm is skipped or stops the run.
+
+        The limit is the reference's (2.1 §1.4): with N = ``max_consecutive_skipped_steps`` > 0 the run stops
+        when ``N <= consecutive skips`` (N = 1 at the first), N = 0 means no limit. Without skipping mftk
+        stops at the first non-finite step; the reference would apply it and continue."""
         if math.isfinite(loss) and math.isfinite(norm):
             state.consecutive_skipped = 0
             return True
         step = state.global_step + 1
         if not self.nan_policy.skip:
             raise TrainingError(message=f"loss {loss} / grad_norm {norm} is not finite at step {step}; training stopped "
-                                "before applying the update", step=step,
+                                "before applying the update (MindSpore Transformers would apply it, log nan and "
+                                "continue; mftk stops so no weight becomes NaN)", step=step,
                                 hint="lower lr_scheduler.learning_rate or training.max_norm, or set "
                                 "training.use_skip_step_on_nan: true to skip such steps")
         state.consecutive_skipped += 1
         state.skipped_steps += 1
-        log.warning("step %d: loss %s / grad_norm %s is not finite; update skipped (%d in a row, max %d)",
-                    step, loss, norm, state.consecutive_skipped, self.nan_policy.max_consecutive)
-        if state.consecutive_skipped > self.nan_policy.max_consecutive:
-            raise TrainingError(message=f"{state.consecutive_skipped} consecutive steps had a non-finite loss or "
-                                f"gradient (max_consecutive_skipped_steps={self.nan_policy.max_consecutive})",
-                                step=step, hint="resume from the last checkpoint with a lower learning rate")
+        limit = self.nan_policy.max_consecutive
+        log.warning("step %d: loss %s / grad_norm %s is not finite; update skipped (%d in a row, limit %s)",
+                    step, loss, norm, state.consecutive_skipped, limit if limit > 0 else "none")
+        if 0 < limit <= state.consecutive_skipped:
+            raise TrainingError(message=f"{state.consecutive_skipped} consecutive step(s) had a non-finite loss or "
+                                f"gradient, reaching training.max_consecutive_skipped_steps={limit}", step=step,
+                                hint="resume from the last checkpoint with a lower learning rate")
         return False
 
     def clip(self, grads: np.ndarray, norm: float) -> None:
