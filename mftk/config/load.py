@@ -104,11 +104,11 @@ def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
         return None, [Problem(path="model.model_type", message="required key is missing",
                               hint=f"one of: {', '.join(sorted(MODEL_CONFIGS))}")]
     if model_type not in MODEL_CONFIGS:
-        close = _did_you_mean(str(model_type), MODEL_CONFIGS)
+        close = _did_you_mean(str(model_type), MODEL_CONFIGS, cutoff=0.8)  # qwen3_moe is not a typo of qwen3
         return None, [Problem(path="model.model_type", value=model_type,
                               message=f"{model_type!r} is not a model family mftk trains "
                                       f"({', '.join(sorted(MODEL_CONFIGS))})" + (f": {close}" if close else ""),
-                              hint="" if close else "train it with MindSpore Transformers, or pick one of these")]
+                              hint="" if close else "train this family with MindSpore Transformers")]
     cleaned, problems = normalize_model_dict(dict(model_raw))
     model, found = structure(cleaned, MODEL_CONFIGS[model_type], root="model")
     for p in found:
@@ -221,8 +221,8 @@ def _unknown_top_level(key: Any, path: str, known: dict) -> Problem:
 TYPO_CUTOFF = 0.85  # difflib ratio above which an unknown top-level key is taken for a misspelt section
 
 
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return f"did you mean '{close[0]}'?" if close else ""
 
 

@@ -77,5 +77,6 @@ def is_static_config(data: Any) -> bool:
 def static_config_message(source: str, markers: list[str]) -> str:
     """The one line validate-config (and train) answer a static-graph config with."""
     stem = source[:-5] if source.endswith(".yaml") else source[:-4] if source.endswith(".yml") else source
-    return (f"{source} is a static-graph (GRAPH_MODE) config ({', '.join(markers)}); mftk reads PyNative configs: "
+    shown = ", ".join(markers[:4]) + (", …" if len(markers) > 4 else "")
+    return (f"{source} is a static-graph (GRAPH_MODE) config ({shown}); mftk reads PyNative configs: "
             f"convert it with `mftk convert-config {source} -o {stem}_pynative.yaml`")
