@@ -343,7 +343,7 @@ class Config:
     swap: SwapConfig = field(factory=SwapConfig, help="Activation swapping to host.")
     callbacks: list[CallbackConfig] = field(factory=list, help="Extra callbacks: [{type: MaxLogitsMonitor}].")
     lora_config: Optional[LoraConfig] = field(None, "LoRA adapters; refused until mftk has LoRA.")
-    run_mode: str = field("train", "train or predict; mftk trains, so predict is refused.")
+    run_mode: str = field("train", "A string: train (the default) or predict; mftk trains, so predict is refused.")
     inference: Optional[InferenceConfig] = field(None, "Inference settings (run_mode: predict); not used by mftk train.")
     mftk: MftkConfig = field(factory=MftkConfig, help="mftk-only settings (a section the reference ignores).")
 

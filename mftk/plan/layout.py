@@ -83,7 +83,7 @@ def layout_from_config(parallelism, world: int) -> Layout:
 
 
 def accumulation_steps(global_batch_size: int, local_batch_size: int, dp: int) -> tuple[int | None, str]:
-    """gbs / (dp·lbs); None when it does not divide (the reference floors silently; mftk refuses)."""
+    """gbs / (dp·lbs); None when it does not divide (MindSpore Transformers 2.1.0 refuses it too)."""
     base = dp * local_batch_size
     text = f"global_batch_size / (dp·local_batch_size) = {global_batch_size} / ({dp}·{local_batch_size})"
     if base <= 0 or global_batch_size % base != 0 or global_batch_size < base:

@@ -236,29 +236,28 @@ profile_communication: False
 profile_memory: False
 """
 
-# configs/qwen3/pretrain_qwen3_32b_4k.yaml
-QWEN3_32B = """\
-seed: 42
+# Blocks the two Qwen3 configs share ({...} fields differ per file).
+_QWEN_HEAD = """\
+seed: {seed}
 output_dir: './output'
 load_checkpoint: ''
 load_ckpt_format: 'safetensors'
-src_strategy_path_or_dir: ''
-auto_trans_ckpt: False
+{strategy}auto_trans_ckpt: False
 only_save_strategy: False
 resume_training: False
 use_parallel: True
 run_mode: 'train'
 use_legacy: False
-
+{extra_top}
 trainer:
   type: CausalLanguageModelingTrainer
-  model_name: 'Qwen3'
+  model_name: '{model_name}'
 
 runner_config:
-  epochs: 2
+  epochs: {epochs}
   batch_size: 1
   gradient_accumulation_steps: 1
-
+{sink}
 runner_wrapper:
   type: MFTrainOneStepCell
   scale_sense: 1.0
@@ -272,8 +271,8 @@ optimizer:
 
 lr_schedule:
   type: ConstantWarmUpLR
-  learning_rate: 1.e-6
-  warmup_ratio: 0
+  learning_rate: {lr}
+  {warmup}
   total_steps: -1
 
 train_dataset: &train_dataset
@@ -290,7 +289,7 @@ train_dataset: &train_dataset
       seq_length: 4096
       eod_mask_loss: False
       reset_position_ids: False
-      create_attention_mask: True
+      create_attention_mask: {attention_mask}
       reset_attention_mask: False
       create_compressed_eod_mask: False
       eod_pad_length: 128
@@ -311,37 +310,61 @@ train_dataset_task:
   type: CausalLanguageModelDataset
   dataset_config: *train_dataset
 
-""" + _COMMON_CONTEXT_Q3 + """
+""" + _COMMON_CONTEXT_Q3
+
+_QWEN_PARALLEL = """
 parallel_config:
   data_parallel: &dp 1
   model_parallel: 4
   pipeline_stage: 4
-  micro_batch_num: &micro_batch_num 4
-  use_seq_parallel: False
-  gradient_aggregation_group: 1
-  vocab_emb_dp: False
-micro_batch_interleave_num: 1
+{parallel_config}  gradient_aggregation_group: 1
+{vocab_emb_dp}micro_batch_interleave_num: 1
 
 parallel:
   parallel_mode: 1
   gradients_mean: False
-  enable_alltoall: False
+  enable_alltoall: {alltoall}
   full_batch: True
   search_mode: "sharding_propagation"
   enable_parallel_optimizer: False
   strategy_ckpt_config:
     save_file: "./ckpt_strategy.ckpt"
     only_trainable_params: False
-  parallel_optimizer_config:
-    gradient_accumulation_shard: False
-    parallel_optimizer_threshold: 64
-
+{optimizer_config}
 recompute_config:
   recompute: True
   select_recompute: False
   mp_comm_recompute: True
   parallel_optimizer_comm_recompute: True
+"""
 
+_QWEN_TAIL = """
+callbacks:
+  - type: MFLossMonitor
+  - type: CheckpointMonitor
+    prefix: "{prefix}"
+    save_checkpoint_steps: 5000
+    keep_checkpoint_max: 1
+    integrated_save: False
+    async_save: False
+    checkpoint_format: "safetensors"
+
+profile: False
+profile_start_step: 1
+profile_stop_step: 10
+init_start_profile: False
+profile_communication: False
+profile_memory: True
+{extra_tail}"""
+
+# configs/qwen3/pretrain_qwen3_32b_4k.yaml
+QWEN3_32B = _QWEN_HEAD.format(
+    seed=42, strategy="src_strategy_path_or_dir: ''\n", extra_top="", model_name="Qwen3", epochs=2, sink="",
+    lr="1.e-6", warmup="warmup_ratio: 0", attention_mask="True") + _QWEN_PARALLEL.format(
+    parallel_config="  micro_batch_num: &micro_batch_num 4\n  use_seq_parallel: False\n",
+    vocab_emb_dp="  vocab_emb_dp: False\n", alltoall="False",
+    optimizer_config="  parallel_optimizer_config:\n    gradient_accumulation_shard: False\n"
+                     "    parallel_optimizer_threshold: 64\n") + """
 model:
   model_config:
     model_type: qwen3
@@ -380,133 +403,15 @@ model:
     pad_token_id: 151643
     bos_token_id: 151643
     eos_token_id: 151645
-
-callbacks:
-  - type: MFLossMonitor
-  - type: CheckpointMonitor
-    prefix: "qwen3"
-    save_checkpoint_steps: 5000
-    keep_checkpoint_max: 1
-    integrated_save: False
-    async_save: False
-    checkpoint_format: "safetensors"
-
-profile: False
-profile_start_step: 1
-profile_stop_step: 10
-init_start_profile: False
-profile_communication: False
-profile_memory: True
-layer_scale: False
-layer_decay: 0.65
-lr_scale_factor: 256
-"""
+""" + _QWEN_TAIL.format(prefix="qwen3", extra_tail="layer_scale: False\nlayer_decay: 0.65\nlr_scale_factor: 256\n")
 
 # configs/qwen3_moe/pretrain_qwen3_30b_a3b_4k.yaml
-QWEN3_MOE_30B_A3B = """\
-seed: 1234
-output_dir: './output'
-load_checkpoint: ''
-load_ckpt_format: 'safetensors'
-auto_trans_ckpt: False
-only_save_strategy: False
-resume_training: False
-use_parallel: True
-run_mode: 'train'
-use_legacy: False
-print_separate_loss: True
-
-trainer:
-  type: CausalLanguageModelingTrainer
-  model_name: 'qwen3_moe'
-
-runner_config:
-  epochs: 1
-  batch_size: 1
-  gradient_accumulation_steps: 1
-  sink_mode: True
-  sink_size: 1
-
-runner_wrapper:
-  type: MFTrainOneStepCell
-  scale_sense: 1.0
-  use_clip_grad: True
-
-optimizer:
-  type: AdamW
-  betas: [0.9, 0.95]
-  eps: 1.e-8
-  weight_decay: 0.0
-
-lr_schedule:
-  type: ConstantWarmUpLR
-  learning_rate: 1.e-5
-  warmup_steps: 0
-  total_steps: -1
-
-train_dataset: &train_dataset
-  data_loader:
-    type: BlendedMegatronDatasetDataLoader
-    datasets_type: "GPTDataset"
-    sizes:
-      - 8000
-      - 0
-      - 0
-    config:
-      seed: 1234
-      split: "1, 0, 0"
-      seq_length: 4096
-      eod_mask_loss: False
-      reset_position_ids: False
-      create_attention_mask: False
-      reset_attention_mask: False
-      create_compressed_eod_mask: False
-      eod_pad_length: 128
-      eod: 151643
-      pad: 151643
-      data_path:
-        - '1'
-        - "/path/to/wiki103-megatron_text_document"
-  input_columns: ["input_ids", "labels", "loss_mask", "position_ids"]
-  construct_args_key: ["input_ids", "labels", "loss_mask", "position_ids"]
-  num_parallel_workers: 8
-  python_multiprocessing: False
-  drop_remainder: True
-  numa_enable: False
-  prefetch_size: 1
-  seed: 1234
-train_dataset_task:
-  type: CausalLanguageModelDataset
-  dataset_config: *train_dataset
-
-""" + _COMMON_CONTEXT_Q3 + """
-parallel_config:
-  data_parallel: &dp 1
-  model_parallel: 4
-  pipeline_stage: 4
-  expert_parallel: 4
-  micro_batch_num: &micro_batch_num 16
-  use_seq_parallel: True
-  gradient_aggregation_group: 1
-micro_batch_interleave_num: 1
-
-parallel:
-  parallel_mode: 1
-  gradients_mean: False
-  enable_alltoall: True
-  full_batch: True
-  search_mode: "sharding_propagation"
-  enable_parallel_optimizer: False
-  strategy_ckpt_config:
-    save_file: "./ckpt_strategy.ckpt"
-    only_trainable_params: False
-
-recompute_config:
-  recompute: True
-  select_recompute: False
-  mp_comm_recompute: True
-  parallel_optimizer_comm_recompute: True
-
+QWEN3_MOE_30B_A3B = _QWEN_HEAD.format(
+    seed=1234, strategy="", extra_top="print_separate_loss: True\n", model_name="qwen3_moe", epochs=1,
+    sink="  sink_mode: True\n  sink_size: 1\n", lr="1.e-5", warmup="warmup_steps: 0",
+    attention_mask="False") + _QWEN_PARALLEL.format(
+    parallel_config="  expert_parallel: 4\n  micro_batch_num: &micro_batch_num 16\n  use_seq_parallel: True\n",
+    vocab_emb_dp="", alltoall="True", optimizer_config="") + """
 model:
   model_config:
     model_type: qwen3_moe
@@ -549,24 +454,7 @@ model:
     input_sliced_sig: True
     hidden_dropout: 0.0
     attention_dropout: 0.0
-
-callbacks:
-  - type: MFLossMonitor
-  - type: CheckpointMonitor
-    prefix: "qwen3_moe"
-    save_checkpoint_steps: 5000
-    keep_checkpoint_max: 1
-    integrated_save: False
-    async_save: False
-    checkpoint_format: "safetensors"
-
-profile: False
-profile_start_step: 1
-profile_stop_step: 10
-init_start_profile: False
-profile_communication: False
-profile_memory: True
-"""
+""" + _QWEN_TAIL.format(prefix="qwen3_moe", extra_tail="")
 
 STATIC = {"deepseek3_671b": DEEPSEEK3_671B, "qwen3_32b": QWEN3_32B, "qwen3_moe_30b_a3b": QWEN3_MOE_30B_A3B}
 

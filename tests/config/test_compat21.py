@@ -4,24 +4,11 @@ Expected values come from the reference's documented rules (mindformers-2.1.md Â
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
-from mftk.config.load import load_data
 from mftk.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def tiny() -> dict:
-    return yaml.safe_load((ROOT / "templates" / "qwen3_tiny.yaml").read_text())
-
-
-def load(data: dict, **kw):
-    kw.setdefault("check_files", False)
-    return load_data(data, **kw)
+from tests.config.test_load import base as tiny
+from tests.config.test_load import load_dict as load
 
 
 def errors_of(data: dict, **kw) -> dict[str, str]:

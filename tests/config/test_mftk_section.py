@@ -16,6 +16,7 @@ import yaml
 from mftk.config import sections as S
 from mftk.config.load import load_data
 from mftk.errors import ConfigError
+from tests.config.test_load import base as tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,10 +61,6 @@ def test_strict_sections_hold_only_the_reference_keys(cls):
 
 def test_the_only_top_level_addition_is_the_mftk_section():
     assert set(attrs.fields_dict(S.Config)) - set(REFERENCE_TOP_LEVEL.split()) == {"mftk"}
-
-
-def tiny() -> dict:
-    return yaml.safe_load((ROOT / "templates" / "qwen3_tiny.yaml").read_text())
 
 
 def test_mftk_section_is_read_through_the_config_model():
