@@ -9,7 +9,8 @@ import yaml
 from typer.testing import CliRunner
 
 from commands.app import app
-from mftk.config.convert import check_conversion, convert_file, stages_from_offset
+from mftk.config.convert import check_conversion, convert_file
+from mftk.config.static_map import stages_from_offset
 from mftk.config.load import load_config
 from mftk.config.model import MODEL_CONFIGS
 from mftk.errors import ConfigError
@@ -83,7 +84,7 @@ def test_dataset_section_and_columns(converted):
 
 def test_every_static_key_is_mapped_or_listed_with_a_reason(converted):
     name, conv = converted
-    from mftk.config.convert import _leaf_paths
+    from mftk.config.static_map import _leaf_paths
 
     sources = {s.strip() for src, _ in conv.mapped for s in src.split(",")}
     listed = sources | {path for path, _ in conv.unmapped}
