@@ -12,6 +12,7 @@ from typing import Callable
 from rich.markup import escape
 
 from mftk import errors as E
+
 from commands._render import err_console
 
 EXIT_OK = 0
@@ -24,12 +25,19 @@ EXIT_INTERRUPT = 130
 
 
 def _render_config(exc: E.ConfigError) -> None:
-    n = sum(1 for p in exc.problems if p.severity == "error")
+    errors = [p for p in exc.problems if p.severity == "error"]
     where = f" in {exc.source}" if exc.source else ""
-    err_console.print(f"[bold red]error:[/] {escape(exc.message or f'{n} problem(s){where}')}")
+    if len(errors) == 1:  # one problem, one line
+        prefix = f"{exc.source}: " if exc.source else ""
+        err_console.print(f"[bold red]error:[/] {escape(prefix + errors[0].render())}", highlight=False)
+    else:
+        err_console.print(f"[bold red]error:[/] {escape(exc.message or f'{len(errors)} problem(s){where}')}",
+                          highlight=False)
     for p in exc.problems:
+        if len(errors) == 1 and p is errors[0]:
+            continue
         colour = "red" if p.severity == "error" else "yellow"
-        err_console.print(f"  [{colour}]•[/] {escape(p.render())}", highlight=False)
+        err_console.print(f"  [{colour}]•[/] {escape(p.render())}", markup=True, highlight=False)
 
 
 def _render_checkpoint(exc: E.CheckpointError) -> None:

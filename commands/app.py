@@ -19,6 +19,7 @@ from mftk import __version__
 COMMANDS: list[tuple[str, str, str]] = [
     ("preprocess", "preprocess", "Data"),
     ("validate_config", "validate-config", "Configure"),
+    ("convert_config", "convert-config", "Configure"),
     ("plan_parallel", "plan-parallel", "Configure"),
     ("train", "train", "Train"),
     ("resume", "resume", "Train"),

@@ -88,6 +88,7 @@ def _size(n: int) -> str:
 
 
 def _render_report(r: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from commands._render import console
@@ -101,6 +102,8 @@ def _render_report(r: Any) -> None:
                       f"mftk extra state {'yes' if r.has_extra_state else 'no'}", highlight=False)
         if r.other_steps:
             console.print(f"  iteration dirs here: {', '.join(map(str, r.other_steps))}", highlight=False)
+        for note in r.notes:
+            console.print(f"  [cyan]note:[/] {escape(note)}", highlight=False)
     if r.ranks:
         files = Table("rank", "model file", "opt file", "extra state", "size", title="Files per rank")
         for f in r.ranks:
@@ -119,6 +122,12 @@ def _render_report(r: Any) -> None:
     by_dtype = ", ".join(f"{k} {_size(v)}" for k, v in sorted(r.bytes_by_dtype.items()))
     console.print(f"model parameters {r.model_parameters:,}  optimizer elements {r.optimizer_elements:,}  "
                   f"bytes by dtype: {by_dtype or '-'}  files {_size(r.file_bytes)}", highlight=False)
+    if r.unused_optimizer_states:
+        from mftk.ckpt.names import describe_unused
+
+        console.print("optimizer states mftk's AdamW does not use (skipped by a resume; all names in --json):")
+        for line in describe_unused(r.unused_optimizer_states):
+            console.print(f"  {escape(line)}", highlight=False)
     scen = Table("#", "resume scenario", "supported", "why", title="Resume scenarios")
     for s in r.scenarios:
         scen.add_row(str(s.number), s.name, "[green]yes[/]" if s.supported else "[red]no[/]", s.reason)

@@ -14,6 +14,7 @@ EPILOG = """[bold]Examples[/]
   mftk validate-config my.yaml --world-size 8 --set training.global_batch_size=64
   mftk validate-config my.yaml --print-resolved      [dim]# full YAML, defaults marked[/]
   mftk validate-config --model-from-hf config.json   [dim]# HF config.json -> model: section[/]
+  mftk convert-config static.yaml -o my.yaml         [dim]# a static-graph config: convert it first[/]
   mftk validate-config my.yaml --show-samples 2 --rank 1 --world-size 2 --tokenizer tok.json
 
 Exit codes: 0 valid, 1 invalid config, 2 usage or file error."""
@@ -35,7 +36,7 @@ def validate_config(
     """Check a training YAML: every problem at once, with its YAML path, the arithmetic and a fix."""
     from commands._render import console, err_console, print_json
     from mftk.config.load import load_config
-    from mftk.errors import ConfigError, InputError
+    from mftk.errors import ConfigError, InputError, Problem
 
     if model_from_hf is not None:
         _print_hf_section(model_from_hf, json_out)
@@ -47,7 +48,8 @@ def validate_config(
         loaded = load_config(config, overrides=overrides or (), world_size=world, check_files=not no_check_files)
     except ConfigError as exc:
         if json_out:  # the JSON on stdout, the same problems on stderr, exit 1
-            print_json({"valid": False, "source": str(config), "problems": [_problem_dict(p) for p in exc.problems]})
+            problems = exc.problems or [Problem(path="", message=exc.message, hint=exc.hint)]  # e.g. a static config
+            print_json({"valid": False, "source": str(config), "problems": [_problem_dict(p) for p in problems]})
         raise
     if show_samples is not None:
         _show_samples(loaded.config, world, rank, show_samples, start, tokenizer, json_out)

@@ -89,15 +89,17 @@ def test_version():
 
 
 # Which mftk packages each layer may import (at any depth, lazily too): arrows only run downwards.
+BASE = {"mftk.errors", "mftk.derive", "mftk.progress", "mftk.files", "mftk.lock"}  # the ground floor
 LAYERS = {
     "mftk/derive.py": set(),                                     # pure helpers: nothing of mftk's
     "mftk/errors.py": set(),
     "mftk/progress.py": set(),
-    "mftk/config/": {"mftk.config", "mftk.derive", "mftk.errors"},
-    "mftk/plan/": {"mftk.plan", "mftk.config", "mftk.derive", "mftk.errors", "mftk.progress"},
-    "mftk/data/": {"mftk.data", "mftk.config", "mftk.derive", "mftk.errors", "mftk.progress"},
-    "mftk/ckpt/": {"mftk.ckpt", "mftk.config", "mftk.derive", "mftk.errors", "mftk.progress"},
-    "mftk/logs/": {"mftk.logs", "mftk.errors", "mftk.progress"},
+    "mftk/files.py": {"mftk.errors"},
+    "mftk/config/": {"mftk.config"} | BASE,
+    "mftk/plan/": {"mftk.plan", "mftk.config"} | BASE,
+    "mftk/data/": {"mftk.data", "mftk.config"} | BASE,
+    "mftk/ckpt/": {"mftk.ckpt", "mftk.config"} | BASE,
+    "mftk/logs/": {"mftk.logs"} | BASE,
 }
 
 

@@ -1,7 +1,10 @@
-"""``common.json``: exactly the reference's 7 keys in its order (§3.3), read strictly.
+"""``common.json``: the reference's 7 keys in its order (§3.3); older and newer files read leniently.
 
-MindSpore Transformers loads it with ``CommonInfo(**data)``, so one extra key makes it crash:
-anything mftk needs beyond these keys lives in the ``mftk-state-*.json`` files instead.
+mftk writes exactly those keys. Reading follows MindSpore Transformers 2.1.0 (2.1 §2.2): a key
+an older release did not write is null (the reference's default for every field) and named in a
+note; a key beyond the seven (2.1.0 drops ``data_plan_state``, written by its earlier balanced
+loader) is kept on :class:`CommonInfo` and written back by :meth:`CommonInfo.to_json`, so a
+resumed run passes it on instead of silently losing it. Wrong types are still errors.
 """
 from __future__ import annotations
 
@@ -15,38 +18,60 @@ import attrs
 from mftk.errors import CheckpointError
 
 KEYS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size", "consumed_samples", "ckpt_status")
+# Extra keys MindSpore Transformers 2.1.0 itself accepts (and drops); any other one makes it raise TypeError.
+REFERENCE_DROPPED = ("data_plan_state",)
 
 
 @attrs.frozen
 class CommonInfo:
-    """Field order is the file's key order."""
+    """Field order is the file's key order; ``extra`` and ``missing`` describe what the file held."""
 
-    epoch_num: int
-    step_num: int
+    epoch_num: int | None
+    step_num: int | None
     global_step: int | None
-    loss_scale: float
+    loss_scale: float | None
     global_batch_size: int | None
     consumed_samples: int | None
     ckpt_status: Any = None
+    extra: dict[str, Any] = attrs.field(factory=dict)  # keys beyond KEYS, in file order; written back
+    missing: tuple[str, ...] = ()  # KEYS the file did not have (read as null)
 
     @classmethod
     def for_step(cls, *, step: int, max_steps: int, global_batch_size: int, consumed_samples: int,
-                 epoch: int = 0) -> "CommonInfo":
-        """What the PyNative trainer writes: epoch 0 is stored as 1, step 0 as null, step_num = training.steps."""
+                 epoch: int = 0, extra: dict[str, Any] | None = None) -> "CommonInfo":
+        """What the PyNative trainer writes: epoch 0 is stored as 1, step 0 as null, step_num = training.steps.
+
+        ``extra``: keys read from the checkpoint this run resumed from (``CommonInfo.extra``), passed through."""
         return cls(epoch_num=int(epoch) if epoch else 1, step_num=int(max_steps),
                    global_step=int(step) if step else None, loss_scale=1.0,
-                   global_batch_size=int(global_batch_size), consumed_samples=int(consumed_samples))
+                   global_batch_size=int(global_batch_size), consumed_samples=int(consumed_samples),
+                   extra=dict(extra or {}))
 
     @property
     def step(self) -> int:
         return self.global_step or 0
 
+    def to_dict(self) -> dict[str, Any]:
+        """The file's content: the 7 keys in order, then the kept extra keys."""
+        return {**{k: getattr(self, k) for k in KEYS}, **self.extra}
+
     def to_json(self) -> str:
-        return json.dumps(attrs.asdict(self), ensure_ascii=False, indent=4)
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=4)
+
+    def notes(self) -> list[str]:
+        """What reading this file assumed or kept, one line each (empty for a file mftk wrote)."""
+        out = [f"common.json has no {k!r} (an older release): read as null, the reference's default"
+               for k in self.missing]
+        for k in self.extra:
+            why = ("MindSpore Transformers 2.1.0 drops it" if k in REFERENCE_DROPPED
+                   else "MindSpore Transformers 2.1.0 refuses a checkpoint with this key")
+            out.append(f"common.json key {k!r} is not one of the reference's 7: kept and written to the next "
+                       f"checkpoint ({why})")
+        return out
 
 
 def parse_common(text: str, path: str = "common.json") -> CommonInfo:
-    """Parse and check types; unknown or missing keys are errors (the reference crashes on them)."""
+    """Parse and check types; missing keys read as null and extra keys are kept (both noted)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -54,26 +79,25 @@ def parse_common(text: str, path: str = "common.json") -> CommonInfo:
                               hint="the file is damaged; use an earlier iteration_* dir") from None
     if not isinstance(data, dict):
         raise CheckpointError(message=f"{path}: expected a JSON object", path=path)
-    problems = [f"unknown key {k!r} (MindSpore Transformers would refuse the checkpoint)" for k in data if k not in KEYS]
-    problems += [f"missing key {k!r}" for k in KEYS if k not in data]
-    problems += _type_problems(data)
+    problems = _type_problems(data)
     if problems:
         raise CheckpointError(message=f"{path}: {len(problems)} problem(s)", path=path, problems=problems)
-    return CommonInfo(**{k: data[k] for k in KEYS})
+    return CommonInfo(**{k: data.get(k) for k in KEYS}, extra={k: v for k, v in data.items() if k not in KEYS},
+                      missing=tuple(k for k in KEYS if k not in data))
 
 
 def _type_problems(data: dict[str, Any]) -> list[str]:
     def is_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
-    rules = {"epoch_num": (is_int, False), "step_num": (is_int, False), "global_step": (is_int, True),
-             "loss_scale": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), False),
-             "global_batch_size": (is_int, True), "consumed_samples": (is_int, True)}
+    def is_number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
     out = []
-    for key, (ok, nullable) in rules.items():
-        if key in data and not (ok(data[key]) or (nullable and data[key] is None)):
-            out.append(f"{key}: {data[key]!r} is not a {'non-negative integer' if ok is is_int else 'number'}"
-                       + (" or null" if nullable else ""))
+    for key in KEYS[:-1]:  # every field may be null (the reference's default); ckpt_status is free-form
+        ok = is_number if key == "loss_scale" else is_int
+        if data.get(key) is not None and not ok(data[key]):
+            out.append(f"{key}: {data[key]!r} is not a {'non-negative integer' if ok is is_int else 'number'} or null")
     return out
 
 

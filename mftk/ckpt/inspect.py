@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from mftk.ckpt import names as opt_names
 from mftk.ckpt import safetensors_io as st
 from mftk.ckpt.common import CommonInfo, read_common
 from mftk.ckpt.extra_state import read_extra_state
@@ -22,9 +23,6 @@ from mftk.ckpt.load import hf_weight_files, iter_global
 from mftk.ckpt.metadata import GlobalTensor, coverage_problems, read_metadata
 from mftk.errors import CheckpointError
 from mftk.progress import NULL_PROGRESS, Progress
-
-OPT_PREFIXES = ("adam_m.", "adam_v.", "main_param.", "muon_m.", "max_exp_avg_sq.")
-
 
 @attrs.frozen
 class TensorRow:
@@ -79,13 +77,15 @@ class CheckpointReport:
     verified: bool
     tensors_read: bool
     problems: list[str]
+    unused_optimizer_states: dict[str, list[str]] = attrs.field(factory=dict)  # skipped on resume, by state
+    notes: list[str] = attrs.field(factory=list)  # what reading assumed (common.json defaults, kept keys)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
 
 def tensor_kind(name: str, file_kind: str = "model") -> str:
-    if file_kind == "opt" or name == "global_step" or name.startswith(OPT_PREFIXES):
+    if file_kind == "opt" or opt_names.is_optimizer_name(name):
         return "optimizer"
     return "model"
 
@@ -246,14 +246,25 @@ class _Collector:
         step = loc.step if loc.step is not None else (self.common.global_step if self.common else None)
         return CheckpointReport(
             path=loc.given, kind=loc.kind, step_dir=str(loc.step_dir) if loc.step_dir else None, step=step,
-            common=attrs.asdict(self.common) if self.common else None, world=files.world if files else 1,
+            common=self.common.to_dict() if self.common else None, world=files.world if files else 1,
             prefix=files.prefix if files else None, has_metadata=self.meta is not None, has_extra_state=self.has_extra,
             ranks=self._ranks(), tensors=rows,
             model_parameters=sum(math.prod(r.shape) for r in rows if r.kind == "model"),
             optimizer_elements=sum(math.prod(r.shape) for r in rows if r.kind == "optimizer"),
             bytes_by_dtype=by_dtype, file_bytes=sum(h.file_bytes for h in self.headers.values()),
             scenarios=resume_scenarios(self), other_steps=self._other_steps(), verified=verify,
-            tensors_read=read, problems=self.problems)
+            tensors_read=read, problems=self.problems, unused_optimizer_states=self.unused_states(),
+            notes=self.common.notes() if self.common else [])
+
+    def unused_states(self) -> dict[str, list[str]]:
+        """Optimizer tensors mftk's AdamW does not use (skipped by a resume), grouped by state."""
+        return opt_names.unused_states(r.name for r in self.rows.values() if r.kind == "optimizer")
+
+    def muon_only_params(self) -> list[str]:
+        """Parameters with Muon momentum but no AdamW moments: a standard resume cannot continue them."""
+        names = {r.name for r in self.rows.values() if r.kind == "optimizer"}
+        return sorted(p for p in map(opt_names.param_of, self.unused_states().get("muon_m", []))
+                      if not all(opt_names.state_name(s, p) in names for s in opt_names.ADAMW_STATES))
 
     def _ranks(self) -> list[RankFiles]:
         f = self.files
@@ -304,11 +315,18 @@ def resume_scenarios(c: _Collector) -> list[Scenario]:
     broken = [p for p in c.problems if "opt file missing" not in p]
     weights_ok = common is not None and f is not None and f.world > 0 and not broken
     has_opt = f is not None and f.world > 0 and not f.missing_opt_ranks
-    full_ok = weights_ok and has_opt and common.global_step is not None
+    muon = c.muon_only_params()
+    full_ok = weights_ok and has_opt and common.global_step is not None and not muon
     s1 = ("bit-exact continuation (mftk extra state present)" if c.has_extra
           else "not bit-exact: no mftk extra state, RNG re-seeded") if full_ok else (
         "no common.json or damaged files" if not weights_ok else
-        "no optimizer files (saved with no_save_optim)" if not has_opt else "global_step is null (step 0)")
+        "no optimizer files (saved with no_save_optim)" if not has_opt else
+        f"{len(muon)} parameter(s) have Muon momentum (muon_m.*) and no adam_m/adam_v: mftk's AdamW cannot "
+        "continue them" if muon else
+        "common.json has no global_step" if "global_step" in common.missing else "global_step is null (step 0)")
+    if full_ok and (unused := c.unused_states()):
+        s1 += f"; skips {sum(map(len, unused.values()))} optimizer state(s) mftk's AdamW does not use " \
+              f"({', '.join(k + '.*' for k in unused)})"
     s2 = "model weights into a fresh optimizer" if weights_ok else (
         "common.json is required even for weights-only" if common is None else "model files have problems")
     gbs_ok = full_ok and common.global_batch_size is not None and common.consumed_samples is not None

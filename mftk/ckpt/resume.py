@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import attrs
 
 from mftk.ckpt.layout import locate, scan_step_dir
+from mftk.ckpt.names import is_optimizer_name
 from mftk.derive import skip_micro_batches
 from mftk.errors import CheckpointError
 
@@ -54,6 +55,7 @@ class ResumePlan:
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
     mismatched: tuple[str, ...] = ()
+    common_extra: dict = attrs.field(factory=dict)  # common.json keys beyond the reference's 7: written back on save
 
     @property
     def loads_optimizer(self) -> bool:
@@ -70,10 +72,6 @@ class ResumePlan:
 def optional_buffer(name: str) -> bool:
     """``max_logits_val`` is a statistic reset every step: a checkpoint may have it or not either way."""
     return name.endswith(".max_logits_val")
-
-
-def is_optimizer_name(name: str) -> bool:
-    return name == "global_step" or name.startswith(("adam_m.", "adam_v.", "main_param.", "muon_m."))
 
 
 def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[str, tuple[int, ...]],
@@ -108,6 +106,10 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[s
         raise CheckpointError(message=f"{loc.step_dir}: inconsistent rank files", path=str(loc.step_dir),
                               problems=list(files.problems))
     common = read_common(loc.step_dir)
+    notes += common.notes()
+    if not weights_only and "global_step" in common.missing:
+        raise CheckpointError(message=f"{loc.step_dir}/common.json has no global_step: the step to resume from is "
+                              "unknown", path=str(loc.step_dir), hint="resume with --weights-only (no_load_optim: true)")
     if missing_ranks := files.missing_model_ranks:
         raise CheckpointError(message=f"{loc.step_dir}: model files of ranks {missing_ranks} are missing "
                               f"(saved by {files.world} processes)", path=str(loc.step_dir))
@@ -160,4 +162,4 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[s
                       saved_step=saved_step, saved_global_batch_size=saved_gbs, global_batch_size=gbs,
                       saved_world=files.world, world=world, start_step=start, consumed_samples=consumed,
                       skip_micro_batches=skip, loads=tuple(loads), notes=tuple(notes), missing=missing,
-                      unexpected=unexpected, mismatched=mismatched)
+                      unexpected=unexpected, mismatched=mismatched, common_extra=dict(common.extra))

@@ -12,7 +12,7 @@ from typing import Any, Union
 
 import attrs
 import cattrs
-from cattrs.errors import ClassValidationError
+from cattrs.errors import AttributeValidationNote, ClassValidationError, IterableValidationNote
 
 from mftk.errors import Problem
 
@@ -176,13 +176,15 @@ def _flatten(exc: BaseException, path: str):
 
 
 def _extend(path: str, exc: BaseException) -> str:
+    """The child path an error note names: cattrs' attribute/index notes, or our ``@index i`` text.
+
+    Notes are ``str`` subclasses, and a plain ``str`` has an ``index`` *method*: the note types are
+    told apart by class, so a path never shows a bound method (``data_path[<built-in method ...>]``)."""
     for note in getattr(exc, "__notes__", []):
-        name = getattr(note, "name", None)
-        index = getattr(note, "index", None)
-        if name is not None:
-            return f"{path}.{name}" if path else name
-        if index is not None:
-            return f"{path}[{index}]"
+        if isinstance(note, AttributeValidationNote):
+            return f"{path}.{note.name}" if path else note.name
+        if isinstance(note, IterableValidationNote):
+            return f"{path}[{note.index}]"
         if isinstance(note, str) and note.startswith("@index "):
             return f"{path}[{note.split()[1]}]"
     return path

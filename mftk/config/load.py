@@ -18,7 +18,9 @@ import attrs
 import yaml
 
 from mftk.config import sections as S
+from mftk.config.compat import normalize_raw
 from mftk.config.converter import structure
+from mftk.config.static import STATIC_TOP_LEVEL, is_static_config, static_config_message, static_markers
 from mftk.config.yamlio import LineMap, parse_yaml, read_config_file
 from mftk.errors import ConfigError, Problem
 
@@ -50,10 +52,13 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
         raise ConfigError(message=f"{source}: the top level must be a mapping of sections, got {type(data).__name__}",
                           source=source, problems=[Problem(path="", message=f"expected a mapping, got {type(data).__name__}",
                                                            hint="a config starts with 'training:', 'model:', ... sections")])
+    if is_static_config(data):
+        raise ConfigError(message=static_config_message(source, static_markers(data)), source=source)
     raw = copy.deepcopy(data)
     problems: list[Problem] = []
     for item in overrides:
         problems += apply_override(raw, item)
+    problems += normalize_raw(raw, lines)
     config, found = build_config(raw, lines)
     problems += found
     if config is not None:
@@ -99,10 +104,11 @@ def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
         return None, [Problem(path="model.model_type", message="required key is missing",
                               hint=f"one of: {', '.join(sorted(configs))}")]
     if model_type not in configs:
+        close = _did_you_mean(str(model_type), configs, cutoff=0.8)  # qwen3_moe is not a typo of qwen3
         return None, [Problem(path="model.model_type", value=model_type,
-                              message=f"unknown model_type {model_type!r}",
-                              hint=_did_you_mean(str(model_type), configs) or
-                              f"one of: {', '.join(sorted(configs))}")]
+                              message=f"{model_type!r} is not a model family mftk trains "
+                                      f"({', '.join(sorted(configs))})" + (f": {close}" if close else ""),
+                              hint="" if close else "train this family with MindSpore Transformers")]
     cleaned, problems = normalize_model_dict(dict(model_raw))
     model, found = structure(cleaned, configs[model_type], root="model")
     for p in found:
@@ -181,22 +187,42 @@ def _yaml11_float(text: str) -> float | None:
 
 
 def _unknown_key(cls: type, key: Any, path: str, allow_extra: bool, known: dict, problems: list[Problem]) -> None:
-    if cls is S.Config and key in S.KNOWN_EXTRA_TOP_LEVEL:
-        problems.append(Problem(path=path, severity="warning",
-                                message=f"accepted but has no effect ({S.KNOWN_EXTRA_TOP_LEVEL[key]})"))
+    if cls is S.Config:
+        problems.append(_unknown_top_level(key, path, known))
         return
     hint = _did_you_mean(str(key), known)
     if allow_extra:
         problems.append(Problem(path=path, severity="warning", message="unknown key, ignored",
                                 hint=hint or "check the spelling against the config reference"))
     else:
-        what = "unknown section" if cls is S.Config else "unknown key"
-        problems.append(Problem(path=path, message=what,
-                                hint=hint or f"known keys: {', '.join(sorted(known))}"))
+        problems.append(Problem(path=path, message="unknown key", hint=hint or f"known keys: {', '.join(sorted(known))}"))
 
 
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+def _unknown_top_level(key: Any, path: str, known: dict) -> Problem:
+    """MindSpore Transformers accepts and ignores unknown top-level keys (2.1 §1.1); so does mftk, saying so.
+
+    Exception: a near-certain misspelling of a section (``trainingg``) is an error, since every
+    setting under it would be silently ignored."""
+    name = str(key)
+    if key in S.KNOWN_EXTRA_TOP_LEVEL:
+        return Problem(path=path, severity="warning", message=f"accepted but has no effect ({S.KNOWN_EXTRA_TOP_LEVEL[key]})")
+    if key in STATIC_TOP_LEVEL:
+        return Problem(path=path, severity="warning",
+                       message="a static-graph key; ignored (MindSpore Transformers ignores it in PyNative too)",
+                       hint=f"PyNative setting: {STATIC_TOP_LEVEL[key]}")
+    typo = difflib.get_close_matches(name, list(known), n=1, cutoff=TYPO_CUTOFF)
+    if typo:
+        return Problem(path=path, message="unknown section",
+                       hint=f"did you mean '{typo[0]}'? As written, every setting under it would be ignored")
+    return Problem(path=path, severity="warning", message="unknown top-level key; ignored (MindSpore Transformers "
+                   "accepts and ignores it too)", hint=_did_you_mean(name, known) or "remove it if it is a mistake")
+
+
+TYPO_CUTOFF = 0.85  # difflib ratio above which an unknown top-level key is taken for a misspelt section
+
+
+def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return f"did you mean '{close[0]}'?" if close else ""
 
 

@@ -7,11 +7,12 @@ where mftk's meaning differs.
 """
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import Path, PurePath
 from typing import Any
 
 from mftk import derive as L
-from mftk.config.sections import Config
+from mftk.config.sections import RUN_MODES, Config
 from mftk.derive import DeriveError, parse_layer_range
 from mftk.errors import Problem
 
@@ -20,6 +21,9 @@ LR_TYPES = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR", "War
 LR_NEED_WARMUP = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "ConstantWithCoolDownLR", "WarmUpStableDecayLR"}
 LOADER_TYPES = {"BlendedMegatronDatasetDataLoader", "MindDataset"}
 LOADER_TYPES_REFERENCE_ONLY = {"HFDataLoader", "OrderedIndexDataLoader"}
+BALANCE_LOADERS = {"BlendedMegatronDatasetDataLoader", "HFDataLoader", "OrderedIndexDataLoader"}
+INFERENCE_SUFFIXES = (".jsonl", ".json", ".txt", "")
+LORA_PENDING = "LoRA support is pending in mftk (it would train every weight instead)"
 
 
 class _Rules:
@@ -46,10 +50,11 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_optimizer(config, r)
     _check_lr(config, r)
     _check_dataset(config, r, check_files=check_files)
-    _check_recompute_swap(config, r)
+    _check_balance(config, layout, r)
+    _check_recompute_swap(config, world_size, r)
     _check_profiler_monitor(config, r)
-    if config.lora_config is not None and not config.lora_config.target_modules:
-        r.error("lora_config.target_modules", "required to enable LoRA", hint="e.g. '.*linear_qkv.*'")
+    _check_lora(config, r)
+    _check_run_mode(config, r)
     if config.model is not None:
         from mftk.config.model import model_problems
         from mftk.config.support import unsupported_model_settings
@@ -74,9 +79,13 @@ def _check_training(c: Config, r: _Rules) -> None:
                t.max_norm, "the reference has no > 0 check and would scale gradients by a non-positive factor")
     if t.rampup_batch_size is not None:
         _check_rampup(c, r)
-    if t.max_consecutive_skipped_steps < 1:
-        r.error("training.max_consecutive_skipped_steps", f"must be ≥ 1, got {t.max_consecutive_skipped_steps}",
-                t.max_consecutive_skipped_steps)
+    n = t.max_consecutive_skipped_steps
+    if n < 0:
+        r.error("training.max_consecutive_skipped_steps", f"training.max_consecutive_skipped_steps in config must be "
+                f">= 0, got {n}.", n, "0 means no limit; N stops the run when N steps in a row were skipped")
+    elif n > 0 and not t.use_skip_step_on_nan:
+        r.note("training.max_consecutive_skipped_steps", "has no effect without use_skip_step_on_nan: a non-finite "
+               "step stops mftk at once (MindSpore Transformers applies it and continues)", n)
 
 
 def _check_rampup(c: Config, r: _Rules) -> None:
@@ -182,7 +191,7 @@ def _check_accumulation(c: Config, layout: L.Layout, r: _Rules) -> None:
     if steps is None:
         r.error("training.global_batch_size", f"num_accumulation_steps = {text}", t.global_batch_size,
                 f"use a multiple of dp·local_batch_size = {layout.dp * t.local_batch_size} "
-                "(the reference floors this silently)")
+                "(MindSpore Transformers 2.1.0 refuses it too; earlier releases floored it silently)")
 
 
 def _check_model_vs_parallel(c: Config, layout: L.Layout | None, r: _Rules) -> None:
@@ -272,6 +281,15 @@ def _check_checkpoint(c: Config, r: _Rules) -> None:
                 ck.save_interleaved_steps)
     if ck.save_max < 1:
         r.error("checkpoint.save_max", f"must be ≥ 1, got {ck.save_max}", ck.save_max)
+    if ck.save_trainable_only and not ck.base_load_path.strip():
+        r.error("checkpoint.base_load_path", "checkpoint.base_load_path is required when save_trainable_only is True.",
+                ck.base_load_path)
+    if ck.save_trainable_only:
+        r.error("checkpoint.save_trainable_only", f"true saves LoRA adapters only; {LORA_PENDING}", True,
+                "set save_trainable_only: false")
+    if ck.base_load_path.strip():
+        r.error("checkpoint.base_load_path", f"names the frozen base checkpoint of a LoRA run; {LORA_PENDING}",
+                ck.base_load_path, "remove it; to start from a checkpoint, set checkpoint.load_path (--weights-only)")
 
 
 def _check_optimizer(c: Config, r: _Rules) -> None:
@@ -350,8 +368,7 @@ def _check_dataset(c: Config, r: _Rules, *, check_files: bool) -> None:
                     hint="e.g. dataset_files: [data/wiki_text.mindrecord]")
         elif check_files:
             for i, f in enumerate(loader.dataset_files or []):
-                if not Path(f).exists():
-                    r.error(f"{base}.dataset_files[{i}]", f"file not found: {f}", f)
+                _check_mindrecord_entry(f, f"{base}.dataset_files[{i}]", r)
         return
     if loader.datasets_type != "GPTDataset":
         r.error(f"{base}.datasets_type", f"must be 'GPTDataset', got {loader.datasets_type!r}", loader.datasets_type)
@@ -403,11 +420,51 @@ def _check_data_config(c: Config, d, base: str, r: _Rules, check_files: bool) ->
             for prefix in _check_blend(blend, f"{base}.{key}", r):
                 if check_files:
                     _check_prefix_files(prefix, f"{base}.{key}", r)
-    loader = c.train_dataset.dataloader
-    columns = c.train_dataset.input_columns or loader.column_names
-    if d.create_attention_mask and "attention_mask" not in columns:
+    if d.create_seq_len_vector:
+        r.error(f"{base}.create_seq_len_vector", "the per-sample sequence-length vector is not implemented by mftk",
+                True, "set create_seq_len_vector: false (use create_compressed_eod_mask for packed documents)")
+    if d.create_attention_mask and "attention_mask" not in c.model_columns:
         r.note(f"{base}.create_attention_mask", "true, but attention_mask is not in column_names; it is not passed "
                "to the model", hint="set create_attention_mask: false to save memory")
+
+
+def _check_mindrecord_entry(entry: str, path: str, r: _Rules) -> None:
+    p = Path(entry)
+    if not p.exists():
+        r.error(path, f"file not found: {entry}", entry)
+    elif p.is_dir():
+        if not any(q.is_file() and ".mindrecord" in q.name and not q.name.endswith(".db") for q in p.rglob("*")):
+            r.error(path, f"no .mindrecord file under directory {entry}", entry,
+                    "write one with: mftk preprocess --format mindrecord --seq-length N ...")
+        else:
+            r.note(path, f"directory {entry}: its *.mindrecord files are read in sorted path order (MindSpore "
+                   "Transformers walks it in os.walk order, which is not sorted)", entry)
+
+
+def _check_balance(c: Config, layout: L.Layout | None, r: _Rules) -> None:
+    """``train_dataset.balance_enabled`` (2.1 §1.6): the reference's loader and data-mode rules; dp = 1 is its
+    exact bypass; the dp > 1 redistribution is not implemented by mftk, so it is refused, not ignored."""
+    path, loader = "train_dataset.balance_enabled", c.train_dataset.dataloader
+    if not c.train_dataset.balance_enabled or loader is None or loader.type is None:
+        return
+    if loader.type not in BALANCE_LOADERS:
+        r.error(path, f"balance_enabled is True but dataloader type {loader.type!r} is not supported (only "
+                f"{', '.join(sorted(BALANCE_LOADERS))})", True, "set balance_enabled: false")
+        return
+    data = loader.config
+    if data is None or not data.create_compressed_eod_mask or data.create_seq_len_vector:
+        r.error(path, "Data balancing requires the effective compressed-EOD mode.", True,
+                "set train_dataset.dataloader.config.create_compressed_eod_mask: true (and create_seq_len_vector: false)")
+        return
+    if layout is None:
+        return
+    if layout.dp > 1:
+        r.error(path, f"redistributing micro-batches across data-parallel ranks (dp = {layout.dp}) is not "
+                "implemented by mftk yet", True, "set balance_enabled: false, or train this run with "
+                "MindSpore Transformers")
+    else:
+        r.note(path, "no effect at data parallel 1: each step reads the original micro-batches (the reference's "
+               "exact bypass)", True)
 
 
 def _check_split(split: str, path: str, r: _Rules) -> None:
@@ -436,7 +493,7 @@ def _check_prefix_files(prefix: str, path: str, r: _Rules) -> None:
 
 # ------------------------------------------------------------------ recompute, swap, profiler, monitor
 
-def _check_recompute_swap(c: Config, r: _Rules) -> None:
+def _check_recompute_swap(c: Config, world: int, r: _Rules) -> None:
     rc, sw, m = c.recompute, c.swap, c.model
     layers = getattr(m, "num_hidden_layers", 0) or 0
     mtp = getattr(m, "num_nextn_predict_layers", 0) or 0
@@ -448,8 +505,7 @@ def _check_recompute_swap(c: Config, r: _Rules) -> None:
             _check_ascending_layers(rc.full_recompute_layer, layers + mtp, "recompute.full_recompute_layer", r)
     if rc.mode == "select" and not isinstance(rc.select_module, dict):
         r.error("recompute.select_module", "required when recompute.mode is 'select': a mapping of module glob → layer ranges")
-    if rc.exclude_op is not None and any(not op for op in rc.exclude_op):
-        r.error("recompute.exclude_op", "op-name substrings must be non-empty", rc.exclude_op)
+    _check_exclude_op(rc, layers + mtp, world, r)
     if c.recompute_comm.enable and not c.recompute_comm.select_module:
         r.error("recompute_comm.select_module", "required when recompute_comm.enable is true")
     if not sw.enable:
@@ -464,6 +520,33 @@ def _check_recompute_swap(c: Config, r: _Rules) -> None:
             for name in needed:
                 if not isinstance(entry, dict) or name not in entry:
                     r.error(f"swap.{key}[{i}]", f"entry needs '{name}'", entry)
+
+
+def _check_exclude_op(rc, limit: int, world: int, r: _Rules) -> None:
+    """2.1.0 form: module-path glob → layer ranges (2.1 §1.7). The older list of op-name substrings was removed;
+    the reference raises on it when it applies recompute (world > 1) and ignores it on one card."""
+    path, ex = "recompute.exclude_op", rc.exclude_op
+    if ex is None:
+        return
+    if isinstance(ex, list):
+        message = ("a list of op names (the form before MindSpore Transformers 2.1.0); it must be a dict (module "
+                   "path -> list of layer ranges)")
+        hint = "e.g. exclude_op: {'*self_attention.linear_proj': ['0-3']}"
+        if world > 1:
+            r.error(path, message, ex, hint)
+        else:
+            r.warn(path, message + "; ignored on one process, refused with more", ex, hint)
+        return
+    for key, ranges in ex.items():
+        where = f"{path}.{key}"
+        if not isinstance(key, str) or not key.strip():
+            r.error(path, f"keys must be non-blank module-path globs, got {key!r}", key)
+        elif not isinstance(ranges, list) or not ranges:
+            r.error(where, "must be a non-empty list of layer ranges, e.g. ['0-3', 5]", ranges)
+        else:
+            _check_ascending_layers([str(x) for x in ranges], limit, where, r)
+    if rc.mode == "None":
+        r.note(path, "has no effect while recompute.mode is None", hint="set recompute.mode: full or select")
 
 
 def _check_ascending_layers(entries: list[str], limit: int, path: str, r: _Rules) -> None:
@@ -493,3 +576,51 @@ def _check_profiler_monitor(c: Config, r: _Rules) -> None:
     if mm.save_tokens_per_expert_interval is not None and mm.save_tokens_per_expert_interval <= 0:
         r.error("monitor.moe_monitor.save_tokens_per_expert_interval", "must be a positive integer",
                 mm.save_tokens_per_expert_interval)
+
+
+# ------------------------------------------------------------------ LoRA, run mode, inference
+
+def _check_lora(c: Config, r: _Rules) -> None:
+    """2.1.0's own LoRA checks (2.1 §1.2), then the refusal: mftk has no adapters yet, and accepting the section
+    would silently train every weight."""
+    lora = c.lora_config
+    if lora is None:
+        return
+    if not lora.target_modules.strip():
+        r.error("lora_config.target_modules", "required: a regex of the module paths that get adapters", "",
+                "e.g. '.*linear_qkv.*'")
+    else:
+        try:
+            re.compile(lora.target_modules)
+        except re.error as exc:
+            r.error("lora_config.target_modules", f"not a valid regular expression ({exc})", lora.target_modules)
+    for name in ("lora_rank", "lora_alpha"):
+        if getattr(lora, name) <= 0:
+            r.error(f"lora_config.{name}", f"must be > 0, got {getattr(lora, name)}", getattr(lora, name))
+    if not 0 <= lora.lora_dropout < 1:
+        r.error("lora_config.lora_dropout", f"must be in [0, 1), got {lora.lora_dropout}", lora.lora_dropout)
+    r.error("lora_config", LORA_PENDING, hint="remove lora_config to train every weight, or train this run with "
+            "MindSpore Transformers")
+
+
+def _check_run_mode(c: Config, r: _Rules) -> None:
+    """Top-level ``run_mode`` and the ``inference:`` section (2.1 §1.3); mftk trains only."""
+    mode = c.run_mode
+    if mode not in RUN_MODES:
+        r.error("run_mode", f"Invalid run mode: {mode!r}. Must be 'train' or 'predict'.", mode,
+                "mftk trains: run_mode: train")
+    elif mode == "predict":
+        missing = "" if c.inference is not None else " (and run_mode='predict' requires an `inference:` section)"
+        r.error("run_mode", f"mftk does not run inference{missing}", mode,
+                "set run_mode: train, or run inference with MindSpore Transformers")
+    inf = c.inference
+    if inf is None:
+        return
+    for name in ("max_new_tokens", "batch_size"):
+        if getattr(inf, name) <= 0:
+            r.error(f"inference.{name}", f"must be > 0, got {getattr(inf, name)}", getattr(inf, name))
+    suffix = PurePath(inf.output).suffix
+    if suffix not in INFERENCE_SUFFIXES:
+        r.error("inference.output", f"suffix {suffix!r} is not one of .jsonl, .json, .txt or none", inf.output)
+    if mode == "train":
+        r.note("inference", "not used by mftk train (MindSpore Transformers reads it only with run_mode: predict)")

@@ -38,8 +38,8 @@ def section(cls=None, *, allow_extra: bool = False):
 class CheckpointConfig:
     enable_save: bool = field(True, "Save checkpoints during training (needs save_path).")
     save_path: str = field("", "Root directory of the checkpoint tree (iteration_XXXXXXXX/ dirs).")
-    save_max: int = field(5, "Keep at most this many iteration dirs on disk; older ones are removed.")
-    save_interleaved_steps: int = field(1000, "Save when global_step % N == 0 (absolute step), and at the end.")
+    save_max: int = field(5, "Keep at most this many of the iteration dirs this run saved; older ones are removed.")
+    save_interleaved_steps: int = field(1000, "Save every N steps counted from the start (or resume) step, and at the end.")
     no_save_optim: bool = field(False, "Do not write the optimizer (*-opt-*) files.")
     async_save: bool = field(False, "Write checkpoints from a background thread.")
     prefix: Optional[str] = field("checkpoint", "File name prefix of the safetensors files (null: none).")
@@ -50,6 +50,9 @@ class CheckpointConfig:
     load_worker_number: int = field(1, "Accepted for compatibility; has no effect.")
     save_global_layout_cache: bool = field(True, "Cache sharded-tensor metadata across saves (multi-process).")
     reshard_worker_num: int = field(1, "Workers used when loading an HF checkpoint.")
+    save_trainable_only: bool = field(False, "LoRA: save adapter weights only (needs base_load_path); "
+                                      "refused until mftk has LoRA.")
+    base_load_path: str = field("", "LoRA: the frozen full base checkpoint; refused until mftk has LoRA.")
 
 
 @section
@@ -62,12 +65,10 @@ class TrainingConfig:
     deterministic: bool = field(False, "Ask MindSpore for deterministic kernels.")
     rampup_batch_size: Optional[list[int]] = field(
         None, "Dynamic batch: [start_gbs, increment, rampup_samples].")
-    use_skip_step_on_nan: bool = field(False, "Skip the update of a step whose loss or grad norm is not finite.")
-    max_consecutive_skipped_steps: int = field(10, "Stop when this many steps in a row were skipped for NaN.")
-    low_priority_dispatch: Optional[bool] = field(
-        None, "mftk: dispatch the step from a SCHED_IDLE thread so MindSpore's busy-waiting leaves the cores to "
-        "its kernels (1.06-1.19x on CPU). null: on for one-process CPU runs of models with >= 10M parameters; "
-        "false on a machine whose cores other busy processes share.")
+    use_skip_step_on_nan: bool = field(False, "Skip the update of a step whose loss or grad norm is not finite "
+                                       "(false: mftk stops at the first one).")
+    max_consecutive_skipped_steps: int = field(0, "With skipping on: stop when this many steps in a row were "
+                                               "skipped (N=1: at the first); 0: no limit.")
 
 
 @section
@@ -146,7 +147,8 @@ class DatasetConfig:
 
     seed: int = field(1234, "Seed of the dataset's document/sample shuffles.")
     seq_length: Optional[int] = field(None, "Tokens per sample; must equal model.seq_length.")
-    data_path: Optional[list[str]] = field(None, "Prefixes, or weight/prefix pairs: ['0.3', 'a_text_document', ...].")
+    data_path: Optional[list[str]] = field(None, "Prefixes, or weight/prefix pairs: [0.3, a_text_document, ...] "
+                                           "(weights quoted or not).")
     train_data_path: Optional[list[str]] = field(None, "Per-split blend for training (instead of data_path).")
     valid_data_path: Optional[list[str]] = field(None, "Per-split blend for validation.")
     test_data_path: Optional[list[str]] = field(None, "Per-split blend for test.")
@@ -158,6 +160,7 @@ class DatasetConfig:
     reset_attention_mask: bool = field(False, "Block attention across documents.")
     create_attention_mask: bool = field(True, "Return an attention_mask column.")
     create_compressed_eod_mask: Optional[bool] = field(None, "Return actual_seq_len (required key in the reference).")
+    create_seq_len_vector: bool = field(False, "Return a per-sample sequence-length vector; not implemented by mftk.")
     eod_pad_length: int = field(128, "Length of actual_seq_len with the compressed EOD mask.")
     compressed_eod_mask_length: Optional[int] = field(None, "Alias of eod_pad_length (overridden by it).")
     add_extra_token_to_sequence: bool = field(True, "Read seq_length + 1 tokens per sample (labels shift).")
@@ -179,19 +182,21 @@ class DataloaderConfig:
         factory=lambda: ["input_ids", "labels"], help="Columns passed to the model, in order.")
     python_multiprocessing: bool = field(False, "Use worker processes.")
     config: Optional[DatasetConfig] = field(None, "GPTDataset settings.")
-    dataset_files: Optional[list[str]] = field(None, "MindDataset: MindRecord files or directories.")
+    dataset_files: Optional[list[str]] = field(None, "MindDataset: MindRecord files or directories (one string "
+                                               "is one entry; directories are searched in sorted order).")
     dataset_dir: Optional[str] = field(None, "MindDataset: directory of MindRecord files.")
 
 
 @section
 class TrainDatasetConfig:
     dataloader: Optional[DataloaderConfig] = field(None, "The dataloader (type is required).")
-    input_columns: Optional[list[str]] = field(None, "Columns passed to the model (overrides column_names).")
     drop_remainder: bool = field(True, "Drop a last incomplete batch.")
     num_parallel_workers: int = field(8, "Dataset worker count.")
     prefetch_size: int = field(1, "Batches prefetched.")
     numa_enable: bool = field(False, "NUMA binding for dataset workers.")
     use_distribute_dataset: bool = field(False, "First rank of each tp*cp group reads and broadcasts.")
+    balance_enabled: bool = field(False, "Balance attention work across DP ranks (needs the compressed EOD mask); "
+                                  "no effect at dp 1, refused at dp > 1 (not in mftk yet).")
 
 
 @section
@@ -254,9 +259,11 @@ class ProfilerConfig:
 @section
 class RecomputeConfig:
     mode: str = field("None", "None / full / select.")
-    full_recompute_layer: Optional[list[str]] = field(None, "Layers for full recompute: ['0-3', '5'].")
+    full_recompute_layer: Optional[list[str]] = field(None, "Layers for full recompute: ['0-3', 5] (ints or ranges).")
     select_module: Optional[Union[dict[str, Any], list[Any]]] = field(None, "Module glob -> layer ranges.")
-    exclude_op: Optional[list[str]] = field(None, "Op-name substrings never recomputed.")
+    exclude_op: Optional[Union[dict[str, Any], list[Any]]] = field(
+        None, "Module-path glob -> layer ranges whose outputs are kept, not recomputed (2.1.0 form; the older list "
+        "of op names is refused).")
 
 
 @section
@@ -290,13 +297,31 @@ class LoraConfig:
     lora_b_std: float = field(0.0, "Init std of B.")
 
 
+@section
+class InferenceConfig:
+    max_new_tokens: int = field(50, "Tokens generated per prompt (> 0).")
+    batch_size: int = field(8, "Prompts per batch (> 0).")
+    output: str = field("inference_result.jsonl", "Result file: .jsonl, .json, .txt or no suffix.")
+    input_data: Any = field(None, "A prompt, a .jsonl/text file, a record or a list of them.")
+
+
+@section
+class MftkConfig:
+    """Settings only mftk has: MindSpore Transformers ignores a top-level section it does not know."""
+
+    low_priority_dispatch: Optional[bool] = field(
+        None, "Dispatch the step from a SCHED_IDLE thread so MindSpore's busy-waiting leaves the cores to "
+        "its kernels (1.06-1.19x on CPU). null: on for one-process CPU runs of models with >= 10M parameters; "
+        "false on a machine whose cores other busy processes share.")
+
+
 # Top-level keys the reference reads with getattr although they have no schema: accepted with a
 # warning, since mftk does nothing with them either.
 KNOWN_EXTRA_TOP_LEVEL = {
     "eval_dataset": "no evaluation runs in PyNative pretraining",
     "use_remove_redundant_dataset": "identical to the plain dataset fetch",
-    "run_mode": "mftk's command decides the mode",
 }
+RUN_MODES = ("train", "predict")
 
 
 @section
@@ -317,10 +342,19 @@ class Config:
     recompute_comm: RecomputeCommConfig = field(factory=RecomputeCommConfig, help="Recompute of communication.")
     swap: SwapConfig = field(factory=SwapConfig, help="Activation swapping to host.")
     callbacks: list[CallbackConfig] = field(factory=list, help="Extra callbacks: [{type: MaxLogitsMonitor}].")
-    lora_config: Optional[LoraConfig] = field(None, "LoRA adapters (optional).")
+    lora_config: Optional[LoraConfig] = field(None, "LoRA adapters; refused until mftk has LoRA.")
+    run_mode: str = field("train", "A string: train (the default) or predict; mftk trains, so predict is refused.")
+    inference: Optional[InferenceConfig] = field(None, "Inference settings (run_mode: predict); not used by mftk train.")
+    mftk: MftkConfig = field(factory=MftkConfig, help="mftk-only settings (a section the reference ignores).")
 
     @property
     def dataset(self) -> Optional[DatasetConfig]:
         """The GPTDataset settings, or None when the YAML has none."""
         loader = self.train_dataset.dataloader
         return loader.config if loader is not None else None
+
+    @property
+    def model_columns(self) -> tuple[str, ...]:
+        """The batch columns passed to the model, in order (``train_dataset.dataloader.column_names``)."""
+        loader = self.train_dataset.dataloader
+        return tuple(loader.column_names) if loader is not None else tuple(DataloaderConfig().column_names)

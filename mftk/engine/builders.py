@@ -86,11 +86,3 @@ def build_schedule(config: Any) -> Any:
     from mftk.engine.schedule import build_schedule as build
 
     return build(config.lr_scheduler, config.training.steps)
-
-
-def model_columns(config: Any) -> tuple[str, ...]:
-    """The batch columns passed to the model (``input_columns``, else the loader's ``column_names``)."""
-    ds = config.train_dataset
-    if ds.input_columns:
-        return tuple(ds.input_columns)
-    return tuple(ds.dataloader.column_names) if ds.dataloader is not None else ("input_ids", "labels")

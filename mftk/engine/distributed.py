@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from mftk.ckpt.metadata import ShardedTensor
+from mftk.ckpt.names import STEP, param_of
 
 _DTYPE_NAMES = {"float32": "Float32", "float16": "Float16", "float64": "Float64", "int64": "Int64",
                 "int32": "Int32", "int8": "Int8", "uint8": "UInt8", "bool": "Bool"}
@@ -77,7 +78,7 @@ class FlatSharding:
         """Global tensors (model names, or ``adam_m.<name>``-style optimizer names) → this rank's pieces."""
         out = {}
         for key, value in tensors.items():
-            base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.")) else key
+            base = param_of(key)
             i = self.index.get(base)
             out[key] = value if i is None else self.local(i, value)
         return out
@@ -144,10 +145,10 @@ class DistContext:
 
     def cut(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """Global tensors (a loaded checkpoint's optimizer state) → this rank's TP/EP block, then FSDP rows."""
-        from mftk.engine.parallel.model_parallel import base_name, cut
+        from mftk.engine.parallel.model_parallel import cut
 
         if self.pipeline is not None:  # other stages' optimizer states stay with them
-            tensors = {k: v for k, v in tensors.items() if k == "global_step" or base_name(k) in self.sharding.index}
+            tensors = {k: v for k, v in tensors.items() if k == STEP or param_of(k) in self.sharding.index}
         return self.sharding.cut(cut(tensors, self.splits))
 
     def _buffer_slices(self) -> list:
@@ -277,7 +278,7 @@ class DistContext:
             model, optimizer = self.pipeline.placeholders(optimizer is not None)
 
         def spec(key: str, local: np.ndarray) -> ShardedTensor:
-            base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.")) else key
+            base = param_of(key)
             i = self.sharding.index.get(base)
             if self.pipeline is not None and i is None and self.sharding.size > 1:
                 raise ValueError("pipeline parallel with FSDP is not supported")  # refused by run.check_supported_layout

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import attrs
 
 from mftk.errors import InputError, TrainingError
+from mftk.files import write_atomic
 
 START_MARK = "MFTK_WORKER_START"
 DONE_MARK = "MFTK_WORKER_DONE"
@@ -95,7 +96,7 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     _clear_old_outputs(log_dir)
     port = spec.master_port if spec.master_port is not None else pick_free_port()
     payload_path = log_dir / "launch_payload.json"
-    _write_atomic(payload_path, json.dumps(payload or {}))
+    write_atomic(payload_path, json.dumps(payload or {}))
     cmd = build_msrun_command(spec, port, log_dir, target, payload_path)
     first = spec.node_rank * spec.nproc
     logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
@@ -354,12 +355,6 @@ def _clear_old_outputs(log_dir: Path) -> None:
             p.unlink()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _field(line: str, key: str) -> str | None:
     for tok in line.split():
         if tok.startswith(key + "="):
@@ -414,7 +409,7 @@ def worker_main(target: str, payload_path: str) -> int:
         payload = json.loads(Path(payload_path).read_text(encoding="utf-8"))
         result = resolve_target(target)(**payload)
         out = Path(payload_path).with_name(f"result_{rank}.json")
-        _write_atomic(out, json.dumps(result))
+        write_atomic(out, json.dumps(result))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a marker
         traceback.print_exc()
         summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__

@@ -30,6 +30,7 @@ name, by substring or as an fnmatch glob. Each decision is logged in the referen
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
@@ -37,7 +38,10 @@ from typing import Iterable, Sequence
 import attrs
 import numpy as np
 
+from mftk.ckpt import names as opt_names
 from mftk.errors import CheckpointError
+
+log = logging.getLogger("mftk.train")
 
 CHUNK = 1 << 16  # elements per update chunk: 7 fp32 arrays × 256 KiB stay in cache (bench: 1<<16 is fastest)
 UPDATE_THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
@@ -225,39 +229,51 @@ class AdamW:
         """
         out: dict[str, np.ndarray] = {}
         for i, n in enumerate(self.names):
-            out[f"adam_m.{n}"] = self.view(self.m, i).copy()
-            out[f"adam_v.{n}"] = self.view(self.v, i).copy()
+            for state, buffer in zip(opt_names.ADAMW_STATES, (self.m, self.v)):
+                out[opt_names.state_name(state, n)] = self.view(buffer, i).copy()
             if with_masters:
-                out[f"main_param.{n}"] = self.view(self.master, i).copy()
-        out["global_step"] = np.array([self.global_step], np.int64)
+                out[opt_names.state_name(opt_names.MASTER, n)] = self.view(self.master, i).copy()
+        out[opt_names.STEP] = np.array([self.global_step], np.int64)
         return out
 
-    def load_state_dict(self, tensors: dict[str, np.ndarray], *, where: str = "optimizer file") -> None:
-        """Restore moments, masters (when present) and the step; every name and shape must fit."""
-        problems = []
-        known = {"global_step"}
+    def load_state_dict(self, tensors: dict[str, np.ndarray], *, where: str = "optimizer file") -> list[str]:
+        """Restore moments, masters (when present) and the step; every name and shape must fit.
+
+        States other optimizers write (AMSGrad's ``max_exp_avg_sq.*``, Muon's ``muon_m.*``:
+        ``mftk.ckpt.names.UNUSED_STATES``) are skipped, logged and returned by name; a missing
+        ``adam_m``/``adam_v`` is still an error, since the update could not continue without it.
+        """
+        problems, known = [], {opt_names.STEP}
         for i, n in enumerate(self.names):
-            for key in (f"adam_m.{n}", f"adam_v.{n}", f"main_param.{n}"):
+            for state in opt_names.ADAMW_STATES + (opt_names.MASTER,):
+                key = opt_names.state_name(state, n)
                 known.add(key)
-                if key.startswith("main_param.") and key not in tensors:
+                if state == opt_names.MASTER and key not in tensors:
                     continue
                 if key not in tensors:
                     problems.append(f"missing tensor: {key}")
                 elif tuple(tensors[key].shape) != self.shapes[i]:
                     problems.append(f"{key}: expected shape {self.shapes[i]}, found {tuple(tensors[key].shape)}")
-        problems += [f"unexpected tensor: {k}" for k in sorted(set(tensors) - known)]
-        if "global_step" not in tensors:
-            problems.append("missing tensor: global_step")
+        unused = opt_names.unused_states(k for k in tensors if k not in known)
+        skipped = [k for group in unused.values() for k in group]
+        problems += [f"unexpected tensor: {k}" for k in sorted(set(tensors) - known - set(skipped))]
+        if opt_names.STEP not in tensors:
+            problems.append(f"missing tensor: {opt_names.STEP}")
         if problems:
-            raise CheckpointError(message=f"{where} does not fit this model's optimizer ({len(problems)} problems)",
-                                  problems=problems[:50], path=where,
+            muon = "; it holds Muon states (muon_m.*), which mftk's AdamW cannot continue" if "muon_m" in unused else ""
+            raise CheckpointError(message=f"{where} does not fit this model's optimizer ({len(problems)} problems)"
+                                  + muon, problems=problems[:50], path=where,
                                   hint="resume with --weights-only (no_load_optim: true) to start a fresh optimizer")
+        for line in opt_names.describe_unused(unused):
+            log.warning("Optimizer states not used by mftk's AdamW, skipped: %s", line)
         for i, n in enumerate(self.names):
-            self.m[self.slices[i]] = np.asarray(tensors[f"adam_m.{n}"], np.float32).reshape(-1)
-            self.v[self.slices[i]] = np.asarray(tensors[f"adam_v.{n}"], np.float32).reshape(-1)
-            if f"main_param.{n}" in tensors:
-                self.master[self.slices[i]] = np.asarray(tensors[f"main_param.{n}"], np.float32).reshape(-1)
-        self.global_step = int(np.asarray(tensors["global_step"]).reshape(-1)[0])
+            for state, buffer in zip(opt_names.ADAMW_STATES, (self.m, self.v)):
+                buffer[self.slices[i]] = np.asarray(tensors[opt_names.state_name(state, n)], np.float32).reshape(-1)
+            master = opt_names.state_name(opt_names.MASTER, n)
+            if master in tensors:
+                self.master[self.slices[i]] = np.asarray(tensors[master], np.float32).reshape(-1)
+        self.global_step = int(np.asarray(tensors[opt_names.STEP]).reshape(-1)[0])
+        return skipped
 
 
 def global_norm(flat: np.ndarray) -> float:

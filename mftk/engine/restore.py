@@ -12,7 +12,8 @@ from typing import Any
 
 import attrs
 
-from mftk.ckpt.resume import ResumePlan, ResumeScenario, is_optimizer_name
+from mftk.ckpt.names import is_optimizer_name
+from mftk.ckpt.resume import ResumePlan, ResumeScenario
 from mftk.engine.state import TrainState, restore_rng
 from mftk.errors import CheckpointError
 
@@ -72,7 +73,8 @@ def restore_state(plan: ResumePlan | None, loaded: LoadedCheckpoint | None, *, e
     """The train state a run starts from: step and samples from the plan, the rest from the extra state."""
     if plan is None:
         return TrainState(micro_batches_read=start_batch)
-    state = TrainState(global_step=plan.start_step, consumed_samples=plan.consumed_samples)
+    state = TrainState(global_step=plan.start_step, consumed_samples=plan.consumed_samples,
+                       common_extra=dict(plan.common_extra))
     extra = loaded.extra if loaded is not None else None
     if extra:
         state.epoch = int(extra.get("epoch", 0))

@@ -27,6 +27,7 @@ class TrainState:
     consecutive_skipped: int = 0
     skipped_steps: int = 0
     micro_batches_read: int = 0  # by this rank since the start of the first epoch (the epoch count follows)
+    common_extra: dict = attrs.field(factory=dict)  # common.json keys of another release, kept for the next save
 
 
 def model_tensors(model: Any) -> dict[str, np.ndarray]:

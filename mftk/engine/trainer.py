@@ -66,8 +66,8 @@ class BatchSchedule:
 
 @attrs.frozen
 class NanPolicy:
-    """``use_skip_step_on_nan``: drop the update of a step whose loss or grad norm is not finite,
-    at most ``max_consecutive_skipped_steps`` times in a row; otherwise a NaN stops the run."""
+    """``use_skip_step_on_nan``: drop the update of a step whose loss or grad norm is not finite, until
+    ``max_consecutive_skipped_steps`` (> 0) steps in a row were dropped (0: no limit); otherwise a NaN stops the run."""
 
     skip: bool
     max_consecutive: int
@@ -176,7 +176,7 @@ class Trainer:
                     monitor: Any = None, stop: StopFlag | None = None) -> "Trainer":
         """The trainer of a run: every setting from the validated config, the data from ``state``'s position."""
         from mftk.config.report import resolved
-        from mftk.engine.builders import build_schedule, model_columns
+        from mftk.engine.builders import build_schedule
         from mftk.plan.flops import flops_per_step
 
         tr, m = config.training, config.model
@@ -194,11 +194,11 @@ class Trainer:
             batch_schedule=BatchSchedule(tr.global_batch_size, tr.local_batch_size, layout.dp, rampup),
             total_steps=tr.steps, max_norm=tr.max_norm, nan_policy=nan_policy_from(config), sinks=sinks,
             checkpointer=checkpointer, saved_config=resolved(config),
-            flops_per_sample=flops_per_step(m, global_batch_size=1) / layout.world, columns=model_columns(config),
+            flops_per_sample=flops_per_step(m, global_batch_size=1) / layout.world, columns=config.model_columns,
             monitor=monitor, stop=stop, epoch_micro_batches=len(loader),
             show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
             seq_length=int(getattr(m, "seq_length", 0) or 0), dist=dist,
-            low_priority_dispatch=tr.low_priority_dispatch)
+            low_priority_dispatch=config.mftk.low_priority_dispatch)
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self, state: TrainState) -> TrainState:
@@ -302,24 +302,30 @@ class Trainer:
         return global_norm(grads)
 
     def nan_guard(self, state: TrainState, loss: float, norm: float) -> bool:
-        """True when the update may be applied; a non-finite loss/norm is skipped or stops the run."""
+        """True when the update may be applied; a non-finite loss/norm is skipped or stops the run.
+
+        The limit is the reference's (2.1 §1.4): with N = ``max_consecutive_skipped_steps`` > 0 the run stops
+        when ``N <= consecutive skips`` (N = 1 at the first), N = 0 means no limit. Without skipping mftk
+        stops at the first non-finite step; the reference would apply it and continue."""
         if math.isfinite(loss) and math.isfinite(norm):
             state.consecutive_skipped = 0
             return True
         step = state.global_step + 1
         if not self.nan_policy.skip:
             raise TrainingError(message=f"loss {loss} / grad_norm {norm} is not finite at step {step}; training stopped "
-                                "before applying the update", step=step,
+                                "before applying the update (MindSpore Transformers would apply it, log nan and "
+                                "continue; mftk stops so no weight becomes NaN)", step=step,
                                 hint="lower lr_scheduler.learning_rate or training.max_norm, or set "
                                 "training.use_skip_step_on_nan: true to skip such steps")
         state.consecutive_skipped += 1
         state.skipped_steps += 1
-        log.warning("step %d: loss %s / grad_norm %s is not finite; update skipped (%d in a row, max %d)",
-                    step, loss, norm, state.consecutive_skipped, self.nan_policy.max_consecutive)
-        if state.consecutive_skipped > self.nan_policy.max_consecutive:
-            raise TrainingError(message=f"{state.consecutive_skipped} consecutive steps had a non-finite loss or "
-                                f"gradient (max_consecutive_skipped_steps={self.nan_policy.max_consecutive})",
-                                step=step, hint="resume from the last checkpoint with a lower learning rate")
+        limit = self.nan_policy.max_consecutive
+        log.warning("step %d: loss %s / grad_norm %s is not finite; update skipped (%d in a row, limit %s)",
+                    step, loss, norm, state.consecutive_skipped, limit if limit > 0 else "none")
+        if 0 < limit <= state.consecutive_skipped:
+            raise TrainingError(message=f"{state.consecutive_skipped} consecutive step(s) had a non-finite loss or "
+                                f"gradient, reaching training.max_consecutive_skipped_steps={limit}", step=step,
+                                hint="resume from the last checkpoint with a lower learning rate")
         return False
 
     def clip(self, grads: np.ndarray, norm: float) -> None:
@@ -416,7 +422,8 @@ class Trainer:
         """What this rank writes for the current step."""
         gbs, bs = self.last_gbs, self.batch_schedule
         common = CommonInfo.for_step(step=state.global_step, max_steps=self.total_steps, global_batch_size=gbs,
-                                     consumed_samples=state.consumed_samples, epoch=state.epoch)
+                                     consumed_samples=state.consumed_samples, epoch=state.epoch,
+                                     extra=state.common_extra)
         opt = None
         if self.checkpointer.save_optim:
             from mftk.engine.state import low_precision

@@ -11,14 +11,11 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
-from pathlib import Path
 from typing import Any, Iterable
 
 import attrs
 
-from mftk.errors import InputError
+
 from mftk.logs.format import format_metrics_record
 
 # Columns first in this order (as the MF line prints them), then any others alphabetically.
@@ -46,30 +43,6 @@ def json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def publish(tmp: str, path: Path) -> None:
-    """Give a finished temp file normal permissions (mkstemp makes it 0600) and rename it into place."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)
-    os.replace(tmp, path)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file beside `path` and rename it into place: never a half-written export."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise InputError(message=f"cannot write {path}: directory {path.parent} does not exist", path=str(path),
-                         hint=f"create it first: mkdir -p {path.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        publish(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def to_csv(records: list[dict[str, Any]], metrics: list[str] | None = None) -> str:

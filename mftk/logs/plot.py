@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mftk.errors import InputError
-from mftk.logs.export import publish
+from mftk.files import publish
 
 # (panel title, fields drawn in it); aux losses are added to the loss panel when present.
 PANELS = (("loss", ("loss",)), ("lr", ("lr",)), ("grad_norm", ("grad_norm",)),

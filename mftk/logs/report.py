@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import attrs
 
+from mftk.files import write_atomic
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs import export
 from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
@@ -126,13 +127,13 @@ def write_outputs(report: LogReport) -> None:
     o = report.options
     rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)]
     if o.csv:
-        export.write_atomic(o.csv, export.to_csv(rows, o.metrics))
+        write_atomic(o.csv, export.to_csv(rows, o.metrics))
         report.written.append(str(o.csv))
     if o.jsonl:
-        export.write_atomic(o.jsonl, export.to_jsonl(rows, o.metrics))
+        write_atomic(o.jsonl, export.to_jsonl(rows, o.metrics))
         report.written.append(str(o.jsonl))
     if o.json:
-        export.write_atomic(o.json, export.to_json(report.to_json()))
+        write_atomic(o.json, export.to_json(report.to_json()))
         report.written.append(str(o.json))
     if o.plot:
         from mftk.logs.plot import plot_runs

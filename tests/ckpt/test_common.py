@@ -33,13 +33,21 @@ def test_round_trip(tmp_path):
     assert read_common(tmp_path) == CommonInfo(1, 10, 10, 1.0, 2, 20, None)
 
 
-def test_unknown_and_missing_keys_are_errors():
-    data = json.loads(REFERENCE) | {"rng": 1}
-    del data["consumed_samples"]
-    with pytest.raises(CheckpointError) as e:
-        parse_common(json.dumps(data))
-    assert any("unknown key 'rng'" in p for p in e.value.problems)
-    assert any("missing key 'consumed_samples'" in p for p in e.value.problems)
+def test_older_file_missing_keys_reads_null_and_newer_keys_are_kept():
+    """2.1 §2.2: a missing key is the reference's default (None); extra keys are kept, written back after the 7."""
+    data = json.loads(REFERENCE) | {"data_plan_state": {"cursor": 3}, "rng": 1}
+    del data["consumed_samples"], data["ckpt_status"]
+    info = parse_common(json.dumps(data))
+    assert info.consumed_samples is None and info.ckpt_status is None and info.global_step == 10
+    assert info.missing == ("consumed_samples", "ckpt_status")
+    assert info.extra == {"data_plan_state": {"cursor": 3}, "rng": 1}
+    notes = info.notes()
+    assert "no 'consumed_samples'" in notes[0] and "read as null" in notes[0]
+    assert "'data_plan_state'" in notes[2] and "drops it" in notes[2]
+    assert "'rng'" in notes[3] and "refuses" in notes[3]
+    written = json.loads(info.to_json())
+    assert list(written) == list(KEYS) + ["data_plan_state", "rng"]
+    assert written["consumed_samples"] is None and written["data_plan_state"] == {"cursor": 3}
 
 
 def test_bad_json_bad_types_and_missing_file(tmp_path):

@@ -164,4 +164,5 @@ def test_missing_model_and_unknown_model_type():
     assert "model" in fails(data)
     data = base()
     data["model"]["model_type"] = "qwen4"
-    assert "unknown model_type" in fails(data)["model.model_type"]
+    assert "'qwen4' is not a model family mftk trains (deepseek_mtp, deepseek_v3, qwen3)" in \
+        fails(data)["model.model_type"]

@@ -158,8 +158,8 @@ def test_nan_budget_exhausted(corpus, tmp_path, monkeypatch):
     _poison_loss(monkeypatch, at_calls={2, 3})
     raw = tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "c", steps=4, gbs=1)
     with pytest.raises(TrainingError) as e:
-        run(raw, tmp_path, "n", "training.use_skip_step_on_nan=true", "training.max_consecutive_skipped_steps=1")
-    assert e.value.step == 3
+        run(raw, tmp_path, "n", "training.use_skip_step_on_nan=true", "training.max_consecutive_skipped_steps=2")
+    assert e.value.step == 3  # the reference's rule: stop once 2 <= consecutive skips
 
 
 def _poison_loss(monkeypatch, at_calls):

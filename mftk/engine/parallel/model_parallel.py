@@ -18,10 +18,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from mftk.ckpt.names import param_of
 from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec
-
-OPT_PREFIXES = ("adam_m.", "adam_v.", "main_param.")
-
 
 @attrs.frozen
 class Split:
@@ -68,16 +66,11 @@ def param_splits(model: Any) -> dict[str, Split]:
     return out
 
 
-def base_name(key: str) -> str:
-    """Model parameter name of a model or optimizer tensor name (``adam_m.<name>`` → ``<name>``)."""
-    return key.split(".", 1)[1] if key.startswith(OPT_PREFIXES) else key
-
-
 def cut(tensors: dict[str, Any], splits: dict[str, Split]) -> dict[str, Any]:
     """Global tensors (model or optimizer names) → this rank's TP/EP blocks; others unchanged."""
     out = {}
     for key, value in tensors.items():
-        s = splits.get(base_name(key))
+        s = splits.get(param_of(key))
         if s is None:
             out[key] = value
         else:

@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 from mindspore import Tensor
 
+from mftk.ckpt.names import ADAMW_STATES, STEP, state_name
 from mftk.engine.models.gpt import loss_weights
 from mftk.engine.parallel.groups import StagePosition
 
@@ -37,9 +38,9 @@ def stage_layers_of(config: Any) -> list[list[int]]:
 
 def stage_of_name(name: str, layers: list[list[int]]) -> int:
     """The stage holding a model tensor (also ``adam_m.<name>``-style optimizer names)."""
-    from mftk.engine.parallel.model_parallel import base_name
+    from mftk.ckpt.names import param_of
 
-    name = base_name(name)
+    name = param_of(name)
     last = len(layers) - 1
     if name.startswith("embedding."):
         return 0
@@ -73,7 +74,7 @@ class PipelineTable:
     trainable: tuple  # names that have optimizer states (adam_m / adam_v)
 
     def stage_of(self, key: str) -> int | None:
-        return None if key == "global_step" else stage_of_name(key, self.layers)
+        return None if key == STEP else stage_of_name(key, self.layers)
 
     def placeholders(self, with_optimizer: bool) -> tuple[dict, dict | None]:
         """Zero-memory arrays of the right shapes and dtypes (`metadata_specs` reads only those)."""
@@ -83,8 +84,8 @@ class PipelineTable:
         model = {n: empty(s, d) for n, (s, d) in self.model.items()}
         if not with_optimizer:
             return model, None
-        opt = {f"{k}.{n}": empty(*self.model[n]) for k in ("adam_m", "adam_v") for n in self.trainable}
-        opt["global_step"] = empty((1,), np.int64)
+        opt = {state_name(k, n): empty(*self.model[n]) for k in ADAMW_STATES for n in self.trainable}
+        opt[STEP] = empty((1,), np.int64)
         return model, opt
 
 
@@ -105,7 +106,7 @@ class StageModel(StagePosition):
         return stage_of_name(name, self.layers) == self.stage
 
     def owned_tensors(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in tensors.items() if k == "global_step" or self.owns(k)}
+        return {k: v for k, v in tensors.items() if k == STEP or self.owns(k)}
 
     def micro_inputs(self, batch: dict, scale: float) -> tuple:
         """The `PipelineStage.step` inputs of one micro-batch: ``(x, *extra)`` on the first stage."""

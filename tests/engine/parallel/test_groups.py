@@ -13,7 +13,7 @@ def test_c_order_mesh_tp_innermost():
     # rank = ((pp·R + r)·S + s)·C + c)·T + t, written out for rank 5 = pp1, s0, t1
     assert coords_of(lay, 5) == (1, 0, 0, 0, 1)
     assert all(rank_of(lay, coords_of(lay, r)) == r for r in range(8))
-    assert all(lay.dp_rank(r) == mesh_groups(lay, r).dp_rank for r in range(8))  # agrees with plan.layout
+    assert all(lay.dp_rank(r) == mesh_groups(lay, r).dp_rank for r in range(8))  # agrees with derive.Layout
 
 
 def test_groups_tp2_dp2_pp2():
