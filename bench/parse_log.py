@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mftk.logs.parse import parse_run  # noqa: E402
 from mftk.logs.report import ParseOptions, analyze  # noqa: E402
-from tests.logs.logsynth import synth_lines  # noqa: E402
+from tests.helpers.logsynth import synth_lines  # noqa: E402
 
 
 def main() -> None:

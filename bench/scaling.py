@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def config(model: str, d: Path, steps: int, layout: str) -> Path:
-    from tests.engine.tiny import tiny_raw, write_corpus
+    from tests.helpers.tiny import tiny_raw, write_corpus
 
     corpus = d / "corpus" / "tiny_text_document"
     if not corpus.with_suffix(".bin").exists():

@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("inspect_ckpt", "inspect-ckpt", "Inspect"),
     ("parse_log", "parse-log", "Inspect"),
     ("quickstart", "quickstart", "Getting started"),
+    ("templates", "templates", "Getting started"),
 ]
 
 class _FlagsAsFlags:

@@ -1,6 +1,6 @@
-"""Regenerate the example data in examples/data/, bit for bit, from text that ships with Python.
+"""Regenerate the example data in mftk/templates/data/, bit for bit, from text that ships with Python.
 
-    python examples/make_data.py                 # writes examples/data/
+    python examples/make_data.py                 # writes mftk/templates/data/
     python examples/make_data.py --out /tmp/x --max-chars 200000 --vocab-size 512   # a small run
 
 Corpus: every `pydoc_data.topics` entry (the language reference pages `help()` shows), then the
@@ -9,7 +9,7 @@ Tokenizer: a byte-level BPE trained on that corpus with `tokenizers`, ``<|endoft
 special token (id 0, the EOD). Then ``mftk preprocess --append-eod`` (compat megatron: uint16).
 
 The standard-library text depends on the Python version; the committed files were made with
-the version recorded in ``examples/data/SOURCE.json`` (a different version gives other bytes).
+the version recorded in ``mftk/templates/data/SOURCE.json`` (a different version gives other bytes).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from mftk.data.example_corpus import (DEFAULT_MAX_CHARS, DEFAULT_VOCAB, corpus_d
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "data")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "mftk" / "templates" / "data")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS)
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB)
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 import yaml
 
+from mftk.config.templates import TEMPLATES_DIR  # package data: installed with mftk
 from mftk.data import example_corpus
 from mftk.errors import InputError
 
@@ -23,7 +24,6 @@ MODELS = {"qwen3": "qwen3_tiny.yaml", "deepseek_v3": "deepseek_v3_tiny.yaml"}
 # Enough steps for the loss to drop visibly (about 8.3 -> 6.5 for qwen3) in a few minutes on 2 cores;
 # DeepSeek-V3's MoE + MTP step costs about three Qwen3 steps on CPU.
 DEFAULT_STEPS = {"qwen3": 40, "deepseek_v3": 20}
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 DATA_NAME = "quickstart"  # preprocess writes data/quickstart_text_document.{bin,idx}
 
 
@@ -102,7 +102,7 @@ def make_plan(workdir: str | os.PathLike, *, model: str, nproc: int, steps: int 
             raise InputError(message=f"{name} {value}: must be at least {low}")
     if not template_path(model).is_file():
         raise InputError(message=f"template {template_path(model)} is missing", path=str(template_path(model)),
-                         hint="run the quick-start from a checkout of mftk (templates/ ships with the repository)")
+                         hint="reinstall mftk: its templates are package data (mftk/templates/)")
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise InputError(message=f"--workdir {workdir}: exists and is not a directory", path=str(workdir),

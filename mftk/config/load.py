@@ -20,6 +20,7 @@ import yaml
 from mftk.config import sections as S
 from mftk.config.compat import normalize_raw
 from mftk.config.converter import structure
+from mftk.config.paths import resolve_data_paths
 from mftk.config.static import STATIC_TOP_LEVEL, is_static_config, static_config_message, static_markers
 from mftk.config.yamlio import LineMap, parse_yaml, read_config_file
 from mftk.errors import ConfigError, Problem
@@ -42,11 +43,14 @@ def load_config(path: str | os.PathLike, *, overrides: Iterable[str] = (), world
     text = read_config_file(path)
     data, lines = parse_yaml(text, source)
     return load_data(data, lines=lines, source=source, overrides=overrides, world_size=world_size,
-                     check_files=check_files)
+                     check_files=check_files, base_dir=os.path.dirname(os.path.abspath(path)))
 
 
 def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config>",
-              overrides: Iterable[str] = (), world_size: int = 1, check_files: bool = True) -> LoadedConfig:
+              overrides: Iterable[str] = (), world_size: int = 1, check_files: bool = True,
+              base_dir: str | None = None) -> LoadedConfig:
+    """Check a parsed YAML; ``base_dir`` (the YAML's directory) is where relative data paths are looked
+    for when they are not in the working directory (`config.paths`)."""
     lines = lines or LineMap()
     if not isinstance(data, dict):
         raise ConfigError(message=f"{source}: the top level must be a mapping of sections, got {type(data).__name__}",
@@ -59,6 +63,7 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     for item in overrides:
         problems += apply_override(raw, item)
     problems += normalize_raw(raw, lines)
+    problems += resolve_data_paths(raw, base_dir)
     config, found = build_config(raw, lines)
     problems += found
     if config is not None:

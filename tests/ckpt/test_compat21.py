@@ -11,15 +11,14 @@ import struct
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
 from mftk.ckpt import names
 from mftk.ckpt.inspect import inspect_checkpoint
 from mftk.errors import CheckpointError
-from tests.ckpt.handmade import f32, mf_step_dir, write
+from tests.helpers.handmade import f32, mf_step_dir, write
 
-runner = CliRunner()
 OPT = "checkpoint-opt-0000000-0000001.safetensors"
 ZEROS4 = f32(0, 0, 0, 0)
 

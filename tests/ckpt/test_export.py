@@ -23,7 +23,7 @@ from mftk.config.model import model_config_from_dict
 from mftk.ckpt.hf import deepseek_v3 as dsv3_sd
 from mftk.ckpt.hf import qwen3 as qwen3_sd
 from mftk.errors import CheckpointError, ConfigError, InputError
-from tests.config.test_hf import DEEPSEEK_V3, QWEN3_0_6B
+from tests.helpers.hf_configs import DEEPSEEK_V3, QWEN3_0_6B
 
 QWEN3 = {"model_type": "qwen3", "architectures": "Qwen3ForCausalLM", "vocab_size": 48, "hidden_size": 16,
          "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

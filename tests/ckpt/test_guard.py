@@ -5,7 +5,7 @@ from mftk.ckpt.guard import check_save_path
 from mftk.ckpt.layout import TRACKER, iteration_dirs
 from mftk.errors import CheckpointError
 
-from .handmade import mf_step_dir
+from tests.helpers.handmade import mf_step_dir
 
 
 def _run_dirs(root, *steps, tracker=None):

@@ -11,7 +11,7 @@ from mftk.ckpt.inspect import inspect_checkpoint
 from mftk.ckpt.metadata import ShardedTensor, build_metadata
 from mftk.ckpt.save import begin_save, finalize_save, save_checkpoint, write_rank_files
 
-from .handmade import f32, mf_step_dir, write
+from tests.helpers.handmade import f32, mf_step_dir, write
 
 
 def _supported(report):

@@ -3,7 +3,7 @@ import pytest
 from mftk.ckpt import layout as L
 from mftk.errors import CheckpointError, InputError
 
-from .handmade import f32, mf_step_dir, write
+from tests.helpers.handmade import f32, mf_step_dir, write
 
 
 def test_names_match_the_reference():

@@ -8,7 +8,7 @@ from safetensors.numpy import load_file
 from mftk.ckpt import safetensors_io as st
 from mftk.errors import CheckpointError
 
-from .handmade import f32, pack, write
+from tests.helpers.handmade import f32, pack, write
 
 
 def test_reads_handmade_file_header_and_data(tmp_path):

@@ -15,7 +15,7 @@ from mftk.ckpt.save import (Retention, begin_save, finalize_save, save_checkpoin
                             write_rank_files)
 from mftk.errors import CheckpointError
 
-from .handmade import mf_step_dir
+from tests.helpers.handmade import mf_step_dir
 
 
 def _common(step, gbs=2):

@@ -11,13 +11,12 @@ import json
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.engine.tiny import load, tiny_raw, write_corpus
+from tests.helpers.tiny import load, tiny_raw
 
 pytestmark = pytest.mark.engine
-runner = CliRunner()
 TOL = 1e-4
 
 
@@ -28,11 +27,6 @@ def _train(tmp_path_factory, corpus, template: str):
     r = runner.invoke(app, ["train", str(d / "cfg.yaml"), "--output-dir", str(d / "out")])
     assert r.exit_code == 0, r.output
     return d, raw
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny_text_document")
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +124,7 @@ def test_checkpoint_without_model_section_needs_model_config(qwen3_run, tmp_path
     """A reference-written checkpoint (no mftk extra state): refused with a hint, then exported with --model-config."""
     import shutil
 
-    from tests.ckpt.handmade import mf_step_dir
+    from tests.helpers.handmade import mf_step_dir
 
     mf_step_dir(tmp_path / "ref")
     r = runner.invoke(app, ["inspect-ckpt", str(tmp_path / "ref"), "--export-hf", str(tmp_path / "o")])

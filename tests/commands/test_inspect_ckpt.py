@@ -1,12 +1,11 @@
 import json
 import struct
 
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.ckpt.handmade import f32, mf_step_dir, write
+from tests.helpers.handmade import f32, mf_step_dir, write
 
-runner = CliRunner()
 
 
 def _run(*args):

@@ -2,12 +2,11 @@
 import json
 
 import pytest
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.logs.logsynth import SEED_LINES, synth_lines
+from tests.helpers.logsynth import SEED_LINES, synth_lines
 
-runner = CliRunner()
 
 
 @pytest.fixture

@@ -4,14 +4,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = str(ROOT / "templates/qwen3_tiny.yaml")
 DSV3 = str(ROOT / "templates/deepseek_v3_tiny.yaml")
-runner = CliRunner()
 
 
 def run(*args):
@@ -43,7 +42,7 @@ def test_json_counts_and_fields():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     # brute force for world 4, MoE, interleave ≤ 2: see tests/plan/test_search.py::brute_count
-    from tests.plan.test_search import brute_count
+    from tests.helpers.sizes import brute_count
 
     assert out["candidates"] == brute_count(4, True, 2)
     assert out["valid"] + out["rejected_count"] == out["candidates"]
@@ -131,12 +130,7 @@ def test_published_size_templates_plan(template):
 def test_profile_option_changes_the_estimate_and_rejects_unknown_names():
     import json as _json
 
-    from typer.testing import CliRunner
-
-    from commands.app import app
-
     args = ["plan-parallel", "templates/qwen3_tiny.yaml", "--world-size", "1", "--json", "--check"]
-    runner = CliRunner()
     acc = runner.invoke(app, args)
     cpu = runner.invoke(app, args + ["--profile", "mftk-cpu"])
     assert acc.exit_code == 0 and cpu.exit_code == 0, (acc.output, cpu.output)

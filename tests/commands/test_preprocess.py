@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.data.conftest import make_tokenizer, read_pair
+from tests.helpers.data import make_tokenizer, read_pair
 
-runner = CliRunner()
 
 
 def flat(text):

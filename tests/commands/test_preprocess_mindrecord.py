@@ -4,14 +4,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.data.conftest import CORPUS, make_tokenizer
+from tests.helpers.data import CORPUS, make_tokenizer
 
 pytestmark = pytest.mark.engine  # the mindrecord path imports mindspore
 
-runner = CliRunner()
 
 
 def flat(text):

@@ -12,11 +12,10 @@ import struct
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
 
-runner = CliRunner()
 SMALL = ["--max-chars", "20000", "--vocab-size", "512"]  # pydoc topics only: ~0.5 MB, 1-2 s per stage
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.engine.tiny import train_tiny_via_cli
+from tests.helpers.tiny import train_tiny_via_cli
 
-runner = CliRunner()
 pytestmark = pytest.mark.engine
 
 

@@ -13,13 +13,12 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.engine.tiny import tiny_raw, train_tiny_via_cli
+from tests.helpers.tiny import tiny_raw, train_tiny_via_cli
 
 pytestmark = pytest.mark.engine
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,11 @@ import re
 
 import pytest
 import yaml
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.engine.tiny import tiny_raw, write_corpus
+from tests.helpers.tiny import tiny_raw
 
-runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "tiny_text_document")
 
 
 def write_config(tmp_path, corpus, **kw):
@@ -73,7 +67,7 @@ def test_missing_config_file(tmp_path):
 
 def _another_runs_checkpoints(save_path):
     """iteration_* dirs and a tracker left by another run (written without mftk)."""
-    from tests.ckpt.handmade import mf_step_dir
+    from tests.helpers.handmade import mf_step_dir
 
     for step in (100, 200):
         mf_step_dir(save_path, step=step)
@@ -110,7 +104,7 @@ def test_new_run_with_save_max_keeps_every_dir_of_the_earlier_run(tmp_path, corp
 
 @pytest.mark.engine
 def test_new_run_refuses_when_an_existing_dir_lies_on_its_path(tmp_path, corpus):
-    from tests.ckpt.handmade import mf_step_dir
+    from tests.helpers.handmade import mf_step_dir
 
     cfg = write_config(tmp_path, corpus, steps=4, gbs=1)
     mf_step_dir(tmp_path / "ckpt", step=4)

@@ -18,13 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.engine.tiny import load, tiny_raw, write_corpus
+from tests.helpers.tiny import load, tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
-runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 REL = 1e-5
 

@@ -13,14 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.commands.msrun_helpers import column, metrics, single
-from tests.engine.tiny import tiny_raw, write_corpus
+from tests.helpers.msrun import column, metrics, single
+from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
-runner = CliRunner()
 REL = 1e-5
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
-runner = CliRunner()
 
 
 def run(*args: str):
@@ -68,7 +67,7 @@ def test_missing_file_and_directory_exit_2(tmp_path):
 
 def test_missing_data_files_named(tmp_path):
     text = (ROOT / "templates/qwen3_tiny.yaml").read_text().replace(
-        "examples/data/example_text_document", str(tmp_path / "nothing_here"))
+        "data/example_text_document", str(tmp_path / "nothing_here"))
     p = tmp_path / "c.yaml"
     p.write_text(text)
     r = run(str(p))

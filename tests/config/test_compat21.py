@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from mftk.errors import ConfigError
-from tests.config.test_load import base as tiny
-from tests.config.test_load import load_dict as load
+from tests.helpers.config import template_dict as tiny
+from tests.helpers.config import load_dict as load
 
 
 def errors_of(data: dict, **kw) -> dict[str, str]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from typer.testing import CliRunner
+from tests.helpers.cli import runner
 
 from commands.app import app
 from mftk.config.convert import check_conversion, convert_file
@@ -16,7 +16,6 @@ from mftk.config.model import model_configs
 from mftk.errors import ConfigError
 from tests.config.static_yamls import STATIC, write_static
 
-runner = CliRunner()
 
 # §7.2 / §7.6: world = dp·tp·pp; gbs = batch_size·dp·micro_batch_num·interleave (pp > 1); steps = epochs·⌊sizes[0]/gbs⌋
 EXPECTED = {

@@ -4,17 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
-
-from mftk.config.load import load_config, load_data
+from mftk.config.load import load_config
 from mftk.errors import ConfigError, InputError
+from tests.helpers.config import load_dict, template_dict as base
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "templates" / "qwen3_tiny.yaml"
-
-
-def base() -> dict:
-    return yaml.safe_load(TINY.read_text())
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -25,11 +20,6 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def problems_of(exc: ConfigError, severity: str = "error") -> dict[str, str]:
     return {p.path: p.message for p in exc.problems if p.severity == severity}
-
-
-def load_dict(data: dict, **kw):
-    kw.setdefault("check_files", False)
-    return load_data(data, **kw)
 
 
 def fails(data: dict, **kw) -> dict[str, str]:
@@ -166,3 +156,33 @@ def test_missing_model_and_unknown_model_type():
     data["model"]["model_type"] = "qwen4"
     assert "'qwen4' is not a model family mftk trains (deepseek_mtp, deepseek_v3, qwen3)" in \
         fails(data)["model.model_type"]
+
+
+def test_relative_data_paths_fall_back_to_the_config_files_directory(tmp_path, monkeypatch):
+    """A template's data (next to it) is found from any working directory; a path that exists in the working
+    directory keeps the reference's meaning; each rewrite is a note naming both."""
+    import os
+
+    import yaml as _yaml
+
+    from mftk.config.load import load_config
+
+    conf_dir = tmp_path / "conf"
+    (conf_dir / "data").mkdir(parents=True)
+    for ext in (".bin", ".idx"):
+        (conf_dir / "data" / f"corpus{ext}").write_bytes(b"")
+    data = _yaml.safe_load((ROOT / "templates" / "qwen3_tiny.yaml").read_text())
+    data["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", "data/corpus"]
+    (conf_dir / "c.yaml").write_text(_yaml.safe_dump(data))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = load_config(conf_dir / "c.yaml", check_files=True)
+    assert loaded.config.dataset.data_path == ["1", str(conf_dir / "data" / "corpus")]
+    note = next(p for p in loaded.notes if p.path == "train_dataset.dataloader.config.data_path[1]")
+    assert note.severity == "note" and "'data/corpus' is not in the working directory" in note.message
+    (elsewhere / "data").mkdir()  # the same relative path in the working directory wins (the reference's reading)
+    for ext in (".bin", ".idx"):
+        (elsewhere / "data" / f"corpus{ext}").write_bytes(b"")
+    assert load_config(conf_dir / "c.yaml").config.dataset.data_path == ["1", "data/corpus"]
+    assert os.getcwd() == str(elsewhere)

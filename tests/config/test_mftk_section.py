@@ -16,7 +16,7 @@ import yaml
 from mftk.config import sections as S
 from mftk.config.load import load_data
 from mftk.errors import ConfigError
-from tests.config.test_load import base as tiny
+from tests.helpers.config import template_dict as tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import pytest
 from mftk.config.model import (model_configs, DeepseekV3ModelConfig, Qwen3ModelConfig, model_config_from_dict,
                                model_problems, normalize_model_dict)
 
-from tests.plan.test_flops import PYNATIVE_DS3, tiny_dsv3, tiny_qwen3
+from tests.helpers.sizes import PYNATIVE_DS3, tiny_dsv3, tiny_qwen3
 
 
 def by_path(problems):

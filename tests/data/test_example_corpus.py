@@ -10,7 +10,7 @@ import pytest
 from mftk.data import example_corpus as ec
 from mftk.errors import InputError
 
-SOURCE = Path(__file__).resolve().parents[2] / "examples/data/SOURCE.json"
+SOURCE = Path(__file__).resolve().parents[2] / "mftk/templates/data/SOURCE.json"
 
 
 def test_documents_start_with_pydoc_topics_and_stop_at_max_chars():
@@ -41,7 +41,7 @@ def test_tokenizer_too_small_vocab(tmp_path):
 
 
 @pytest.mark.skipif(not SOURCE.is_file() or json.loads(SOURCE.read_text())["python"] != sys.version.split()[0],
-                    reason="examples/data was made with another Python version")
+                    reason="mftk/templates/data was made with another Python version")
 def test_same_bytes_as_the_committed_example_data(tmp_path):
     """The committed example data (examples/make_data.py) is the reference: same corpus, same tokenizer."""
     source = json.loads(SOURCE.read_text())

@@ -16,7 +16,7 @@ from mftk.data.loader import build_train_dataset, show_samples
 from mftk.data.preprocess import preprocess
 from mftk.errors import ConfigError, DataFormatError, InputError
 from tests.helpers.config import dataloader
-from tests.data.conftest import CORPUS
+from tests.helpers.data import CORPUS
 
 pytestmark = pytest.mark.engine  # imports mindspore
 

@@ -11,7 +11,7 @@ import pytest
 from mftk.data.indexed import IndexedDataset, IndexedDatasetBuilder
 from mftk.data.preprocess import _assemble, preprocess
 from mftk.errors import DataFormatError, InputError
-from tests.data.conftest import read_pair
+from tests.helpers.data import read_pair
 
 DOCS = [
     {"text": "The quick brown fox jumps over the lazy dog."},

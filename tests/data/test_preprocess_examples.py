@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from mftk.data.indexed import IndexedDataset
-from tests.data.conftest import read_pair
+from tests.helpers.data import read_pair
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "examples" / "data"
+DATA = ROOT / "mftk" / "templates" / "data"
 sys.path.insert(0, str(ROOT / "examples"))
 import make_data  # noqa: E402
 

@@ -5,8 +5,8 @@ only its share. The real msrun run is in tests/commands/test_train_distributed.p
 import mftk.engine.parallel.comm as comm
 from mftk.ckpt.load import load_global
 from mftk.engine import balanced_load as bl
-from tests.ckpt.test_balance import _bits_equal, _two_rank
-from tests.ckpt.handmade import mf_step_dir
+from tests.helpers.sharded import assert_bits_equal as _bits_equal, two_rank_checkpoint as _two_rank
+from tests.helpers.handmade import mf_step_dir
 
 
 def _run_two_ranks(monkeypatch, path, kinds=("model", "opt")):

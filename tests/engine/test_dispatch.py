@@ -14,14 +14,14 @@ import threading
 
 import pytest
 
-from tests.engine.test_state import _model
+from tests.helpers.models import train_model as _model
 
 linux_only = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
 
 CHILD = r"""
 import itertools, json, os, threading
 import numpy as np
-from tests.engine.test_state import _model
+from tests.helpers.models import train_model as _model
 from mftk.engine.dispatch import threads_named
 from mftk.engine.optim import AdamW, decide_weight_decay
 from mftk.engine.state import TrainState
@@ -71,7 +71,7 @@ print("RESULT " + json.dumps(out))
 FRESH = r"""
 import json, os
 import numpy as np
-from tests.engine.test_state import _model
+from tests.helpers.models import train_model as _model
 from mftk.engine.dispatch import Dispatcher
 import mindspore as ms
 model = _model()   # builds parameters only; MindSpore's actor/kernel threads start with the first op

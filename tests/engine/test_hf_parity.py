@@ -10,7 +10,6 @@ from mftk.engine import build_model, state_dict
 from mftk.ckpt.hf import deepseek_v3 as dsv3_sd
 from mftk.ckpt.hf import qwen3 as qwen3_sd
 
-from tests.engine.model_fixtures import gradcheck, rng, tiny_dsv3, tiny_qwen3  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.engine, pytest.mark.torch]
 torch = pytest.importorskip("torch")

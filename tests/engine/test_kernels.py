@@ -12,7 +12,6 @@ from mftk.engine.layers.kernels import (CoreAttentionFn, HeadCrossEntropyFn, RMS
 from mftk.engine.layers.loss import masked_mean_ce
 from mftk.engine.models.gpt import loss_weights
 
-from tests.engine.model_fixtures import gradcheck, rng, tiny_qwen3  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.engine
 

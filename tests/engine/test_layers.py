@@ -16,7 +16,6 @@ from mftk.engine.layers.norm import RMSNorm
 from mftk.engine.layers.rope import (apply_rope, deinterleave, rotary_table, yarn_correction_range,
                                      yarn_get_mscale, yarn_inv_freq)
 
-from tests.engine.model_fixtures import gradcheck, rng, tiny_dsv3, tiny_qwen3  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.engine
 

@@ -15,7 +15,7 @@ from mftk.engine.layers.attention import CoreAttention, SelfAttention, causal_ma
 from mftk.engine.layers.mla import MLASelfAttention
 from mftk.engine.layers.rope import rotary_table
 from mftk.errors import ConfigError
-from tests.engine.tiny import load, tiny_raw
+from tests.helpers.tiny import load, tiny_raw
 
 pytestmark = pytest.mark.engine
 PARAM = "decoder.layers.0.self_attention.core_attention.max_logits_val"

@@ -9,7 +9,6 @@ from mindspore import nn
 from mftk.engine import ModelOutput, build_model, build_spec, load_state_dict, state_dict
 from mftk.errors import CheckpointError, ConfigError
 
-from tests.engine.model_fixtures import gradcheck, rng, tiny_dsv3, tiny_qwen3  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.engine
 

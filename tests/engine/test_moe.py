@@ -8,7 +8,6 @@ from mindspore import Tensor
 
 from mftk.engine.layers.moe import GroupedMLP, MoELayer, TopKRouter, aux_loss, group_limited
 
-from tests.engine.model_fixtures import gradcheck, rng, tiny_dsv3, tiny_qwen3  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.engine
 

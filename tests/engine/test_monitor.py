@@ -13,7 +13,7 @@ from mftk.engine.monitor import TrainStateMonitor, build_monitors
 from mftk.engine.profiler import StepProfiler, profiler_dir, wants_profiler
 from mftk.engine.tensorboard import TensorboardSink, scalars_of
 from mftk.errors import InputError
-from tests.engine.tfevents import event_file, scalars
+from tests.helpers.tfevents import event_file, scalars
 
 
 def _metrics(step: int, **kw) -> dict:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mftk.progress import RecordingSink
-from tests.engine.tfevents import event_file, scalars
-from tests.engine.tiny import load, tiny_raw
+from tests.helpers.tfevents import event_file, scalars
+from tests.helpers.tiny import load, tiny_raw
 
 pytestmark = pytest.mark.engine
 

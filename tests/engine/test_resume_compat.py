@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mftk.errors import CheckpointError
-from tests.engine.tiny import load, tiny_raw
+from tests.helpers.tiny import load, tiny_raw
 
 pytestmark = pytest.mark.engine
 OPT = "checkpoint-opt-0000000-0000001.safetensors"

@@ -6,18 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-ARCH = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=4, head_dim=16, rope_theta=1e6, tie_word_embeddings=True)
-
-
-def _model():
-    import mindspore as ms
-
-    ms.runtime.launch_blocking()
-    from mftk.config.model import Qwen3ModelConfig
-    from mftk.engine import build_model
-
-    return build_model(Qwen3ModelConfig(**ARCH, hidden_dropout=0.0, pad_token_id=-1, initializer_range=0.02), seed=0)
+from tests.helpers.models import train_model as _model
 
 
 def _train(jit: bool, steps: int = 3):

@@ -12,7 +12,7 @@ import signal
 import numpy as np
 import pytest
 
-from tests.engine.tiny import load, tiny_raw
+from tests.helpers.tiny import load, tiny_raw
 from mftk.errors import CheckpointError, TrainingError, TrainingInterrupted
 from mftk.progress import RecordingSink
 

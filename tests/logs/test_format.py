@@ -7,7 +7,7 @@ import pytest
 
 from mftk.logs.format import (NON_LAST_STAGE_LOSS, format_metrics_record, format_step_line, mf_formatter,
                               parse_metrics_record, parse_number, parse_step_line)
-from tests.logs.logsynth import SEED_LINES
+from tests.helpers.logsynth import SEED_LINES
 
 # Reference §2.9's example line, character for character.
 REF_LINE = ("{ step:[    1/   10], consumed_samples: 2, global_batch_size: 2, loss:  11.855703, per_step_time:   1234ms, "

@@ -7,7 +7,7 @@ import pytest
 from mftk.errors import DataFormatError, InputError
 from mftk.logs.format import format_metrics_record
 from mftk.logs.parse import LogReader, parse_megatron_line, parse_run, parse_static_line, rank_from_path
-from tests.logs.logsynth import SEED_LINES, synth_lines
+from tests.helpers.logsynth import SEED_LINES, synth_lines
 
 STATIC = ("2025-04-07 15:34:29,173 - [mindformers/core/callback/callback.py:529] - INFO - { Epoch:[  2/  2], "
           "step:[    2/   19], loss: 10.633, per_step_time: 1752ms, lr: 1e-05, overflow cond: False, loss_scale: 1.0, "

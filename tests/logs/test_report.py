@@ -8,7 +8,7 @@ import pytest
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs.parse import parse_run
 from mftk.logs.report import ParseOptions, follow_log, parse_log
-from tests.logs.logsynth import SEED_LINES, synth_lines
+from tests.helpers.logsynth import SEED_LINES, synth_lines
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from mftk.errors import InputError
 from mftk.plan.flops import param_counts
 from mftk.derive import Layout
 from mftk.plan.memory import (Assumptions, PlanInputs, activation_inventory, estimate, in_flight, parse_bytes)
-from tests.plan.test_flops import tiny_dsv3
-from tests.plan.test_flops import tiny_qwen3 as flops_tiny_qwen3
+from tests.helpers.sizes import tiny_dsv3
+from tests.helpers.sizes import tiny_qwen3 as flops_tiny_qwen3
 
 UNFUSED = Assumptions(fused_attention=False)
 
@@ -181,7 +181,7 @@ def test_estimate_within_15_percent_of_measured_rss():
     """Three grid points (Qwen3 h256 L1, DSv3 4 layers batch 4, Qwen3 h256 L4 batch 4), 3 steps each in a fresh process."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from bench.plan_calibration import GRID, QUICK, estimate_bytes, measure
+    from mftk.engine.calibration import GRID, QUICK, estimate_bytes, measure
 
     points = [GRID[i] for i in QUICK]
     with ThreadPoolExecutor(len(points)) as pool:          # separate processes: RSS is per process
@@ -194,7 +194,7 @@ def test_estimate_within_15_percent_of_measured_rss():
 @pytest.mark.engine
 def test_fsdp2_estimate_within_15_percent_of_each_workers_rss():
     """Two msrun workers, FSDP over both (Qwen3 h256 L4, 3 steps): each rank's own VmHWM − its baseline."""
-    from bench.plan_calibration import MULTI, MULTI_TEST, estimate_bytes, measure_multi
+    from mftk.engine.calibration import MULTI, MULTI_TEST, estimate_bytes, measure_multi
 
     name, template, over, nproc = MULTI[MULTI_TEST]
     assert over["parallelism.data_parallel_shard"] == -1 and nproc == 2

@@ -1,6 +1,4 @@
 """Layout enumeration against a brute-force count, and every rejection rule on a hand-picked layout."""
-import itertools
-
 import pytest
 
 from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig
@@ -8,6 +6,7 @@ from mftk.derive import Layout
 from mftk.derive import stage_layers
 from mftk.plan.memory import PlanInputs
 from mftk.plan.search import RULES, candidate_layouts, check_layout, factorisations, search, why_none
+from tests.helpers.sizes import brute_count
 
 
 def qwen(**kw):
@@ -28,18 +27,6 @@ def dsv3(**kw):
 def inputs(model, **kw):
     base = dict(model=model, local_batch_size=1, global_batch_size=16, sequence_parallel=True)
     return PlanInputs(**{**base, **kw})
-
-
-def brute_count(world: int, moe: bool, max_inter: int) -> int:
-    """Independent count: loop over every degree 1..world, keep products equal to world."""
-    n = 0
-    rng = range(1, world + 1)
-    for rep, shard, cp, tp, pp in itertools.product(rng, rng, rng, rng, rng):
-        if rep * shard * cp * tp * pp != world:
-            continue
-        eps = sum(1 for ep in range(1, world + 1) if (shard * cp * tp) % ep == 0) if moe else 1
-        n += eps * (max_inter if pp > 1 else 1)
-    return n
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 6, 8, 12])

@@ -9,7 +9,7 @@ import pytest
 
 from mftk.engine.parallel.groups import AxisGroup
 from mftk.errors import ConfigError
-from tests.engine.model_fixtures import make_dsv3, make_qwen3
+from tests.helpers.models import make_dsv3, make_qwen3
 
 pytestmark = pytest.mark.engine
 
@@ -65,16 +65,9 @@ def test_ep_blocks_hold_this_ranks_experts():
     assert opt["global_step"].tolist() == [5]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from tests.engine.tiny import write_corpus
-
-    return write_corpus(tmp_path_factory.mktemp("mp_corpus") / "tiny_text_document")
-
-
 def _loaded(corpus, template: str, **parallelism):
     from mftk.config.load import load_data
-    from tests.engine.tiny import tiny_raw
+    from tests.helpers.tiny import tiny_raw
 
     raw = tiny_raw(template, corpus, corpus.parent / "ckpt")
     raw["parallelism"].update(parallelism)

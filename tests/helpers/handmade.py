@@ -42,3 +42,5 @@ def mf_step_dir(root: Path, step: int = 4, *, opt: bool = True, gbs: int = 2) ->
         "global_batch_size": gbs, "consumed_samples": step * gbs, "ckpt_status": None}, indent=4))
     (root / "latest_checkpointed_iteration.txt").write_text(str(step))
     return d
+
+

@@ -49,13 +49,13 @@ def load(raw: dict, *overrides: str):
 def train_tiny_via_cli(d: Path, *, steps: int = 2, gbs: int = 1) -> Path:
     """Write a tiny Qwen3 config under `d` and train it with `mftk train` (checkpoints in d/ckpt)."""
     import yaml
-    from typer.testing import CliRunner
+    from tests.helpers.cli import runner
 
     from commands.app import app
 
     corpus = write_corpus(d / "tiny_text_document")
     cfg = d / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt", steps=steps, gbs=gbs)))
-    r = CliRunner().invoke(app, ["train", str(cfg), "--output-dir", str(d / "out")])
+    r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(d / "out")])
     assert r.exit_code == 0, r.output
     return cfg

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.engine.tiny import load
+from tests.helpers.tiny import load
 
 # Every model-parallel degree back to 1: the layout the multi-process runs are compared against.
 SINGLE_PROCESS = {"tensor_parallel": 1, "pipeline_parallel": 1, "context_parallel": 1, "expert_parallel": 1,

@@ -1,7 +1,4 @@
-"""Fixtures for the model tests (import them into a test module): tiny configs, rng, gradcheck.
-
-Kept out of ``conftest.py`` (shared with the trainer tests) so each side owns its file.
-"""
+"""Tiny model configs and the finite-difference check (the fixtures wrapping them are in tests/conftest.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -54,24 +51,16 @@ def directional_check(fn, params, rng, eps=1e-3, rtol=2e-2):
     assert analytic == pytest.approx(numeric, rel=rtol, abs=1e-4)
 
 
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng(0)
+TRAIN_ARCH = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, head_dim=16, rope_theta=1e6, tie_word_embeddings=True)
 
 
-@pytest.fixture
-def tiny_qwen3():
-    """Factory: a tiny Qwen3 config; keyword overrides."""
-    return make_qwen3
+def train_model():
+    """A tiny tied-embedding Qwen3 built with seed 0, for trainer tests."""
+    import mindspore as ms
 
+    ms.runtime.launch_blocking()
+    from mftk.config.model import Qwen3ModelConfig
+    from mftk.engine import build_model
 
-@pytest.fixture
-def tiny_dsv3():
-    """Factory: a tiny DeepSeek-V3 config with MoE (group-limited, biased), MLA, YaRN and MTP on."""
-    return make_dsv3
-
-
-@pytest.fixture
-def gradcheck():
-    """``gradcheck(fn, params, rng)``: autograd vs central finite differences along a random direction."""
-    return directional_check
+    return build_model(Qwen3ModelConfig(**TRAIN_ARCH, hidden_dropout=0.0, pad_token_id=-1, initializer_range=0.02), seed=0)

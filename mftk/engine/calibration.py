@@ -1,0 +1,156 @@
+"""The points `plan-parallel`'s mftk-cpu memory profile is calibrated on, and how each is measured.
+
+Each point runs in a fresh process: import MindSpore and the engine, record RSS (the idle-process baseline),
+train 3 steps, record the peak (VmHWM). Measured = peak − baseline; the estimate is the planner's total for
+the same config under the "mftk-cpu" profile (`plan.memory.MFTK_CPU`). Several workers: one msrun job per
+point, each rank measuring its own baseline and peak. `bench/plan_calibration.py` prints the whole grid; the
+slow tests in tests/plan/test_memory.py hold the quick points to ±15%.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from mftk.config.templates import TEMPLATES_DIR
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the mftk package
+
+QWEN3, DSV3 = "qwen3_tiny.yaml", "deepseek_v3_tiny.yaml"  # shipped templates (`config.templates`)
+H256 = {"model.hidden_size": 256, "model.intermediate_size": 768, "model.num_attention_heads": 8,
+        "model.num_key_value_heads": 4, "model.head_dim": 32}
+H512 = {"model.hidden_size": 512, "model.intermediate_size": 1536, "model.num_attention_heads": 8,
+        "model.num_key_value_heads": 8, "model.head_dim": 64}
+DS256 = {"model.hidden_size": 256, "model.moe_intermediate_size": 128, "model.intermediate_size": 512}
+
+
+def seq(s: int) -> dict:
+    return {"model.seq_length": s, "train_dataset.dataloader.config.seq_length": s}
+
+
+# (name, template, overrides): one dimension varied at a time around each base (layers, hidden, batch, seq,
+# vocab), so each term of the "mftk-cpu" profile is pinned by its own sweep. The first three (QUICK) are the
+# test's points: cheap, one per family plus a larger dense one.
+GRID = [
+    ("qwen3 tiny", QWEN3, {}),
+    ("qwen3 h256 L1", QWEN3, {**H256, "model.num_hidden_layers": 1}),
+    ("dsv3 L4 b4", DSV3, {"model.num_hidden_layers": 4, "training.local_batch_size": 4}),
+    ("dsv3 tiny", DSV3, {}),
+    ("qwen3 h256 L4", QWEN3, {**H256, "model.num_hidden_layers": 4}),
+    ("qwen3 h256 L8", QWEN3, {**H256, "model.num_hidden_layers": 8}),
+    ("qwen3 h256 L4 b4", QWEN3, {**H256, "model.num_hidden_layers": 4, "training.local_batch_size": 4}),
+    ("qwen3 h256 L4 b16", QWEN3, {**H256, "model.num_hidden_layers": 4, "training.local_batch_size": 16}),
+    ("qwen3 h256 L4 s512", QWEN3, {**H256, "model.num_hidden_layers": 4, **seq(512)}),
+    ("qwen3 h256 L4 V32k", QWEN3, {**H256, "model.num_hidden_layers": 4, "model.vocab_size": 32768}),
+    ("qwen3 h512 L4", QWEN3, {**H512, "model.num_hidden_layers": 4}),
+    ("dsv3 h256 L4", DSV3, {**DS256, "model.num_hidden_layers": 4}),
+]
+QUICK = [1, 2, 6]  # the test points: large enough that the fixed runtime overhead does not dominate
+COMMON = {"training.steps": 3, "checkpoint.enable_save": False, "training.global_batch_size": None}
+
+
+# Several workers (msrun, `mftk train --nproc`): (name, template, overrides, nproc). Every point is the
+# single-process grid's "qwen3 h256 L4" / "dsv3 L4 b4" under one layout, so the multi-process terms are what
+# differs; each worker's own peak is measured (all ranks reported; the estimate is per device).
+DP2 = {"parallelism.data_parallel_shard": 1}
+FSDP2 = {"parallelism.data_parallel_shard": -1}
+TP2 = {"parallelism.tensor_parallel": 2, "parallelism.sequence_parallel": True}
+EP2 = {"parallelism.expert_parallel": 2}
+MULTI = [
+    ("qwen3 h256 L4 dp2", QWEN3, {**H256, "model.num_hidden_layers": 4, **DP2}, 2),
+    ("qwen3 h256 L4 fsdp2", QWEN3, {**H256, "model.num_hidden_layers": 4, **FSDP2}, 2),
+    ("qwen3 h256 L4 tp2", QWEN3, {**H256, "model.num_hidden_layers": 4, **TP2}, 2),
+    ("dsv3 L4 b4 ep2", DSV3, {"model.num_hidden_layers": 4, "training.local_batch_size": 4, **EP2}, 2),
+]
+MULTI_TEST = 1  # the slow test's point: fsdp2 qwen3 h256 L4
+
+
+def _overrides(over: dict, world: int = 1) -> list[str]:
+    """Steps, no saving, and one micro-batch per data-parallel rank per step (gbs = lbs·dp)."""
+    lbs = over.get("training.local_batch_size", 1)
+    tp = over.get("parallelism.tensor_parallel", 1)
+    merged = {**COMMON, **over, "training.global_batch_size": lbs * max(world // tp, 1)}
+    return [f"{k}={v}" for k, v in merged.items()]
+
+
+def estimate_bytes(template: str, over: dict, world: int = 1) -> dict:
+    from mftk.config.load import load_config
+    from mftk.derive import Layout, layout_from_config
+    from mftk.plan.memory import MFTK_CPU, estimate
+    from mftk.plan.report import plan_inputs
+
+    cfg = load_config(TEMPLATES_DIR / template, overrides=_overrides(over, world), world_size=world, check_files=False).config
+    layout = Layout(world=1) if world == 1 else layout_from_config(cfg.parallelism, world)
+    est = estimate(layout, plan_inputs(cfg, cfg.parallelism), MFTK_CPU)
+    return {"total": est.peak_bytes, "terms": {t.name: t.value for t in est.peak.terms}, "layout": layout.describe()}
+
+
+def worker(template: str, over: dict) -> dict:
+    """Runs inside a fresh interpreter: baseline after imports, peak after training.
+
+    The peak is VmHWM (this address space's high-water mark), not ``ru_maxrss``: Linux carries
+    ``ru_maxrss`` across exec, so a child of a large process (pytest after many tests) would
+    report its parent's size.
+    """
+    import mindspore  # noqa: F401 - part of the idle baseline
+
+    from mftk.config.load import load_config
+    from mftk.engine import run
+
+    loaded = load_config(TEMPLATES_DIR / template, overrides=_overrides(over), check_files=True)
+    base = _status_bytes("VmRSS")
+    with tempfile.TemporaryDirectory() as out:
+        run.train(loaded, output_dir=out, install_signals=False)
+    peak = _status_bytes("VmHWM")
+    return {"baseline": base, "peak": peak, "measured": peak - base}
+
+
+def _status_bytes(key: str) -> int:
+    """A memory figure of this process from /proc/self/status (kB there)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def dist_worker(template: str, over: dict) -> dict:
+    """The msrun target (`engine.launch` has run ``communication.init()``): this rank's baseline after
+    imports and its own VmHWM after training, returned as JSON (launch collects one per rank)."""
+    import mindspore  # noqa: F401
+    from mindspore import communication
+
+    from mftk.config.load import load_config
+    from mftk.engine import run
+
+    world = communication.get_group_size()
+    loaded = load_config(TEMPLATES_DIR / template, overrides=_overrides(over, world), world_size=world, check_files=True)
+    base = _status_bytes("VmRSS")
+    with tempfile.TemporaryDirectory() as out:
+        run.train(loaded, output_dir=out, install_signals=False, world_size=world)
+    peak = _status_bytes("VmHWM")
+    return {"baseline": base, "peak": peak, "measured": peak - base, "rank": communication.get_rank()}
+
+
+def measure_multi(template: str, over: dict, nproc: int, timeout_s: float = 900) -> list[dict]:
+    """One msrun job of ``nproc`` workers on free ports; each rank's own baseline/peak, by rank."""
+    from mftk.engine.launch import LaunchSpec, launch
+
+    with tempfile.TemporaryDirectory(prefix="mftk-calib-") as logs:
+        res = launch("mftk.engine.calibration:dist_worker", {"template": template, "over": over},
+                     spec=LaunchSpec(nproc=nproc, log_dir=Path(logs)), timeout_s=timeout_s)
+    return [res.results[r] for r in sorted(res.results)]
+
+
+def measure(template: str, over: dict) -> dict:
+    """One single-process run of 3 steps in a fresh interpreter: its baseline, peak and measured bytes."""
+    code = ("import json; from mftk.engine.calibration import worker; "
+            "print('RESULT ' + json.dumps(worker(%r, %r)))" % (template, over))
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
