@@ -196,7 +196,7 @@ def sample_texts(paths: list[Path], keys: list[str], count: int = 256, max_chars
                 value = obj.get(key)
                 values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
                 texts.extend(v[:max_chars] for v in values[:4] if isinstance(v, str) and _encodable(v))
-    return texts
+    return list(dict.fromkeys(texts))  # a small file is sampled at the same lines again and again
 
 
 def _sample_lines(path: Path, want: int) -> list[bytes]:
