@@ -330,7 +330,8 @@ class CorpusReader:
         try:
             if not ascii_:
                 for line in lines:
-                    line.decode("utf-8")  # msgspec does not check the UTF-8 of keys it skips
+                    if not line.isascii():
+                        line.decode("utf-8")  # msgspec does not check the UTF-8 of keys it skips
             decode = self._decode
             docs = [decode(line) for line in lines]
         except _FAST_ERRORS:
