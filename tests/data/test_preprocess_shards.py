@@ -118,3 +118,24 @@ def test_cli_shard_prints_the_merge_command(tmp_path, tokenizer_file):
     assert r.exit_code == 0, r.output
     preprocess([f"wiki={src}"], str(tmp_path / "one"), tokenizer_file)
     assert files(tmp_path / "d_wiki_text_document") == files(tmp_path / "one_wiki_text_document")
+
+
+def test_interrupted_shard_resumes_to_the_same_output(tmp_path, tokenizer_file):
+    from tests.data.test_preprocess import _Boom
+
+    paths = [str(write_jsonl(tmp_path / f"{i}.jsonl", DOCS * 3)) for i in range(4)]
+    clean = preprocess(paths, str(tmp_path / "clean"), tokenizer_file, num_shards=2, shard_index=1, append_eod=True)
+    state = tmp_path / "run_shard1of2.preprocess-state.json"
+    for n in range(1, 60):
+        try:
+            preprocess(paths, str(tmp_path / "run"), tokenizer_file, num_shards=2, shard_index=1, append_eod=True,
+                       batch_bytes=1, progress=_Boom(n))
+        except KeyboardInterrupt:
+            if state.exists():
+                break
+    assert state.exists()
+    s = preprocess(paths, str(tmp_path / "run"), tokenizer_file, num_shards=2, shard_index=1, append_eod=True,
+                   resume=True)
+    assert s.sources[0].resumed_files >= 1
+    assert files(s.sources[0].outputs[0].prefix) == files(clean.sources[0].outputs[0].prefix)
+    assert not list(tmp_path.glob("*.partial")) and not state.exists()

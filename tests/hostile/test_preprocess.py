@@ -249,3 +249,19 @@ def test_a_50_mb_line_costs_a_small_multiple_of_its_size(tmp_path):
           f"{base_kib / 1024:.0f} MiB of a one-line run")
     assert extra < 10 * size  # was about 150x (7.7 GB) before; now a few copies of the line
     assert _leftovers(tmp_path) == []
+
+
+# -- item 6 (preprocess part): paths that look like globs or markup ---------------------------------
+
+def test_literal_path_with_brackets_and_markup_in_the_output_prefix(tmp_path):
+    d = tmp_path / "run[final]"
+    d.mkdir()
+    src = _example_jsonl(d / "data[1].jsonl")  # a literal path, not the glob data1.jsonl
+    out = tmp_path / "out[" / "]x"  # the prefix holds "[/]", Rich's closing tag
+    out.mkdir(parents=True)
+    r = subprocess.run([sys.executable, "-m", "mftk", "preprocess", "-i", str(src), "-o", str(out / "o[bold]"),
+                        "-t", str(EXAMPLES), "--append-eod"], capture_output=True, text=True, cwd=ROOT,
+                       env={**ENV, "COLUMNS": "400"}, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"{out}/o[bold]_text_document" in r.stdout  # printed as text, not taken as markup
+    assert len(IndexedDataset(out / "o[bold]_text_document")) == 196
