@@ -13,7 +13,8 @@ its first 8 MB, then runs, interleaved round by round (medians reported):
   (c) ``mftk preprocess`` as a fresh process, backend auto (start-up, backend check, validation of
       every line, writing included);
   (d) ``mftk preprocess --tokenizer-backend hf``, the same way;
-  (v) validation alone: mftk's reader over the corpus (read + parse + check every line), in process.
+  (v) validation alone: mftk's reader over the corpus (read + parse + check every line), in process;
+  (j) the same parse with the standard library (``json.loads`` per line), to show what msgspec buys.
 
 Prints each throughput, the ratios c/a, c/b, c/d, checks that the .bin/.idx of (c) and (d) are
 byte-identical, and reports the peak RSS of the (c) process tree (its rusage, from a small helper
@@ -140,6 +141,14 @@ for line in sys.stdin:
         self.proc.wait()
 
 
+def run_j(corpus: Path) -> float:
+    t0 = time.perf_counter()
+    with open(corpus, "rb") as f:
+        docs = sum(isinstance(json.loads(line).get("text"), str) for line in f)
+    assert docs > 0
+    return time.perf_counter() - t0
+
+
 def run_mftk(spawner: Spawner, tokenizer: Path, corpus: Path, out: Path, workers: int,
              backend: str) -> tuple[float, int, float, str]:
     """(seconds, tokens, peak RSS MiB, backend used) of one fresh `mftk preprocess` process."""
@@ -164,7 +173,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=32000)
-    parser.add_argument("--only", default="abcdv", help="which measurements, a subset of abcdv")
+    parser.add_argument("--only", default="abcdvj", help="which measurements, a subset of abcdvj")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # before any tokenizer's pool starts
@@ -210,6 +219,8 @@ def main() -> None:
             times["d"].append(t)
         if "v" in args.only:
             times["v"].append(run_v(corpus))
+        if "j" in args.only:
+            times["j"].append(run_j(corpus))
         if "c" in args.only and "d" in args.only:
             equal = same_outputs(work / "c", work / "d") and (equal is not False)
         for k in args.only:
@@ -222,11 +233,11 @@ def main() -> None:
     n = next(iter(tokens.values()), 0)
     names = {"a": "gigatoken encode_files, JSONL file -> arrays", "b": "HF encode_batch_fast, texts in memory",
              "c": "mftk preprocess, backend auto (fresh process)", "d": "mftk preprocess --tokenizer-backend hf",
-             "v": "mftk validation alone (read+parse every line)"}
+             "v": "mftk validation alone (read+parse every line)", "j": "json.loads per line (stdlib parse)"}
     print(f"tokens: {n:,}")
-    for k in "abcdv":
+    for k in "abcdvj":
         if k in med:
-            tok_s = f"{n / med[k] / 1e6:7.2f} M tokens/s" if k != "v" else " " * 18
+            tok_s = f"{n / med[k] / 1e6:7.2f} M tokens/s" if k in "abcd" else " " * 18
             print(f"({k}) {names[k]:<47} {mb / med[k]:8.1f} MB/s {tok_s}  median {med[k]:.3f} s")
     ratios = [f"c/{k} {med[k] / med['c']:.3f}" for k in "abd" if k in med and "c" in med]
     if ratios:

@@ -179,14 +179,14 @@ def preprocess(
     _check_writable(Path(output_prefix))
     prefixes = [_group_prefix(output_prefix, s.name, shard) for s in sources]
     with contextlib.ExitStack() as locks:
-        for prefix in prefixes:
-            locks.enter_context(exclusive_output(prefix, LOCK_WHAT))
+        for path in prefixes + [out for prefix in prefixes for out in _outputs(prefix, keys, format)]:
+            locks.enter_context(exclusive_output(path, LOCK_WHAT))  # the group's state and each output pair
         tok = load_tokenizer(tokenizer, eod_token)
         if append_eod and tok.eod_id is None:
             raise InputError(message=f"{tok.path}: no end-of-document token found for --append-eod",
                              hint="pass --eod-token with the token your model uses, e.g. <|endoftext|>")
         if workers:
-            os.environ.setdefault("RAYON_NUM_THREADS", str(workers))  # read once, at the pools' first use
+            os.environ["RAYON_NUM_THREADS"] = str(workers)  # read once, at each tokenizer pool's first use
         all_files = [p for group in files for p in group]
         choose_backend(tok, tokenizer_backend, sample_texts(all_files, keys, SAMPLE_TEXTS)
                        if tokenizer_backend != "hf" else [])
@@ -211,6 +211,13 @@ def preprocess(
 def _group_prefix(output_prefix: str, name: str | None, shard: tuple[int, int] | None) -> str:
     prefix = output_prefix if name is None else f"{output_prefix}_{name}"
     return prefix if shard is None else f"{prefix}_{shard_name(*shard)}"
+
+
+def _outputs(prefix: str, keys: list[str], format: str) -> list[str]:
+    """What a group writes, by the name a --merge into it would lock: each key's pair (or .mindrecord)."""
+    if format == "mindrecord":
+        return [f"{prefix}_{key}.mindrecord" for key in keys]
+    return [f"{prefix}_{key}_document" for key in keys]
 
 
 def _options(tok, keys: list[str], compat: str, append_eod: bool, on_error: str, max_errors: int | None,

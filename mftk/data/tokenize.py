@@ -246,10 +246,14 @@ def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str]) -> tuple[Gigato
         expected = pool.submit(reference.encode_lists, texts)  # GIL released: runs beside gigatoken's load
         try:
             encoder = GigatokenEncoder(Path(tok.path).read_bytes(), *wrap)
-            got = encoder.encode_lists(texts)
         except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
             expected.result()
             return None, f"gigatoken cannot load it ({_first_line(exc)})"
+        try:
+            got = encoder.encode_lists(texts)
+        except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
+            expected.result()
+            return None, f"gigatoken fails on the check texts ({_first_line(exc)})"
         want = expected.result()
     for (name, text), a, b in zip(cases, want, got):
         if a != b:

@@ -101,6 +101,24 @@ def test_concurrent_runs_never_interleave(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+def test_a_merge_and_a_run_into_the_same_pair_exclude_each_other(tmp_path):
+    from mftk.data.preprocess import LOCK_WHAT, preprocess
+    from mftk.errors import InputError
+    from mftk.lock import exclusive_output
+
+    src = _example_jsonl(tmp_path / "c.jsonl")
+    preprocess([str(src)], str(tmp_path / "a"), EXAMPLES)
+    with exclusive_output(tmp_path / "out_text_document", LOCK_WHAT):  # as a --merge into it would hold
+        with pytest.raises(InputError, match=f"out_text_document: another run is writing this output: pid {os.getpid()}"):
+            preprocess([str(src)], str(tmp_path / "out"), EXAMPLES)
+    with exclusive_output(tmp_path / "out", LOCK_WHAT):  # as a preprocess run writing prefix out holds
+        with exclusive_output(tmp_path / "out_text_document", LOCK_WHAT):
+            with pytest.raises(InputError, match="another run is writing this output"):
+                preprocess([str(tmp_path / "a_text_document")], str(tmp_path / "out_text_document"), None,
+                           merge_only=True)
+    assert not list(tmp_path.glob("out*"))
+
+
 def test_temporary_names_are_unique_per_writer(tmp_path):
     a = IndexedDatasetBuilder(tmp_path / "x", np.uint16)
     b = IndexedDatasetBuilder(tmp_path / "x", np.uint16)
