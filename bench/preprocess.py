@@ -17,7 +17,8 @@ its first 8 MB, then runs, interleaved round by round (medians reported):
   (j) the same parse with the standard library (``json.loads`` per line), to show what msgspec buys.
 
 Prints each throughput, the ratios c/a, c/b, c/d, checks that the .bin/.idx of (c) and (d) are
-byte-identical, and reports the peak RSS of the (c) process tree (its rusage, from a small helper
+byte-identical, the CPU seconds of (a) and (c) (less sensitive to other load on a shared machine than
+wall time), and the peak RSS of the (c) process tree (its rusage, from a small helper
 process that starts it). --workers sets the threads of
 every tokenizer (RAYON_NUM_THREADS). --only picks a subset (e.g. ``--only ac`` for large corpora,
 where (b) and (d) take minutes).
@@ -80,13 +81,20 @@ def train(texts: list[str], vocab_size: int, path: Path) -> None:
     tok.save(str(path))
 
 
-def run_a(gtok, corpus: Path) -> tuple[float, int]:
+def _cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_a(gtok, corpus: Path) -> tuple[float, float, int]:
     import gigatoken
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     result = gtok.encode_files(gigatoken.JsonlFileSource([str(corpus)], field="text"))
-    elapsed = time.perf_counter() - t0
-    return elapsed, len(result.layout.content)
+    elapsed, cpu = time.perf_counter() - t0, _cpu() - c0
+    return elapsed, cpu, len(result.layout.content)
 
 
 def run_b(hf, texts: list[str]) -> tuple[float, int]:
@@ -122,19 +130,21 @@ for line in sys.stdin:
     proc = subprocess.Popen(cmd, stdout=open(cwd + "/.out", "wb"), stderr=open(cwd + "/.err", "wb"), env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
-    print(json.dumps([os.waitstatus_to_exitcode(status), seconds, usage.ru_maxrss]), flush=True)
+    print(json.dumps([os.waitstatus_to_exitcode(status), seconds, usage.ru_maxrss,
+                      usage.ru_utime + usage.ru_stime]), flush=True)
 """
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
 
-    def run(self, cmd: list[str], env: dict, work: Path) -> tuple[int, float, float, str, str]:
-        """(exit code, seconds, peak RSS MiB of the command and the children it waited for, stdout, stderr)."""
+    def run(self, cmd: list[str], env: dict, work: Path) -> tuple[int, float, float, float, str, str]:
+        """(exit code, seconds, CPU seconds, peak RSS MiB of the command and the children it waited for,
+        stdout, stderr)."""
         self.proc.stdin.write(json.dumps([cmd, env, str(work)]) + "\n")
         self.proc.stdin.flush()
-        code, seconds, maxrss_kib = json.loads(self.proc.stdout.readline())
-        return code, seconds, maxrss_kib / 1024, (work / ".out").read_text(), (work / ".err").read_text()
+        code, seconds, maxrss_kib, cpu = json.loads(self.proc.stdout.readline())
+        return code, seconds, cpu, maxrss_kib / 1024, (work / ".out").read_text(), (work / ".err").read_text()
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -150,16 +160,16 @@ def run_j(corpus: Path) -> float:
 
 
 def run_mftk(spawner: Spawner, tokenizer: Path, corpus: Path, out: Path, workers: int,
-             backend: str) -> tuple[float, int, float, str]:
-    """(seconds, tokens, peak RSS MiB, backend used) of one fresh `mftk preprocess` process."""
+             backend: str) -> tuple[float, float, int, float, str]:
+    """(seconds, CPU seconds, tokens, peak RSS MiB, backend used) of one fresh `mftk preprocess` process."""
     cmd = [sys.executable, "-m", "mftk", "preprocess", "-i", str(corpus), "-t", str(tokenizer), "-o", str(out),
            "--workers", str(workers), "--tokenizer-backend", backend, "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    code, seconds, peak, stdout, stderr = spawner.run(cmd, env, out.parent)
+    code, seconds, cpu, peak, stdout, stderr = spawner.run(cmd, env, out.parent)
     if code != 0:
         sys.exit(f"mftk preprocess failed:\n{stderr}")
     data = json.loads(stdout)
-    return seconds, data["sources"][0]["outputs"][0]["tokens"], peak, data["backend"]
+    return seconds, cpu, data["sources"][0]["outputs"][0]["tokens"], peak, data["backend"]
 
 
 def same_outputs(a: Path, b: Path) -> bool:
@@ -197,6 +207,7 @@ def main() -> None:
     hf = Tokenizer.from_file(str(tokenizer))
     gtok.encode_batch(["warm up the pool and the awkward import"])
     times: dict[str, list[float]] = {k: [] for k in args.only}
+    cpus: dict[str, list[float]] = {"a": [], "c": []}  # CPU seconds: less sensitive to a shared machine
     tokens: dict[str, int] = {}
     rss: list[float] = []
     backends = set()
@@ -204,18 +215,20 @@ def main() -> None:
     for r in range(args.repeats):  # interleaved, so drift in machine load hits every measurement alike
         row = []
         if "a" in args.only:
-            t, tokens["a"] = run_a(gtok, corpus)
+            t, cpu, tokens["a"] = run_a(gtok, corpus)
             times["a"].append(t)
+            cpus["a"].append(cpu)
         if "b" in args.only:
             t, tokens["b"] = run_b(hf, texts)
             times["b"].append(t)
         if "c" in args.only:
-            t, tokens["c"], peak, backend = run_mftk(spawner, tokenizer, corpus, work / "c", args.workers, "auto")
+            t, cpu, tokens["c"], peak, backend = run_mftk(spawner, tokenizer, corpus, work / "c", args.workers, "auto")
             times["c"].append(t)
+            cpus["c"].append(cpu)
             rss.append(peak)
             backends.add(backend)
         if "d" in args.only:
-            t, tokens["d"], _, _ = run_mftk(spawner, tokenizer, corpus, work / "d", args.workers, "hf")
+            t, _, tokens["d"], _, _ = run_mftk(spawner, tokenizer, corpus, work / "d", args.workers, "hf")
             times["d"].append(t)
         if "v" in args.only:
             times["v"].append(run_v(corpus))
@@ -242,6 +255,9 @@ def main() -> None:
     ratios = [f"c/{k} {med[k] / med['c']:.3f}" for k in "abd" if k in med and "c" in med]
     if ratios:
         print("ratios (throughput of c over the other): " + "   ".join(ratios))
+    if cpus["a"] and cpus["c"]:
+        ca, cc = statistics.median(cpus["a"]), statistics.median(cpus["c"])
+        print(f"CPU seconds (user+sys, medians): a {ca:.2f}, c {cc:.2f}; c/a by CPU time {ca / cc:.3f}")
     if "v" in med and "c" in med:
         print(f"validation alone is {med['v'] / med['c']:.0%} of (c)'s wall time (it overlaps the encoding there)")
     if rss:
