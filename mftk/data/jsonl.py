@@ -230,10 +230,15 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _doc_type(keys: list[str]) -> type:
-    """A msgspec Struct with one required ``str | list[str]`` field per key (other keys skipped)."""
+def _doc_type(keys: list[str], *, only: bool) -> type:
+    """A msgspec Struct with one required ``str | list[str]`` field per key.
+
+    ``only``: no other key allowed. Then every string of a line is decoded, so msgspec has checked
+    the UTF-8 of every byte of it; otherwise other keys are skipped unchecked.
+    """
     fields = [(f"f{i}", Union[str, list[str]]) for i in range(len(keys))]
-    return msgspec.defstruct("Doc", fields, rename={f"f{i}": k for i, k in enumerate(keys)})
+    return msgspec.defstruct("Doc", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
+                             forbid_unknown_fields=only)
 
 
 class CorpusReader:
@@ -255,8 +260,9 @@ class CorpusReader:
             self._stream.seek(start)
         self.bytes_read = 0
         self.had_lines = False
-        doc = _doc_type(keys)
-        self._decode = msgspec.json.Decoder(doc).decode
+        self._decode_only = msgspec.json.Decoder(_doc_type(keys, only=True)).decode
+        self._decode = msgspec.json.Decoder(_doc_type(keys, only=False)).decode
+        self._other_keys = False  # set once lines turn out to hold keys that are not read
         self._getters = [operator.attrgetter(f"f{i}") for i in range(len(keys))]
 
     def close(self) -> None:
@@ -327,15 +333,24 @@ class CorpusReader:
     # -- parsing ----------------------------------------------------------------------------
     def _fast(self, lines: list[bytes], number: int, ascii_: bool) -> Chunk | None:
         """Every line valid: one msgspec call per line, no per-document Python beyond the texts."""
-        try:
-            if not ascii_:
-                for line in lines:
-                    if not line.isascii():
-                        line.decode("utf-8")  # msgspec does not check the UTF-8 of keys it skips
-            decode = self._decode
-            docs = [decode(line) for line in lines]
-        except _FAST_ERRORS:
-            return None
+        docs = None
+        if not self._other_keys:
+            try:
+                decode = self._decode_only
+                docs = [decode(line) for line in lines]  # UTF-8 of every byte checked by msgspec
+            except _FAST_ERRORS:
+                pass
+        if docs is None:
+            try:
+                if not ascii_:
+                    for line in lines:
+                        if not line.isascii():
+                            line.decode("utf-8")  # msgspec does not check the UTF-8 of keys it skips
+                decode = self._decode
+                docs = [decode(line) for line in lines]
+            except _FAST_ERRORS:
+                return None
+            self._other_keys = True  # the lines hold keys that are not read: go here first from now on
         texts, sentences = [], []
         for get in self._getters:
             values = list(map(get, docs))
