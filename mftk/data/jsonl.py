@@ -292,8 +292,9 @@ class CorpusReader:
             raise DataFormatError(message=f"{self.path}: cannot read compressed data ({exc})", path=str(self.path),
                                   hint="the gzip file is truncated or corrupt") from None
 
-    def _blocks(self) -> Iterator[bytes]:
-        """Runs of whole lines (the last one of the file may lack its ``\\n``), about a chunk each."""
+    def _blocks(self) -> Iterator[tuple[bytes, int]]:
+        """(data, end): ``data[:end]`` is a run of whole lines, about a chunk (the file's last line
+        may lack its ``\\n``). Only a line that crosses a chunk boundary is copied."""
         pending: list[bytes] = []
         first = self.start == 0
         for chunk in self._chunks():
@@ -301,37 +302,44 @@ class CorpusReader:
                 first = False
                 if chunk.startswith(BOM):
                     chunk = chunk[3:]
-            cut = chunk.rfind(b"\n") + 1
-            if not cut:
+            if chunk.rfind(b"\n") < 0:
                 pending.append(chunk)  # one line longer than a chunk: gather it, bounded by its size
                 continue
-            pending.append(chunk[:cut])
-            block = b"".join(pending) if len(pending) > 1 else pending[0]
-            pending = [chunk[cut:]] if cut < len(chunk) else []
-            yield block
+            data = b"".join((*pending, chunk)) if pending else chunk
+            end = data.rfind(b"\n") + 1
+            pending = [data[end:]] if end < len(data) else []
+            yield data, end
         if pending:
-            yield b"".join(pending)
+            data = b"".join(pending)
+            yield data, len(data)
 
     def __iter__(self) -> Iterator[Chunk]:
         if is_json_array(self.path):
             yield from self._array_chunks()
             return
         number = 1
-        for block in self._blocks():
+        for data, end in self._blocks():
             self.had_lines = True
-            chunk = self._parse(block, number)
-            del block  # the chunk's texts are all that stays alive while it is encoded
+            chunk = self._parse(data, end, number)
+            del data  # the chunk's texts are all that stays alive while it is encoded
             number += chunk.lines
             yield chunk
 
-    def _parse(self, block: bytes, number: int) -> Chunk:
-        lines = block.split(b"\n")
-        if block.endswith(b"\n"):
-            lines.pop()
-        return self._fast(lines, number, block.isascii()) or self._careful(lines, number)
+    def _parse(self, data: bytes, end: int, number: int) -> Chunk:
+        """Lines as zero-copy views of ``data[:end]`` (split on ``\\n`` by numpy), then parsed."""
+        arr = np.frombuffer(data, np.uint8, count=end)
+        ends = np.flatnonzero(arr == 10).tolist()
+        if not ends or ends[-1] != end - 1:
+            ends.append(end)  # the last line of the file, without its \n
+        view = memoryview(data)
+        lines = [view[a:b] for a, b in zip([0, *(e + 1 for e in ends[:-1])], ends)]
+        chunk = self._fast(lines, number, arr, ends)
+        if chunk is None:
+            chunk = self._careful([line.tobytes() for line in lines], number)
+        return chunk
 
     # -- parsing ----------------------------------------------------------------------------
-    def _fast(self, lines: list[bytes], number: int, ascii_: bool) -> Chunk | None:
+    def _fast(self, lines: list[memoryview], number: int, arr: np.ndarray, ends: list[int]) -> Chunk | None:
         """Every line valid: one msgspec call per line, no per-document Python beyond the texts."""
         docs = None
         if not self._other_keys:
@@ -342,10 +350,10 @@ class CorpusReader:
                 pass
         if docs is None:
             try:
-                if not ascii_:
-                    for line in lines:
-                        if not line.isascii():
-                            line.decode("utf-8")  # msgspec does not check the UTF-8 of keys it skips
+                high = np.flatnonzero(arr & 0x80)
+                if len(high):  # msgspec does not check the UTF-8 of keys it skips: check lines with non-ASCII
+                    for i in np.unique(np.searchsorted(ends, high)).tolist():
+                        str(lines[i], "utf-8")
                 decode = self._decode
                 docs = [decode(line) for line in lines]
             except _FAST_ERRORS:
