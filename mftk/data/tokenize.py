@@ -83,21 +83,41 @@ class HFEncoder:
 
 
 class GigatokenEncoder:
-    """`gigatoken` ``encode_batch``: the batch's ids stay one array (offsets + content), never lists."""
+    """`gigatoken` ``encode_batch``: the batch's ids stay one array (offsets + content), never lists.
+
+    gigatoken memoizes the ids of every distinct piece of text it has seen, per tokenizer object,
+    without a bound: text with many unique words (code, URLs, hashes) grows it by several times
+    the text's size. The tokenizer is therefore loaded afresh (which drops the memo and changes
+    no id) whenever the process has grown ``memo_budget`` bytes since the last load.
+    """
 
     name = "gigatoken"
 
-    def __init__(self, tokenizer_json: bytes, prefix: list[int], suffix: list[int]) -> None:
-        import gigatoken
-
-        self._tok = gigatoken.Tokenizer.from_json(tokenizer_json)
+    def __init__(self, tokenizer_json: bytes, prefix: list[int], suffix: list[int], *,
+                 memo_budget: int = 256 << 20) -> None:
+        self._json = tokenizer_json
         self.prefix = np.asarray(prefix, dtype=np.uint32)
         self.suffix = np.asarray(suffix, dtype=np.uint32)
+        self.memo_budget = memo_budget
+        self.reloads = 0
+        self._load()
+
+    def _load(self) -> None:
+        import gigatoken
+
+        if getattr(self, "_tok", None) is not None:
+            self._tok = None  # the old memo goes before the new tokenizer is built
+            _return_freed_memory()
+        self._tok = gigatoken.Tokenizer.from_json(self._json)
+        self._rss_at_load = _rss()
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.uint32), np.zeros(0, np.int64)
         flat, lengths = _flat(self._tok.encode_batch(texts))  # parallel unless in a forked worker
+        if _rss() - self._rss_at_load > self.memo_budget:
+            self.reloads += 1
+            self._load()
         if len(self.prefix) or len(self.suffix):
             flat, lengths = wrap_sequences(flat, lengths, self.prefix, self.suffix)
         return flat.astype(np.uint32, copy=False), lengths
@@ -105,6 +125,29 @@ class GigatokenEncoder:
     def encode_lists(self, texts: list[str]) -> list[list[int]]:
         flat, lengths = self.encode(texts)
         return [a.tolist() for a in np.split(flat, np.cumsum(lengths)[:-1])] if len(texts) else []
+
+
+def _rss() -> int:
+    """Resident set size of this process in bytes (0 where /proc is missing: then never reloads)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _return_freed_memory() -> None:
+    """Ask glibc to give freed heap back to the system (``malloc_trim``; a no-op elsewhere).
+
+    Without it the memory of a dropped memo stays in the allocator's per-thread arenas and the
+    process keeps growing by part of it at every reload.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _flat(array) -> tuple[np.ndarray, np.ndarray]:

@@ -169,3 +169,14 @@ def test_cli_summary_names_backend_and_fallback(tmp_path):
     r = runner.invoke(app, ["preprocess", "-i", str(src), "-o", str(tmp_path / "q"), "-t", str(tok.parent),
                             "--tokenizer-backend", "gigatoken"])
     assert r.exit_code == 2 and "Traceback" not in r.output and "cannot be used" in " ".join(r.stderr.split())
+
+
+def test_gigatoken_reload_drops_its_memo_and_changes_no_id(tokenizer_file):
+    from tokenizers import Tokenizer as HF
+
+    texts = [d["text"] for d in _edge_docs(seed=3) if isinstance(d["text"], str)]
+    encoder = tokenize.GigatokenEncoder(tokenizer_file.read_bytes(), [], [], memo_budget=-1)  # reload every call
+    want = [e.ids for e in HF.from_file(str(tokenizer_file)).encode_batch(texts)]
+    for _ in range(3):
+        assert encoder.encode_lists(texts) == want
+    assert encoder.reloads >= 3

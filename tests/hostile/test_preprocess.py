@@ -283,3 +283,20 @@ def test_literal_path_with_brackets_and_markup_in_the_output_prefix(tmp_path):
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert f"{out}/o[bold]_text_document" in r.stdout  # printed as text, not taken as markup
     assert len(IndexedDataset(out / "o[bold]_text_document")) == 196
+
+
+@pytest.mark.slow
+def test_text_of_unique_words_keeps_memory_bounded(tmp_path):
+    """gigatoken memoizes every distinct word without a bound (1.9 GB for 150 MB of random words)."""
+    import base64
+
+    with open(tmp_path / "random.jsonl", "w") as f:
+        for _ in range(33_000):  # ~100 MB of random 10-character words
+            b = base64.b64encode(os.urandom(2250)).decode().replace("+", "a").replace("/", "b")
+            f.write(json.dumps({"text": " ".join(b[i:i + 10] for i in range(0, len(b), 10))}) + "\n")
+    r, peak_kib = _peak_kib("preprocess", "-i", str(tmp_path / "random.jsonl"), "-o", str(tmp_path / "r"),
+                            "-t", str(EXAMPLES), "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert json.loads(r.stdout)["backend"] == "gigatoken"
+    print(f"100 MB of unique words: peak RSS {peak_kib / 1024:.0f} MiB")
+    assert peak_kib < 2**20  # < 1 GiB
