@@ -19,6 +19,11 @@ EPILOG = """Examples:
 
   mftk preprocess --format mindrecord --seq-length 4096 --input corpus.jsonl --tokenizer tok/ \
       --output-prefix data/wiki --append-eod      # -> data/wiki_text.mindrecord for type: MindDataset
+
+  # one of 8 machines (array job): writes data/wiki_shard3of8_text_document.{bin,idx}
+  mftk preprocess --input 'wiki/*.jsonl' --tokenizer tok/ --output-prefix data/wiki --append-eod \
+      --num-shards 8 --shard-index 3
+  mftk preprocess --merge --input 'data/wiki_shard?of8_text_document' --output-prefix data/wiki_text_document
 """
 
 
@@ -57,6 +62,15 @@ def preprocess(
     seq_length: Annotated[Optional[int], typer.Option("--seq-length", min=1, help="With --format mindrecord "
                                                       "(required): the model's seq_length; each record holds "
                                                       "seq_length + 1 tokens.")] = None,
+    tokenizer_backend: Annotated[str, typer.Option("--tokenizer-backend", help="auto: gigatoken when its ids equal "
+                                                   "HF tokenizers' on a sample of the input and edge cases (checked "
+                                                   "at start), else hf; gigatoken: require it; hf: HF tokenizers "
+                                                   "only.")] = "auto",
+    num_shards: Annotated[Optional[int], typer.Option("--num-shards", min=1, help="Split every input group into N "
+                                                      "shards (by file and by byte range at line ends) and "
+                                                      "process one; --merge the N outputs in order.")] = None,
+    shard_index: Annotated[Optional[int], typer.Option("--shard-index", min=0, help="Which shard this run "
+                                                       "processes, 0 to N-1 (with --num-shards).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
@@ -75,6 +89,7 @@ def preprocess(
     summary = run(input, output_prefix, tokenizer, json_keys=json_keys or ["text"], append_eod=append_eod,
                   eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
                   weights=parsed_weights, resume=resume, merge_only=merge, format=format, seq_length=seq_length,
+                  tokenizer_backend=tokenizer_backend, num_shards=num_shards, shard_index=shard_index,
                   progress=RichProgress(err_console))
     if json_out:
         data = attrs.asdict(summary)
@@ -85,6 +100,7 @@ def preprocess(
 
 
 def _render(summary, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     mindrecord = summary.format == "mindrecord"
@@ -96,7 +112,7 @@ def _render(summary, console) -> None:
                          min_width=len(col) if col != "output" else 20)
     for s in summary.sources:
         for i, o in enumerate(s.outputs):
-            row = [o.prefix, f"{o.documents:,}", f"{o.sequences:,}", f"{o.tokens:,}"]
+            row = [escape(o.prefix), f"{o.documents:,}", f"{o.sequences:,}", f"{o.tokens:,}"]
             row += [f"{o.dropped_tokens:,}"] if mindrecord else []
             row += [f"{s.empty_documents:,}" if i == 0 else "", f"{s.rejected:,}" if i == 0 else "",
                     _size(o.bin_bytes), _size(o.idx_bytes)]
@@ -109,12 +125,17 @@ def _render(summary, console) -> None:
     if summary.tokenizer:
         facts += ([] if mindrecord else [f"compat {summary.compat}"]) + [f"vocab {summary.vocab_size:,}", f"EOD id {eod}"
                   + ("" if summary.append_eod else " (not appended)")]
+        facts.append(f"tokenizer backend {summary.backend}")
     tokens_per_s = summary.tokens / summary.wall_s if summary.wall_s else 0
     facts.append(f"wall {summary.wall_s:.2f} s ({tokens_per_s:,.0f} tokens/s)")
     console.print("  ".join(facts), highlight=False)
+    if summary.backend == "gigatoken":
+        console.print(f"gigatoken: {summary.backend_note}", highlight=False, markup=False)
+    elif summary.tokenizer and summary.backend_note:
+        console.print(f"[yellow]note:[/] {escape(summary.backend_note)}", highlight=False)
     for s in summary.sources:
         if s.rejects_path:
-            console.print(f"[yellow]{s.rejected} bad line(s) skipped, listed in {s.rejects_path}[/]")
+            console.print(f"[yellow]{s.rejected} bad line(s) skipped, listed in {escape(s.rejects_path)}[/]")
         if s.special_tokens_in_text:
             console.print(f"[yellow]note:[/] the EOD token appeared {s.special_tokens_in_text} time(s) inside the "
                           "text itself and was encoded as the special token (as the reference tools do)")
@@ -122,6 +143,13 @@ def _render(summary, console) -> None:
             console.print(f"resumed: {s.resumed_files} input file(s) were already done")
     if summary.tokenizer and summary.eod_id is not None:
         console.print(f"set [bold]eod: {summary.eod_id}[/] in the training YAML", highlight=False)
+    if summary.shard is not None:
+        k, n = summary.shard
+        console.print(f"shard {k} of {n} (0-based) written; when all {n} are done, merge each output in shard order:",
+                      highlight=False)
+        for command in summary.merge_commands():
+            console.print(f"  {command}", highlight=False, markup=False, soft_wrap=True)
+        return
     console.print("train_dataset.dataloader:" if mindrecord else "train_dataset.dataloader.config:",
                   highlight=False)
     console.print(summary.data_path_block(), highlight=False, markup=False, soft_wrap=True)

@@ -40,6 +40,14 @@ def output_path(prefix: str) -> Path:
     return Path(prefix if prefix.endswith(".mindrecord") else prefix + ".mindrecord")
 
 
+def remove_partial_dirs(path: Path) -> None:
+    """Delete the temporary directories of earlier (stopped) writers of ``path``; hold its lock."""
+    import glob
+
+    for name in glob.glob(os.path.join(glob.escape(str(path.parent)), glob.escape(f".{path.name}.") + "*.partial")):
+        shutil.rmtree(name, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------------------------
@@ -61,9 +69,9 @@ class MindRecordBuilder:
 
     Same batch interface as ``IndexedDatasetBuilder`` so the preprocess pipeline drives either.
     FileWriter stores the file's own name inside it, so the output is written under its final
-    name in a hidden temporary directory next to it and both files (``X.mindrecord`` and its
-    SQLite index ``X.mindrecord.db``) are moved into place only after ``commit``, the data
-    file last: a ``.mindrecord`` at the final path is always complete.
+    name in a hidden temporary directory next to it (named uniquely per run) and both files
+    (``X.mindrecord`` and its SQLite index ``X.mindrecord.db``) are moved into place only after
+    ``commit``, the data file last: a ``.mindrecord`` at the final path is always complete.
     """
 
     def __init__(self, path: str | os.PathLike, sample_length: int) -> None:
@@ -72,8 +80,9 @@ class MindRecordBuilder:
         self.path = Path(path)
         self.path_prefix = str(self.path)
         self.sample_length = int(sample_length)
-        self.tmp_dir = self.path.parent / f".{self.path.name}.partial"
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        from mftk.data.indexed import new_run_id
+
+        self.tmp_dir = self.path.parent / f".{self.path.name}.{new_run_id()}.partial"  # unique per run
         self.tmp_dir.mkdir(parents=True)
         self._writer = FileWriter(str(self.tmp_dir / self.path.name), shard_num=1, overwrite=True)
         self._writer.add_schema(SCHEMA, SCHEMA_DESC)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mftk.data.indexed import IndexedDataset, IndexedDatasetBuilder
-from mftk.data.preprocess import _assemble, preprocess
+from mftk.data.pipeline import assemble
+from mftk.data.preprocess import preprocess
 from mftk.errors import DataFormatError, InputError
 from tests.helpers.data import read_pair
 
@@ -86,7 +87,7 @@ def test_tv_pre_vectors(tmp_path):
     # megatron-data.md §7 TV-PRE: token lists [5,6,7], [8], [] with --append-eod and eod = 2.
     flat, lengths, per_doc = np.array([5, 6, 7, 8]), np.array([3, 1, 0], np.int32), np.array([1, 1, 1])
     for compat, dtype in (("mindformers", np.int32), ("megatron", np.uint16)):
-        toks, seq, docs, empty = _assemble(flat, lengths, per_doc, 2, True, compat == "mindformers")
+        toks, seq, docs, empty = assemble(flat, lengths, per_doc, 2, True, compat == "mindformers")
         with IndexedDatasetBuilder(tmp_path / compat, dtype) as b:
             b.add_batch(toks, seq, docs)
             b.finalize()
