@@ -143,3 +143,15 @@ def test_one_family_table():
         assert callable(mapping.hf_to_mf) and callable(mapping.mf_to_hf), family.hf
     sources = "\n".join(p.read_text() for p in (ROOT / "mftk").rglob("*.py") if p.name != "families.py")
     assert "import_module(f\"mftk.engine.models" not in sources and "FAMILY_SPEC_MODULES" not in sources
+
+
+def test_tests_import_helpers_not_other_tests_or_bench():
+    """Shared test code lives in tests/helpers/ (and fixtures in conftest.py); no test reads bench/."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for module, line, _ in _imports(path):
+            parts = module.split(".")
+            if parts[0] == "bench" or (parts[0] == "tests" and len(parts) > 2
+                                      and (parts[-1].startswith("test_") or parts[-1] == "conftest")):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert bad == []

@@ -16,15 +16,7 @@ from commands.app import app
 from mftk.data import tokenize
 from mftk.data.preprocess import preprocess
 from mftk.errors import InputError
-from tests.data.test_preprocess import DOCS, files, reference_write, write_jsonl
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
-
-
-def _example_corpus(tmp_path) -> tuple[Path, list[dict]]:
-    raw = gzip.decompress((EXAMPLES / "corpus.jsonl.gz").read_bytes())
-    docs = [json.loads(line) for line in raw.decode().splitlines()]
-    return write_jsonl(tmp_path / "example.jsonl", docs), docs
+from tests.helpers.preprocess import DOCS, EXAMPLES, example_corpus as _example_corpus, files, reference_write, write_jsonl
 
 
 def _variant(tmp_path, name, change) -> Path:

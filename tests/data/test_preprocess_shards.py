@@ -13,8 +13,7 @@ from mftk.data.indexed import IndexedDataset
 from mftk.data.preprocess import preprocess
 from mftk.data.shards import shard_name, shard_pieces
 from mftk.errors import DataFormatError, InputError
-from tests.data.test_preprocess import DOCS, files, reference_write, write_jsonl
-from tests.data.test_preprocess_backends import EXAMPLES, _example_corpus
+from tests.helpers.preprocess import DOCS, EXAMPLES, example_corpus as _example_corpus, files, reference_write, write_jsonl
 
 
 def _run_shards(tmp_path, inputs, n, tokenizer, **kw):
@@ -121,7 +120,7 @@ def test_cli_shard_prints_the_merge_command(tmp_path, tokenizer_file):
 
 
 def test_interrupted_shard_resumes_to_the_same_output(tmp_path, tokenizer_file):
-    from tests.data.test_preprocess import _Boom
+    from tests.helpers.preprocess import Boom as _Boom
 
     paths = [str(write_jsonl(tmp_path / f"{i}.jsonl", DOCS * 3)) for i in range(4)]
     clean = preprocess(paths, str(tmp_path / "clean"), tokenizer_file, num_shards=2, shard_index=1, append_eod=True)
