@@ -9,7 +9,6 @@ import importlib
 import os
 from typing import Annotated, Optional
 
-import click
 import typer
 import typer.core
 
@@ -50,11 +49,11 @@ class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
     def invoke(self, ctx):  # type: ignore[no-untyped-def]
         from commands._errors import handle
 
+        from mftk.errors import MftkError
+
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, SystemExit, click.exceptions.ClickException, click.exceptions.Exit):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - mapped, or re-raised as the bug it is
+        except (MftkError, KeyboardInterrupt) as exc:  # anything else is a bug: its traceback is the report
             code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
             if code is None:
                 raise
