@@ -24,6 +24,7 @@ from mftk.ckpt.resume import ResumePlan, ResumeScenario
 from mftk.errors import CheckpointError
 from mftk.logs.sinks import attach_file_log, detach, log, phase_line
 from mftk.progress import StepSink
+from mftk.units import every_steps, plural
 
 
 @attrs.frozen
@@ -248,8 +249,9 @@ class _Run:
             checkpointer = Checkpointer(root=root, interval=ck.save_interleaved_steps, save_max=ck.save_max,
                                         prefix=ck.prefix, save_optim=not ck.no_save_optim, async_save=ck.async_save,
                                         comm=dist, start_step=state.global_step, last_saved_step=on_disk)
-            log.info("Checkpoints will be saved every %d steps starting from step %d, first save at step %d.",
-                     ck.save_interleaved_steps, state.global_step, state.global_step + ck.save_interleaved_steps)
+            log.info("Checkpoints will be saved every %s starting from step %d, first save at step %d.",
+                     every_steps(ck.save_interleaved_steps), state.global_step,
+                     state.global_step + ck.save_interleaved_steps)
         monitor, monitor_sinks = build_monitors(self.loaded, rank=self.rank, world=self.layout.world, model=model)
         self.own_sinks.extend(monitor_sinks)  # closed at the end (stops the profiler, flushes TensorBoard)
         return Trainer.from_config(self.config, model=model, optimizer=optimizer, loader=loader, state=state,
@@ -313,10 +315,19 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         dist.pipeline, dist.stage = stage.table, stage
     if dist.sharding.enabled:
         n = sum(1 for r in dist.sharding.rows if r is not None)
-        log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks (the rest replicated: dim 0 "
-                 "does not divide evenly); optimizer states sharded the same way", n, len(params),
-                 dist.sharding.size)
+        log.info("FSDP: %s along dim 0 over %d ranks; optimizer states sharded the same way",
+                 sharded_phrase(n, len(params)), dist.sharding.size)
     return model, dist
+
+
+def sharded_phrase(sharded: int, total: int) -> str:
+    """'all 19 parameters sharded' or '17 of 19 parameters sharded (the other 2 replicated: dim 0 does not
+    divide evenly)'."""
+    if sharded == total:
+        return f"all {plural(total, 'parameter')} sharded"
+    rest = total - sharded
+    return (f"{sharded} of {plural(total, 'parameter')} sharded (the other {rest} replicated: dim 0 does not "
+            "divide evenly)")
 
 
 def _rank() -> int:
