@@ -177,32 +177,47 @@ def _quote(arg: str) -> str:
 
 def _finish(plan, wall_s: float) -> None:
     """Where everything is, the loss curve in two numbers, and what to try next."""
-    from rich.table import Table
-
-    from commands._render import console, err_console
+    from commands._render import add_row, column, console, notice, print_table, say, styled, table
     from mftk.logs.report import parse_log
     from mftk.quickstart import checkpoint_steps, list_outputs
 
     console.rule("[bold]done[/]", align="left")
-    table = Table(title=f"outputs under {plan.workdir}", title_justify="left")
-    for col in ("what", "path", "size"):
-        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    t = table("what", "path", column("size", justify="right"), title=f"outputs under {plan.workdir}")
     for out in list_outputs(plan):
-        table.add_row(out.what, str(out.path), _human(out.bytes) if out.bytes else "[red]missing[/]")
-    console.print(table)
+        add_row(t, out.what, str(out.path), _human(out.bytes) if out.bytes else styled("missing", "red"))
+    print_table(t)
     steps = checkpoint_steps(plan)
-    console.print(f"checkpoints at steps {', '.join(map(str, steps)) or 'none'}", highlight=False)
+    say(f"checkpoints at steps {', '.join(map(str, steps)) or 'none'}")
     summary = parse_log([plan.at(plan.rank0_log)]).runs[0].summary
     if summary.loss_first is not None:
         drop = summary.loss_first - summary.loss_last
-        colour = "green" if drop > 0 else "yellow"
-        console.print(f"loss [{colour}]{summary.loss_first:.3f} -> {summary.loss_last:.3f}[/] (min "
-                      f"{summary.loss_min:.3f}) over steps {summary.first_step}..{summary.last_step}", highlight=False)
+        say("loss ", (f"{summary.loss_first:.3f} -> {summary.loss_last:.3f}", "green" if drop > 0 else "yellow"),
+            f" (min {summary.loss_min:.3f}) over steps {summary.first_step}..{summary.last_step}")
         if drop <= 0:
-            err_console.print("[yellow]warning:[/] the loss did not drop; try more --steps", highlight=False)
-    console.print(f"total wall time {wall_s:.0f} s", highlight=False)
-    console.print(f"next: cd {plan.workdir} && mftk parse-log {plan.rank0_log} --follow   "
-                  f"[dim]or edit {plan.config} and mftk train it[/]", highlight=False)
+            notice("warning", "the loss did not drop; try more --steps")
+    say(f"total wall time {wall_s:.0f} s")
+    say(f"next: cd {plan.workdir} && mftk parse-log {plan.rank0_log} --follow   ",
+        (f"or edit {plan.config} and mftk train it", "dim"))
+    activate = activate_hint()
+    if activate:
+        say(activate)
+
+
+def activate_hint() -> str:
+    """How to get `mftk` on PATH when it is not (after `make demo` it lives in .venv/bin), else ''."""
+    import os
+    import shutil
+    import sys
+
+    if shutil.which("mftk"):
+        return ""
+    bindir = Path(sys.executable).parent
+    if not (bindir / "mftk").exists():
+        return ""
+    where = os.path.relpath(bindir)
+    if (bindir / "activate").exists():
+        return f"mftk is not on PATH: run `source {where}/activate` first (or call {where}/mftk)"
+    return f"mftk is not on PATH: call {where}/mftk"
 
 
 def _human(n: int) -> str:

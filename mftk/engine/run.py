@@ -199,6 +199,10 @@ class _Run:
             log.warning(self.notes[-1])
         for n in plan.notes:
             log.info(n)
+        jump = _lr_jump(plan, self.config)
+        if jump:
+            self.notes.append(jump)
+            log.warning(jump)
         return model, plan
 
     def _check_save_path(self, plan: ResumePlan | None, new_run: bool) -> None:
@@ -258,6 +262,22 @@ class _Run:
                                    dist=dist, layout=self.layout, checkpointer=checkpointer,
                                    sinks=[metrics, *self.sinks, *monitor_sinks],
                                    monitor=monitor if monitor.enabled else None, stop=stop)
+
+
+def _lr_jump(plan: ResumePlan, config: Any) -> str | None:
+    """A warning when the resumed run's LR schedule does not continue the saved run's (e.g. a larger
+    training.steps with a decaying schedule), with the numbers; None for a weights-only start."""
+    if plan.kind != "mf" or plan.scenario == ResumeScenario.WEIGHTS_ONLY:
+        return None
+    from mftk.ckpt.run_config import read_run_config
+    from mftk.engine.schedule import lr_change_at_resume
+
+    saved = read_run_config(plan.step_dir) or {}
+    section, steps = saved.get("lr_scheduler"), (saved.get("training") or {}).get("steps")
+    if not isinstance(section, dict) or not isinstance(steps, int):
+        return None
+    return lr_change_at_resume(section, steps, plan.saved_step, config.lr_scheduler, config.training.steps,
+                               plan.start_step)
 
 
 def _saved_architecture(plan: ResumePlan, current: Any) -> tuple[Any, list[str]]:
