@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from commands._options import JsonOpt
-from mftk.units import count
+from mftk.units import count_exact
 
 EPILOG = """Examples:
 
@@ -119,7 +119,7 @@ def _render_report(r: Any) -> None:
         add_row(tensors, *row)
     print_table(tensors)
     by_dtype = ", ".join(f"{k} {_size(v)}" for k, v in sorted(r.bytes_by_dtype.items()))
-    say(f"model parameters {r.model_parameters:,} ({count(r.model_parameters)})  optimizer elements "
+    say(f"model parameters {count_exact(r.model_parameters)}  optimizer elements "
         f"{r.optimizer_elements:,}  bytes by dtype: {by_dtype or '-'}  files {_size(r.file_bytes)}")
     if r.unused_optimizer_states:
         from mftk.ckpt.names import describe_unused
@@ -170,5 +170,5 @@ def _render_export(r: Any) -> None:
         notice("note", note)
     files = ", ".join(r.files) + (f" + {r.index_file}" if r.index_file else "")
     say(("exported", "bold"), f" {r.source} (step {r.step}, {r.model_type}) -> {r.out_dir}")
-    say(f"  {r.tensors} tensors, {r.parameters:,} parameters ({count(r.parameters)}), {_size(r.total_bytes)} "
+    say(f"  {r.tensors} tensors, {count_exact(r.parameters)} parameters, {_size(r.total_bytes)} "
         f"{r.dtype}  files: {files}, {r.config_file}  (model section from {r.model_source})")

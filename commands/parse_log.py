@@ -273,8 +273,7 @@ def _summary_table(run: Any):
         per_dev = f", {s.tokens_per_s_per_device:,.0f} per device" if s.tokens_per_s_per_device else ""
         add_row(t, "tokens/s", f"{s.tokens_per_s:,.0f}{per_dev}")
     if s.mfu is not None:
-        add_row(t, "MFU", f"{s.mfu:.1%} of {s.peak_tflops:g} TFLOP/s peak")
-        add_row(t, "MFU convention", s.mfu_convention)
+        add_row(t, "MFU", f"{s.mfu:.1%} of {s.peak_tflops:g} TFLOP/s peak (convention: --json summary.mfu_convention)")
     return t
 
 

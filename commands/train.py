@@ -143,9 +143,20 @@ def render(result: Any, config: Any = None) -> None:
     if result.skipped_steps:
         say(f"skipped steps (non-finite loss): {result.skipped_steps}")
     if result.checkpoint:
-        say(f"checkpoint: {result.checkpoint}")
+        say(f"checkpoint: {_near(result.checkpoint)}")
     say(f"logs: {result.log_file}  metrics: {result.metrics_file}")
     say("start-up: " + ", ".join(f"{name} {s:.2f}s" for name, s in result.phases))
+
+
+def _near(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it (what the user typed), else as is."""
+    import os
+
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
 
 
 def run_summary(result: Any, config: Any) -> str:
