@@ -149,8 +149,8 @@ def _slow_steps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[An
 def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
     """Flag LR changes that no schedule explains: neither a flat nor a linear continuation of the last two
     steps predicts them, and they are either large against the run's LR (the largest of the last
-    ``window`` steps) or turn against the trend (up during a decay, down during a warm-up) by a large
-    fraction of the current LR. Warm-up ends, cosine tails that approach 0 and cool-down steps to a final
+    ``window`` steps) or turn against the trend (up during a decay or from a plateau, down during a
+    warm-up) by a large fraction of the current LR. Warm-up ends, cosine tails that approach 0 and cool-down steps to a final
     LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
     """
     out = []
@@ -178,7 +178,7 @@ def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anom
         flat, linear = abs(now), abs(lc - (2 * lb - la))
         unexplained = flat > t.lr_jump * local and linear > t.lr_jump * local
         large = flat > t.lr_jump * recent[0][1]
-        against_trend = before * now <= 0
+        against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
         if unexplained and (large or against_trend):
             out.append(Anomaly(kind="lr_jump", step=c["step"], field="lr", ranks=[rank], value=lc, reference=lb,
                                message=f"lr jumped from {lb:.3e} to {lc:.3e}"))
