@@ -64,60 +64,60 @@ def quickstart(
 
 def _stage(n: int, title: str, body: Callable):
     """A header, the body, and a ✓/✗ line; an error stops the quick-start with its own exit code."""
-    from commands._render import console, err_console
+    from rich.markup import escape
+
+    from commands._render import console, say
     from mftk.errors import MftkError
 
-    console.rule(f"[bold]{n}/{STAGES}[/] {title}", align="left")
+    console.rule(f"[bold]{n}/{STAGES}[/] {escape(title)}", align="left")
     t0 = time.perf_counter()
     try:
         result = body()
     except MftkError as exc:
         code = getattr(exc, "exit_code", None)
-        err_console.print(f"[bold red]✗ stage {n}/{STAGES} failed[/]" + (f" (exit code {code})" if code else ""),
-                          highlight=False)
+        say((f"✗ stage {n}/{STAGES} failed", "bold red"), f" (exit code {code})" if code else "", err=True)
         raise
-    console.print(f"[green]✓[/] stage {n} done in {time.perf_counter() - t0:.1f} s", highlight=False)
+    say(("✓", "green"), f" stage {n} done in {time.perf_counter() - t0:.1f} s")
     return result
 
 
 def _corpus(plan) -> list[dict]:
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import build_corpus
 
     result, docs = build_corpus(plan)
-    console.print(f"{result.documents:,} documents, {result.chars:,} characters -> {plan.corpus} "
-                  f"({result.bytes / 2**20:.1f} MiB)", highlight=False)
+    say(f"{result.documents:,} documents, {result.chars:,} characters -> {plan.corpus} "
+        f"({result.bytes / 2**20:.1f} MiB)")
     return docs
 
 
 def _tokenizer(plan, docs):
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import build_tokenizer
 
     tok = build_tokenizer(plan, docs)
-    console.print(f"vocabulary {tok.vocab_size:,}, EOD {tok.eod_token} = id {tok.eod_id} -> {plan.tokenizer}",
-                  highlight=False)
+    say(f"vocabulary {tok.vocab_size:,}, EOD {tok.eod_token} = id {tok.eod_id} -> {plan.tokenizer}")
     return tok
 
 
 def _config(plan, tok, commands) -> None:
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import template_path, write_config
 
     path = write_config(plan, tok.vocab_size, tok.eod_id)
-    console.print(f"templates/{template_path(plan.model).name} -> {plan.config} (data, vocab, steps, "
-                  f"checkpoint dir overridden; see the header of {path.name})", highlight=False)
+    say(f"templates/{template_path(plan.model).name} -> {plan.config} (data, vocab, steps, "
+        f"checkpoint dir overridden; see the header of {path.name})")
     _mftk(plan, commands["validate-config"])
     _mftk(plan, commands["plan-parallel"])
 
 
 def _train(plan, commands) -> None:
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import set_aside_previous_output
 
     previous = set_aside_previous_output(plan)
     if previous is not None:
-        console.print(f"the previous run's {plan.output_dir}/ is now {previous.name}/", highlight=False)
+        say(f"the previous run's {plan.output_dir}/ is now {previous.name}/")
     _mftk(plan, commands["train"])
 
 
