@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 invalid input (config, data, checkpoint, infeasible plan);
 2 usage or file error, or a command not built yet; 3 anomalies found (parse-log --fail-on);
 4 training failed; 75 training stopped by a signal after saving; 130 Ctrl-C; 141 the reader of the output
-closed the pipe (`mftk … | head -1`), quietly, as a shell reports it for other Unix tools.
+closed the pipe (`mftk … | head -1`), quietly, as a shell reports it for other Unix tools
+(`_render.EXIT_PIPE_CLOSED`: the console that meets the closed pipe ends the command).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rich.markup import escape
 
 from mftk import errors as E
 
-from commands._render import EXIT_PIPE_CLOSED, err_console, notice, say  # noqa: F401 - 141, listed with the others
+from commands._render import err_console, notice, say
 
 EXIT_OK = 0
 EXIT_INVALID = 1

@@ -13,7 +13,7 @@ narrow window:
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.markup import escape
@@ -98,18 +98,11 @@ def table(*columns: str | Column, title: str | None = None, **kw: Any) -> Table:
     for c in cols:
         c.overflow = "fold"
         c.no_wrap = False
-    t = Table(*cols, title=escape(title) if title else None, title_justify="left", **kw)
-    return t
+    return Table(*cols, title=escape(title) if title else None, title_justify="left", **kw)
 
 
 def add_row(t: Table, *cells: Any, **kw: Any) -> None:
     t.add_row(*(cell(c) for c in cells), **kw)
-
-
-def rows(t: Table, items: Iterable[Iterable[Any]]) -> Table:
-    for r in items:
-        add_row(t, *r)
-    return t
 
 
 def natural_width(t: RenderableType, c: Console | None = None) -> int:

@@ -174,7 +174,7 @@ def lr_change_at_resume(saved: Any, saved_steps: int, saved_step: int, current: 
     if abs(after - before) <= 0.01 * max(abs(before), abs(after), 1e-30):
         return None
     what = (f"training.steps {saved_steps} -> {steps} recomputes the {current.type} schedule"
-            if steps != saved_steps else f"the lr_scheduler section differs from the saved run's")
+            if steps != saved_steps else "the lr_scheduler section differs from the saved run's")
     return (f"the learning rate jumps at the resume: {what}, so the first resumed update uses {after:.3e} where "
             f"the saved run was at {before:.3e} ({after / before:.2f}x; step {saved_step}'s log line shows lr "
             f"{before:.6e}, step {start_step + 1}'s will show {next_logged:.6e})" if before else
