@@ -89,11 +89,12 @@ def test_version():
 
 
 # Which mftk packages each layer may import (at any depth, lazily too): arrows only run downwards.
-BASE = {"mftk.errors", "mftk.derive", "mftk.progress", "mftk.files", "mftk.lock"}  # the ground floor
+BASE = {"mftk.errors", "mftk.derive", "mftk.progress", "mftk.files", "mftk.lock", "mftk.units"}  # the ground floor
 LAYERS = {
     "mftk/derive.py": set(),                                     # pure helpers: nothing of mftk's
     "mftk/errors.py": set(),
     "mftk/progress.py": set(),
+    "mftk/units.py": set(),                                      # counts and rates for people
     "mftk/files.py": {"mftk.errors"},
     "mftk/config/": {"mftk.config"} | BASE,
     "mftk/plan/": {"mftk.plan", "mftk.config"} | BASE,

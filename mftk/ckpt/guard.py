@@ -44,10 +44,16 @@ def check_save_path(save_path: str | os.PathLike, *, resume_dir: str | os.PathLi
     newest = max([*steps, *([tracked] if tracked is not None else [])])
     where = f"{iteration_dir_name(newest)}" if newest in steps else f"{TRACKER} names step {newest}"
     if not new_run:
-        start = "a weights-only start" if resume_dir is not None else "a fresh run"
+        if resume_dir is None:
+            start = "a fresh run would begin at step 0 and overwrite its tracker"
+        elif weights_only:
+            start = "a weights-only start would begin at step 0 and overwrite its tracker"
+        else:
+            start = (f"a run resumed from {resume_dir}, outside that folder, would save its steps there and "
+                     "move its tracker")
         raise CheckpointError(
             message=f"checkpoint.save_path {root} already holds checkpoints (newest: step {newest}, {where}); "
-                    f"{start} would begin at step 0 and overwrite its tracker",
+                    f"{start}",
             path=str(root),
             hint="continue that run with `mftk resume CONFIG`; to start a new run in the same folder pass --new-run "
                  "(the existing iteration dirs are kept); or set checkpoint.save_path to a new directory")

@@ -23,7 +23,7 @@ from mftk.config.converter import structure
 from mftk.config.paths import resolve_data_paths
 from mftk.config.static import STATIC_TOP_LEVEL, is_static_config, static_config_message, static_markers
 from mftk.config.yamlio import LineMap, parse_yaml, read_config_file
-from mftk.errors import ConfigError, Problem
+from mftk.errors import ConfigError, InputError, Problem
 
 
 @attrs.frozen
@@ -58,6 +58,8 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
                                                            hint="a config starts with 'training:', 'model:', ... sections")])
     if is_static_config(data):
         raise ConfigError(message=static_config_message(source, static_markers(data)), source=source)
+    overrides = list(overrides)
+    set_keys = {item: parse_override(item)[0] for item in overrides}  # a malformed --set is a usage error
     raw = copy.deepcopy(data)
     problems: list[Problem] = []
     for item in overrides:
@@ -71,7 +73,11 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
 
         problems += check(config, world_size=world_size, check_files=check_files)
     for p in problems:
-        if p.line is None and p.path:
+        item = _set_by(p.path, set_keys)
+        if item is not None:  # the value came from --set, not from the YAML line it replaced
+            p.line = None
+            p.message += f" (from --set {item})"
+        elif p.line is None and p.path:
             p.line = lines.line(p.path)
     errors = [p for p in problems if p.severity == "error"]
     if errors or config is None:
@@ -233,15 +239,31 @@ def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str
 
 # ---------------------------------------------------------------------------- overrides
 
+def parse_override(item: str) -> tuple[str, str]:
+    """``a.b.c=value`` -> (``a.b.c``, ``value``); anything else is a usage error (`InputError`, exit 2)."""
+    if "=" not in item:
+        raise InputError(message=f"--set {item}: expected KEY=VALUE",
+                         hint=f"e.g. --set {item.strip() or 'training.steps'}=20")
+    dotted, text = item.split("=", 1)
+    dotted = dotted.strip()
+    if not dotted or not all(dotted.split(".")):
+        raise InputError(message=f"--set {item}: empty key in the dotted path {dotted!r}",
+                         hint="name the YAML key by its dotted path, e.g. --set training.steps=20")
+    return dotted, text
+
+
+def _set_by(path: str, set_keys: dict[str, str]) -> str | None:
+    """The ``--set`` item that supplied the value at ``path`` (or a section above it), if any."""
+    for item, key in set_keys.items():
+        if path == key or path.startswith((key + ".", key + "[")):
+            return item
+    return None
+
+
 def apply_override(raw: dict, item: str) -> list[Problem]:
     """Apply one `a.b.c=value` override to the raw YAML data (value parsed as YAML)."""
-    if "=" not in item:
-        return [Problem(path=item, message="override must look like section.key=value",
-                        hint="e.g. --set training.steps=20")]
-    dotted, text = item.split("=", 1)
-    keys = dotted.strip().split(".")
-    if not all(keys):
-        return [Problem(path=dotted, message="empty key in override path")]
+    dotted, text = parse_override(item)
+    keys = dotted.split(".")
     try:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:

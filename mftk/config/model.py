@@ -98,7 +98,7 @@ class TransformerFields:
 
 @attrs.frozen(kw_only=True)
 class Qwen3ModelConfig(TransformerFields):
-    """Qwen3 (dense GQA + qk-norm). Defaults: `Qwen3Config` signature + MF-injected (models.md §1.4)."""
+    """Qwen3 (dense GQA + qk-norm). Defaults: `Qwen3Config`'s signature plus what MindSpore Transformers injects."""
 
     model_type: str = _f("qwen3", "Selects the config class: qwen3.")
     architectures: str = _f("Qwen3ForCausalLM", "Selects the model class (a string, not a list).")
@@ -144,7 +144,7 @@ class Qwen3ModelConfig(TransformerFields):
 
 @attrs.frozen(kw_only=True)
 class DeepseekV3ModelConfig(TransformerFields):
-    """DeepSeek-V3 (MLA + MoE + MTP). Defaults: `DeepseekV3Config` signature + MF-injected (models.md §1.3)."""
+    """DeepSeek-V3 (MLA + MoE + MTP). Defaults: `DeepseekV3Config`'s signature plus what MindSpore Transformers injects."""
 
     model_type: str = _f("deepseek_v3", "Selects the config class: deepseek_v3 (or deepseek_mtp).")
     architectures: str = _f("DeepseekV3ForCausalLM", "Selects the model class (a string, not a list).")

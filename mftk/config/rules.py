@@ -488,7 +488,8 @@ def _check_prefix_files(prefix: str, path: str, r: _Rules) -> None:
     missing = [ext for ext in (".bin", ".idx") if not Path(prefix + ext).is_file()]
     if missing:
         r.error(path, f"data files missing for prefix {prefix!r}: {', '.join(prefix + e for e in missing)}", prefix,
-                "run mftk preprocess, or use --no-check-files to skip this check")
+                "create them with mftk preprocess (a relative prefix is read from the working directory, then next "
+                "to the YAML); `mftk validate-config --no-check-files` checks the rest of the config without them")
 
 
 # ------------------------------------------------------------------ recompute, swap, profiler, monitor

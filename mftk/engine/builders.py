@@ -11,6 +11,7 @@ import attrs
 import numpy as np
 
 from mftk.errors import ConfigError, Problem
+from mftk.units import count_exact
 
 log = logging.getLogger("mftk.train")
 
@@ -38,7 +39,7 @@ def build_model(config: Any, *, lazy: bool = False) -> Any:
     model = build(cfg, seed=config.training.seed)
     total = sum(int(np.prod(p.shape)) for p in model.get_parameters())
     train = sum(int(np.prod(p.shape)) for p in model.trainable_params())
-    log.info("Got total parameters: %sM, trainable parameters: %sM", total // 1e6, train // 1e6)
+    log.info("Got total parameters: %s, trainable parameters: %s", count_exact(total), count_exact(train))
     return model
 
 
@@ -75,11 +76,22 @@ def build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
     decisions = decide_weight_decay([(p.name, tuple(p.shape)) for p in params], float(o.weight_decay),
                                     include=o.weight_decay_include, exclude=o.weight_decay_exclude)
     for d in decisions:
-        log.info(d.log_line())
+        log.debug(d.log_line())
+    log.info(weight_decay_summary(decisions))
     arrays = [p.asnumpy() for p in params]
     if sharding is not None:
         arrays = [sharding.local(i, a) for i, a in enumerate(arrays)]
     return AdamW([p.name for p in params], arrays, decisions, betas=o.betas, eps=o.eps)
+
+
+def weight_decay_summary(decisions: Any) -> str:
+    """One line for the per-parameter decisions (each is logged at debug level, ``MFTK_DEBUG=1``)."""
+    from collections import Counter
+
+    groups = Counter((d.weight_decay, d.reason) for d in decisions)
+    parts = [f"{wd:.4f} on {n} parameter{'s' if n != 1 else ''} ({reason})"
+             for (wd, reason), n in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1]))]
+    return "Weight decay: " + ", ".join(parts) + "; each parameter's decision is logged with MFTK_DEBUG=1"
 
 
 def build_schedule(config: Any) -> Any:

@@ -24,6 +24,7 @@ from mftk.ckpt.resume import ResumePlan, ResumeScenario
 from mftk.errors import CheckpointError
 from mftk.logs.sinks import attach_file_log, detach, log, phase_line
 from mftk.progress import StepSink
+from mftk.units import every_steps, plural
 
 
 @attrs.frozen
@@ -198,6 +199,10 @@ class _Run:
             log.warning(self.notes[-1])
         for n in plan.notes:
             log.info(n)
+        jump = _lr_jump(plan, self.config)
+        if jump:
+            self.notes.append(jump)
+            log.warning(jump)
         return model, plan
 
     def _check_save_path(self, plan: ResumePlan | None, new_run: bool) -> None:
@@ -248,14 +253,31 @@ class _Run:
             checkpointer = Checkpointer(root=root, interval=ck.save_interleaved_steps, save_max=ck.save_max,
                                         prefix=ck.prefix, save_optim=not ck.no_save_optim, async_save=ck.async_save,
                                         comm=dist, start_step=state.global_step, last_saved_step=on_disk)
-            log.info("Checkpoints will be saved every %d steps starting from step %d, first save at step %d.",
-                     ck.save_interleaved_steps, state.global_step, state.global_step + ck.save_interleaved_steps)
+            log.info("Checkpoints will be saved every %s starting from step %d, first save at step %d.",
+                     every_steps(ck.save_interleaved_steps), state.global_step,
+                     state.global_step + ck.save_interleaved_steps)
         monitor, monitor_sinks = build_monitors(self.loaded, rank=self.rank, world=self.layout.world, model=model)
         self.own_sinks.extend(monitor_sinks)  # closed at the end (stops the profiler, flushes TensorBoard)
         return Trainer.from_config(self.config, model=model, optimizer=optimizer, loader=loader, state=state,
                                    dist=dist, layout=self.layout, checkpointer=checkpointer,
                                    sinks=[metrics, *self.sinks, *monitor_sinks],
                                    monitor=monitor if monitor.enabled else None, stop=stop)
+
+
+def _lr_jump(plan: ResumePlan, config: Any) -> str | None:
+    """A warning when the resumed run's LR schedule does not continue the saved run's (e.g. a larger
+    training.steps with a decaying schedule), with the numbers; None for a weights-only start."""
+    if plan.kind != "mf" or plan.scenario == ResumeScenario.WEIGHTS_ONLY:
+        return None
+    from mftk.ckpt.run_config import read_run_config
+    from mftk.engine.schedule import lr_change_at_resume
+
+    saved = read_run_config(plan.step_dir) or {}
+    section, steps = saved.get("lr_scheduler"), (saved.get("training") or {}).get("steps")
+    if not isinstance(section, dict) or not isinstance(steps, int):
+        return None
+    return lr_change_at_resume(section, steps, plan.saved_step, config.lr_scheduler, config.training.steps,
+                               plan.start_step)
 
 
 def _saved_architecture(plan: ResumePlan, current: Any) -> tuple[Any, list[str]]:
@@ -313,10 +335,19 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         dist.pipeline, dist.stage = stage.table, stage
     if dist.sharding.enabled:
         n = sum(1 for r in dist.sharding.rows if r is not None)
-        log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks (the rest replicated: dim 0 "
-                 "does not divide evenly); optimizer states sharded the same way", n, len(params),
-                 dist.sharding.size)
+        log.info("FSDP: %s along dim 0 over %d ranks; optimizer states sharded the same way",
+                 sharded_phrase(n, len(params)), dist.sharding.size)
     return model, dist
+
+
+def sharded_phrase(sharded: int, total: int) -> str:
+    """'all 19 parameters sharded' or '17 of 19 parameters sharded (the other 2 replicated: dim 0 does not
+    divide evenly)'."""
+    if sharded == total:
+        return f"all {plural(total, 'parameter')} sharded"
+    rest = total - sharded
+    return (f"{sharded} of {plural(total, 'parameter')} sharded (the other {rest} replicated: dim 0 does not "
+            "divide evenly)")
 
 
 def _rank() -> int:

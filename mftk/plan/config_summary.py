@@ -10,9 +10,11 @@ from typing import Any
 import attrs
 
 from mftk import derive as L
+from mftk import units
 from mftk.config.load import LoadedConfig
 from mftk.config.sections import Config
 from mftk.plan.flops import flops_per_step, param_counts
+from mftk.units import count_exact
 
 
 @attrs.frozen
@@ -37,13 +39,6 @@ def summarize(loaded: LoadedConfig, world_size: int = 1) -> Summary:
     })
 
 
-def _fmt_count(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)
-
-
 def _model_rows(c: Config) -> list[tuple[str, str, str]]:
     m = c.model
     total, active = param_counts(m)
@@ -51,11 +46,12 @@ def _model_rows(c: Config) -> list[tuple[str, str, str]]:
             ("layers × hidden", f"{m.num_hidden_layers} × {m.hidden_size}", ""),
             ("vocabulary", f"{m.vocab_size:,}", ""),
             ("sequence length", str(m.seq_length), ""),
-            ("parameters", f"{_fmt_count(total)} ({total:,})", "embedding, attention, MLP/MoE, norms, output layer")]
+            ("parameters", count_exact(total), "embedding, attention, MLP/MoE, norms, output layer")]
     if active != total:
-        rows.append(("active parameters", f"{_fmt_count(active)} ({active:,})", "per token: top-k + shared experts"))
+        rows.append(("active parameters", count_exact(active), "per token: top-k + shared experts"))
     flops = flops_per_step(m, seq_length=m.seq_length, global_batch_size=c.training.global_batch_size)
-    rows.append(("FLOPs per step", f"{flops:.3e}", "Megatron convention (fwd+bwd), used by the log's throughput"))
+    rows.append(("FLOPs per step", f"{units.flops(flops)} ({flops:.4g})",
+                 "Megatron convention (fwd+bwd), used by the log's throughput"))
     return rows
 
 
@@ -118,7 +114,8 @@ def _checkpoint_rows(c: Config) -> list[tuple[str, str, str]]:
     if not ck.enable_save:
         rows = [("save", "off", "enable_save: false")]
     else:
-        rows = [("save", ck.save_path, f"every {ck.save_interleaved_steps} steps and at the end; keep {ck.save_max}"),
+        rows = [("save", ck.save_path, f"every {units.every_steps(ck.save_interleaved_steps)} and at the end; "
+                 f"keep {ck.save_max}"),
                 ("optimizer state", "no" if ck.no_save_optim else "yes", "")]
     if ck.load_path:
         rows.append(("load", ck.load_path, "weights only" if ck.no_load_optim else "weights + optimizer + step"))

@@ -531,7 +531,7 @@ def k_last(inputs: PlanInputs, lay: Layout, k: float) -> float:
 
 def _flops_term(cfg, inputs: PlanInputs) -> Term:
     value = F.flops_per_step(cfg, global_batch_size=inputs.global_batch_size)
-    return Term("flops per step", value, "models.md §5 (the training log's formula)",
+    return Term("flops per step", value, "Megatron-LM's model FLOPs (the formula behind the log's throughput)",
                 {"global_batch_size": inputs.global_batch_size, "seq_length": cfg.seq_length}, unit="FLOP")
 
 
