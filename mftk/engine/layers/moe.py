@@ -192,10 +192,14 @@ class MoELayer(nn.Cell):
         self.expert_bias = _buffer((num_experts,), "expert_bias") if enable_expert_bias else None
         self.tokens_per_expert = _buffer((num_experts,), "tokens_per_expert")
 
-    def construct(self, x):
+    def route(self, flat, input_ids=None):
+        """(probs ``(T, K)``, expert ids ``(T, K)``, scores ``(T, E)``); learned top-k here (hash routing: moe_v4)."""
+        return self.router(flat, self.expert_bias)
+
+    def construct(self, x, input_ids=None):
         b, s, h = x.shape
         flat = x.reshape(b * s, h)  # (T, H), tokens in (b, s) order
-        probs, idx, scores = self.router(flat, self.expert_bias)
+        probs, idx, scores = self.route(flat, input_ids)
         routed, counts = self.experts(flat, probs, idx)
         counts_t = Tensor(counts.astype(np.float32))
         ops.assign_add(self.tokens_per_expert, counts_t)
