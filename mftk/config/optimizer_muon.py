@@ -123,3 +123,11 @@ def adamw_only_problems(config: Any) -> list[Problem]:
             out.append(Problem(path=f"optimizer.{key}", value=getattr(o, key), severity="warning",
                                message=f"only read by Muon; optimizer.type is {o.type}"))
     return out
+
+
+def qk_clip_active(config: Any) -> bool:
+    """QK-clip has something to clip: Muon with ``qk_clip_enabled`` on an MLA model (DeepSeek-V3), whose core
+    attention then tracks its max logits (the reference switches the tracking on the same way)."""
+    o, m = config.optimizer, getattr(config, "model", None)
+    return (o.type == "Muon" and bool(o.qk_clip_enabled)
+            and getattr(m, "model_type", None) in ("deepseek_v3", "deepseek_mtp"))

@@ -77,7 +77,7 @@ class FlatSharding:
         """Global tensors (model names, or ``adam_m.<name>``-style optimizer names) → this rank's pieces."""
         out = {}
         for key, value in tensors.items():
-            base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.")) else key
+            base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.", "muon_m.")) else key
             i = self.index.get(base)
             out[key] = value if i is None else self.local(i, value)
         return out
@@ -277,7 +277,7 @@ class DistContext:
             model, optimizer = self.pipeline.placeholders(optimizer is not None)
 
         def spec(key: str, local: np.ndarray) -> ShardedTensor:
-            base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.")) else key
+            base = key.split(".", 1)[1] if key.startswith(("adam_m.", "adam_v.", "main_param.", "muon_m.")) else key
             i = self.sharding.index.get(base)
             if self.pipeline is not None and i is None and self.sharding.size > 1:
                 raise ValueError("pipeline parallel with FSDP is not supported")  # refused by run.check_supported_layout

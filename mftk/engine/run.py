@@ -176,6 +176,7 @@ def check_supported_layout(loaded: Any, world_size: int) -> Any:
                         hint=f"set parallelism.{field}: 1", line=_line(loaded, f"parallelism.{field}"))
                 for field, _ in _UNSUPPORTED_DEGREES if int(getattr(p, field) or 1) > 1]
     problems += _model_parallel_problems(loaded)
+    problems += _muon_layout_problems(loaded, world_size)
     problems += _callback_problems(loaded)
     problems += _pipeline_problems(loaded, world_size)
     problems += _context_parallel_problems(loaded, world_size)
@@ -248,6 +249,28 @@ def _model_parallel_problems(loaded: Any) -> list[Problem]:
         found += [("expert_parallel", ep, m) for m in expert_parallel_problems(spec, ep, tp)]
     return [Problem(path=f"parallelism.{field}", value=v, message=f"{field}={v}: {m}", hint=f"set parallelism.{field}: 1",
                     line=_line(loaded, f"parallelism.{field}")) for field, v, m in found]
+
+
+def _muon_layout_problems(loaded: Any, world_size: int) -> list[Problem]:
+    """Muon needs each weight's full matrix: tensor parallel (split matrices) is not supported yet, and
+    QK-clip (head rows of the masters) not together with FSDP row shards."""
+    from mftk.config.optimizer_muon import qk_clip_active
+
+    config = loaded.config
+    if config.optimizer.type != "Muon" or world_size <= 1:
+        return []
+    from mftk.plan.layout import layout_from_config
+
+    p, found = config.parallelism, []
+    if int(p.tensor_parallel or 1) > 1:
+        found.append(("parallelism.tensor_parallel", p.tensor_parallel, "Muon with tensor_parallel > 1 is not "
+                      "supported yet (the orthogonalisation needs each weight's full matrix)",
+                      "set parallelism.tensor_parallel: 1, or optimizer.type: AdamW"))
+    elif qk_clip_active(config) and layout_from_config(p, world_size).dp_shard > 1:
+        found.append(("optimizer.qk_clip_enabled", True, "Muon's QK-clip with FSDP (data_parallel_shard > 1) is not "
+                      "supported yet (it rescales head rows of the fp32 masters, which FSDP splits)",
+                      "set parallelism.data_parallel_shard: 1 (plain data parallel), or qk_clip_enabled: false"))
+    return [Problem(path=path, value=v, message=m, hint=h, line=_line(loaded, path)) for path, v, m, h in found]
 
 
 def _line(loaded: Any, path: str) -> int | None:
@@ -400,7 +423,7 @@ def _run(loaded: Any, ms: Any, *, out_dir: Path, log_dir: Path, sinks: list, own
                  start_batch, state.consumed_samples, state.global_step)
 
     t = time.perf_counter()
-    optimizer = _build_optimizer(config, model, dist.sharding if dist else None)
+    optimizer = _build_optimizer(config, model, dist.sharding if dist else None, dist)
     if dist is not None:
         dist.bind(optimizer)
     if loaded_ckpt is not None and loaded_ckpt.optimizer is not None:
@@ -640,8 +663,8 @@ def _build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     return data
 
 
-def _build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
-    """AdamW over the trainable parameters; under FSDP over this rank's rows of each (sharded states)."""
+def _build_optimizer(config: Any, model: Any, sharding: Any = None, dist: Any = None) -> Any:
+    """AdamW (or Muon) over the trainable parameters; under FSDP over this rank's rows of each (sharded states)."""
     from mftk.engine.optim import AdamW, decide_weight_decay
 
     o = config.optimizer
@@ -653,6 +676,14 @@ def _build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
     arrays = [p.asnumpy() for p in params]
     if sharding is not None:
         arrays = [sharding.local(i, a) for i, a in enumerate(arrays)]
+    if o.type == "Muon":
+        from mftk.engine.muon import build_muon
+
+        opt = build_muon(config, model, [p.name for p in params], arrays, decisions, [tuple(p.shape) for p in params],
+                         dist=dist)
+        log.info("Muon: %d parameters orthogonalised, %d by the AdamW fallback", len(opt.muon_names()),
+                 len(params) - len(opt.muon_names()))
+        return opt
     return AdamW([p.name for p in params], arrays, decisions, betas=o.betas, eps=o.eps)
 
 
@@ -785,7 +816,8 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, model: Any, world
         scenario, start, consumed = 2, 0, 0
         notes.append("no_load_optim=True: refreshing fp32 master weights from loaded model params.")
     else:
-        loads += ["optimizer states (adam_m, adam_v, global_step)"]
+        states = "muon_m, adam_m, adam_v" if config.optimizer.type == "Muon" else "adam_m, adam_v"
+        loads += [f"optimizer states ({states}, global_step)"]
         consumed = common.consumed_samples if common.consumed_samples is not None else saved_step * (saved_gbs or gbs)
         if tr.rampup_batch_size or not saved_gbs or saved_gbs == gbs:
             scenario, start = 1, saved_step

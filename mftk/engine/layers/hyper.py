@@ -22,6 +22,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 from .kernels import RMSNormFn
+from .kernels_v4 import SinkhornFn
 from .linear import Linear
 from .ops_cpu import split_last
 
@@ -32,16 +33,6 @@ _mm_nt = ops.MatMul(transpose_b=True)
 
 def _scalar(value: float, name: str) -> Parameter:
     return Parameter(Tensor(np.full((1,), value, np.float32)), name=name)
-
-
-def sinkhorn(logits, iters: int, eps: float):
-    """``softmax`` over rows + ε, one column normalisation, then ``iters − 1`` × (rows, columns)."""
-    m = ops.softmax(logits, -1) + eps
-    m = m / (m.sum(-2, keepdims=True) + eps)
-    for _ in range(iters - 1):
-        m = m / (m.sum(-1, keepdims=True) + eps)
-        m = m / (m.sum(-2, keepdims=True) + eps)
-    return m
 
 
 class HyperConnection(nn.Cell):
@@ -57,6 +48,7 @@ class HyperConnection(nn.Cell):
         self.rms_weight = Parameter(Tensor(np.ones((streams * hidden_size,), np.float32)), name="rms_weight",
                                     requires_grad=False)
         self.norm = RMSNormFn(rms_eps)
+        self.sinkhorn = SinkhornFn(sinkhorn_iters, hc_eps)
 
     def init_overrides(self) -> dict:
         n, a = self.n, self.init_alpha
@@ -75,7 +67,7 @@ class HyperConnection(nn.Cell):
         b_pre, b_post, b_res = split_last(self.mapping_proj.bias, (n, n, n * n))
         pre = mint.sigmoid(w_pre * self.alpha_pre + b_pre) + self.eps  # (B·S, n)
         post = 2.0 * mint.sigmoid(w_post * self.alpha_post + b_post)
-        comb = sinkhorn((w_res * self.alpha_res + b_res).reshape(b * s, n, n), self.iters, self.eps)
+        comb = self.sinkhorn((w_res * self.alpha_res + b_res).reshape(b * s, n, n))
         collapsed = _bmm(pre.reshape(b * s, 1, n), x.reshape(b * s, n, h)).reshape(b, s, h)
         return collapsed, post.reshape(b * s, n, 1), comb
 

@@ -1,6 +1,7 @@
 """DeepSeek-V4's hot functions with a hand-written backward (``nn.Cell.bprop``), for the same reasons
 as `kernels.py` (MindSpore CPU autodiff of the plain formulas is slow; same-shape ops, ``tile`` and
-GEMMs are fast): attention with a per-head sink, interleaved-pair RoPE and the clamped SwiGLU.
+GEMMs are fast): attention with a per-head sink, interleaved-pair RoPE, the clamped SwiGLU and the
+mHC Sinkhorn projection.
 
 tests/engine/test_deepseek_v4.py checks each forward against a float64 NumPy transcription and
 each backward against finite differences.
@@ -100,3 +101,34 @@ class ClampedSiluMulFn(nn.Cell):
         keep_g = (gate <= self.limit).astype(gate.dtype)
         keep_u = (ops.abs(up) <= self.limit).astype(up.dtype)
         return dout * u * (sg * (1.0 + g * (1.0 - sg))) * keep_g, dout * (g * sg) * keep_u
+
+
+class SinkhornFn(nn.Cell):
+    """``softmax(logits) + ε``, one column normalisation, then ``iters − 1`` × (rows, columns), each
+    ``x / (Σ x + ε)``, on ``(N, n, n)``, in float32 NumPy on the host (PyNative only): the matrices are
+    tiny and the ~4·iters MindSpore ops of the plain loop (and their autodiff) cost more than the math.
+    The backward replays the normalisations in reverse from the kept intermediates."""
+
+    def __init__(self, iters: int, eps: float) -> None:
+        super().__init__()
+        self.iters, self.eps = int(iters), np.float32(eps)
+
+    def _forward(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, int]]]:
+        e = np.exp(z - z.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+        x, steps = p + self.eps, []
+        for axis in [-2] + [-1, -2] * (self.iters - 1):
+            steps.append((x, axis))
+            x = x / (x.sum(axis, keepdims=True) + self.eps)
+        return x, p, steps
+
+    def construct(self, logits):
+        return Tensor(self._forward(logits.asnumpy())[0])
+
+    def bprop(self, logits, out, dout):
+        _, p, steps = self._forward(logits.asnumpy())
+        g = dout.asnumpy()
+        for x, axis in reversed(steps):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
+            d = x.sum(axis, keepdims=True) + self.eps
+            g = g / d - (g * x).sum(axis, keepdims=True) / (d * d)
+        return (Tensor((p * (g - (g * p).sum(-1, keepdims=True))).astype(np.float32)),)
