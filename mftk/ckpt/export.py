@@ -31,7 +31,8 @@ from mftk.errors import CheckpointError, ConfigError, InputError, Problem
 from mftk.progress import NULL_PROGRESS, Progress
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default ("5GB")
-_FAMILY_MODULE = {"qwen3": "qwen3", "deepseek_v3": "deepseek_v3", "deepseek_mtp": "deepseek_v3"}
+_FAMILY_MODULE = {"qwen3": "qwen3", "deepseek_v3": "deepseek_v3", "deepseek_mtp": "deepseek_v3",
+                  "deepseek_v4": "deepseek_v4", "qwen3_moe": "qwen3_moe"}
 
 
 @attrs.frozen
@@ -171,7 +172,7 @@ def _zero_fill(cfg: Any, hf: dict[str, np.ndarray], notes: list[str]) -> dict[st
     Qwen3 with ``attention_bias``: HF also puts a bias on ``o_proj``; mftk's projection has none.
     """
     add: dict[str, np.ndarray] = {}
-    if cfg.model_type == "qwen3" and cfg.attention_bias:
+    if cfg.model_type in ("qwen3", "qwen3_moe") and cfg.attention_bias:
         for i in range(cfg.num_hidden_layers):
             name = f"model.layers.{i}.self_attn.o_proj.bias"
             if name not in hf:

@@ -385,9 +385,9 @@ def _coerce(out: dict, source: dict, cls: type, floats: set[str], problems: list
                                     message=f"int {value} read as {float(value)}; MindSpore Transformers rejects an int here",
                                     hint=f"write {float(value)}"))
     if "pad_token_id" in out and out["pad_token_id"] is None:
-        out["pad_token_id"] = 0
+        out["pad_token_id"] = -1 if cls in (DeepseekV4ModelConfig, Qwen3MoeModelConfig) else 0
         problems.append(Problem(path=f"model.{source['pad_token_id']}", severity=NOTE, value=None,
-                                message="null pad_token_id means 0"))
+                                message=f"null pad_token_id means {out['pad_token_id']}"))
     if cls is DeepseekV3ModelConfig and "num_nextn_predict_layers" in out and out["num_nextn_predict_layers"] is None:
         out["num_nextn_predict_layers"] = 0
         problems.append(Problem(path=f"model.{source['num_nextn_predict_layers']}", severity=NOTE, value=None,
