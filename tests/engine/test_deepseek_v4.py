@@ -23,22 +23,23 @@ def _sigmoid(x):
 
 # ------------------------------------------------------------------------------------------------ kernels
 def test_sink_attention_forward_and_gradients(rng, gradcheck):
-    from mftk.engine.layers.kernels_v4 import SinkAttentionFn
+    from mftk.engine.layers.kernels_v4 import MASKED, SinkAttentionFn
 
     b, m, sk, d = 2, 6, 5, 4
-    q, k, v = (rng.normal(0, 1, s) for s in ((b, 1, m, d), (b, 1, sk, d), (b, 1, sk, d)))
+    q, kv = rng.normal(0, 1, (b, 1, m, d)), rng.normal(0, 1, (b, 1, sk, d))
     mask = rng.random((b, 1, m, sk)) < 0.3
     mask[..., 0] = False
+    bias = Tensor(np.where(mask, MASKED, 0.0).astype(np.float32))
     sink = rng.normal(0, 1, (b, 1, m, 1))
     fn = SinkAttentionFn(0.7)
-    out = fn(*(Tensor(x.astype(np.float32)) for x in (q, k, v)), Tensor(mask), Tensor(sink.astype(np.float32)))[0]
-    s = np.where(mask, -np.inf, 0.7 * q @ k.swapaxes(-1, -2))
+    out = fn(Tensor(q.astype(np.float32)), Tensor(kv.astype(np.float32)), bias, Tensor(sink.astype(np.float32)))[0]
+    s = np.where(mask, -np.inf, 0.7 * q @ kv.swapaxes(-1, -2))  # transformers: cat the sink column, softmax, drop it
     e = np.exp(np.concatenate([s, sink], -1) - np.concatenate([s, sink], -1).max(-1, keepdims=True))
     p = e / e.sum(-1, keepdims=True)
-    assert np.abs(out.asnumpy() - p[..., :-1] @ v).max() < 1e-5
-    params = [P(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (sink, "sink"))]
+    assert np.abs(out.asnumpy() - p[..., :-1] @ kv).max() < 1e-5
+    params = [P(x, n) for x, n in ((q, "q"), (kv, "kv"), (sink, "sink"))]
     w = Tensor(rng.normal(0, 1, (b, 1, m, d)).astype(np.float32))
-    gradcheck(lambda: (fn(params[0], params[1], params[2], Tensor(mask), params[3])[0] * w).sum(), params, rng)
+    gradcheck(lambda: (fn(params[0], params[1], bias, params[2])[0] * w).sum(), params, rng)
 
 
 def test_pair_rope_forward_and_gradient(rng, gradcheck):

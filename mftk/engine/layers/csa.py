@@ -150,19 +150,19 @@ class CompressedSparseAttention(nn.Cell):
         b, s = q.shape[0], q.shape[1]
         self.indexer_loss = None
         keys = kv
-        full = ops.logical_or(mask.reshape(mask.shape[0], s, s), Tensor(self._window(s)))  # (B|1, S, S)
-        full = ops.tile(full, (b // full.shape[0], 1, 1))
+        hidden = mask.asnumpy().reshape(-1, s, s) | self._window(s)  # (B|1, S, S) True = masked
+        hidden = np.broadcast_to(hidden, (b, s, s))
         if self.compressor is not None:
             comp = self.compressor(x, rope_table)
             if comp is not None:
-                n = comp.shape[1]
                 keys = mint.cat((kv, comp), 1)  # (B, S + n, d)
-                full = mint.cat((full, Tensor(self._compressed_mask(q, comp, x, cq, rope_table, b, s, n))), 2)
-        qh = ops.transpose(q, (0, 2, 1, 3)).reshape(b, 1, self.nh * s, self.d)  # head-major rows
-        m = ops.tile(full.reshape(b, 1, 1, s, -1), (1, 1, self.nh, 1, 1)).reshape(b, 1, self.nh * s, -1)
+                hidden = np.concatenate([hidden, self._compressed_mask(q, comp, x, cq, rope_table, b, s,
+                                                                       comp.shape[1])], 2)
+        bias = np.where(np.broadcast_to(hidden[:, None, None], (b, 1, self.nh) + hidden.shape[1:]), np.float32(MASKED),
+                        np.float32(0.0)).reshape(b, 1, self.nh * s, -1)  # (B, 1, nh·S, Sk), head-major rows
+        qh = ops.transpose(q, (0, 2, 1, 3)).reshape(b, 1, self.nh * s, self.d)
         sink = ops.tile(self.attn_sink.reshape(1, 1, self.nh, 1, 1), (b, 1, 1, s, 1)).reshape(b, 1, self.nh * s, 1)
-        k = keys.reshape(b, 1, -1, self.d)
-        out = self.fn(qh, k, k, m, sink)[0]  # (B, 1, nh·S, d)
+        out = self.fn(qh, keys.reshape(b, 1, -1, self.d), Tensor(bias), sink)[0]  # (B, 1, nh·S, d)
         return ops.transpose(out.reshape(b, self.nh, s, self.d), (0, 2, 1, 3))
 
     def _window(self, s: int) -> np.ndarray:

@@ -21,14 +21,23 @@ import math
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
-from .kernels import RMSNormFn
 from .kernels_v4 import SinkhornFn
 from .linear import Linear
 from .ops_cpu import split_last
 
 _bmm = ops.BatchMatMul()
 _bmm_tn = ops.BatchMatMul(transpose_a=True)
+_mm = ops.MatMul()
 _mm_nt = ops.MatMul(transpose_b=True)
+
+
+def normed_matmul(x, w, norm_weight, eps: float):
+    """``RMSNorm(x; norm_weight) · wᵀ`` for ``x (N, K)``, ``w (m, K)`` with m small, as ``r ⊙ (x · (w ⊙ g)ᵀ)``:
+    the norm is a per-row factor ``r = rsqrt(mean(x²) + eps)``, so the normalised ``x`` is never built."""
+    if norm_weight is not None:
+        w = w * ops.tile(norm_weight.reshape(1, -1), (w.shape[0], 1))
+    r = mint.rsqrt(_mm(x * x, ops.ones((x.shape[1], 1), x.dtype)) / x.shape[1] + eps)  # (N, 1)
+    return _mm_nt(x, w) * ops.tile(r, (1, w.shape[0]))
 
 
 def _scalar(value: float, name: str) -> Parameter:
@@ -47,7 +56,7 @@ class HyperConnection(nn.Cell):
                                                            ("alpha_pre", "alpha_post", "alpha_res"))
         self.rms_weight = Parameter(Tensor(np.ones((streams * hidden_size,), np.float32)), name="rms_weight",
                                     requires_grad=False)
-        self.norm = RMSNormFn(rms_eps)
+        self.rms_eps = float(rms_eps)
         self.sinkhorn = SinkhornFn(sinkhorn_iters, hc_eps)
 
     def init_overrides(self) -> dict:
@@ -61,13 +70,12 @@ class HyperConnection(nn.Cell):
 
     def construct(self, x):
         b, s, n, h = x.shape
-        flat = self.norm(x.reshape(b * s, n * h), self.rms_weight)  # (B·S, nH)
-        mix = _mm_nt(flat, self.mapping_proj.weight)  # (B·S, (2+n)·n); the bias comes after the alphas
-        w_pre, w_post, w_res = split_last(mix, (n, n, n * n))
+        mix = normed_matmul(x.reshape(b * s, n * h), self.mapping_proj.weight, self.rms_weight, self.rms_eps)
+        w_pre, w_post, w_res = split_last(mix, (n, n, n * n))  # (B·S, ·); the bias comes after the alphas
         b_pre, b_post, b_res = split_last(self.mapping_proj.bias, (n, n, n * n))
         pre = mint.sigmoid(w_pre * self.alpha_pre + b_pre) + self.eps  # (B·S, n)
         post = 2.0 * mint.sigmoid(w_post * self.alpha_post + b_post)
-        comb = self.sinkhorn((w_res * self.alpha_res + b_res).reshape(b * s, n, n))
+        comb = self.sinkhorn((w_res * self.alpha_res + b_res).reshape(b * s, n, n))[0]
         collapsed = _bmm(pre.reshape(b * s, 1, n), x.reshape(b * s, n, h)).reshape(b, s, h)
         return collapsed, post.reshape(b * s, n, 1), comb
 
@@ -88,8 +96,7 @@ class HyperHead(nn.Cell):
         self.hc_fn = Linear(streams * hidden_size, streams)
         self.hc_base = Parameter(Tensor(np.zeros((streams,), np.float32)), name="hc_base")
         self.hc_scale = Parameter(Tensor(np.zeros((1,), np.float32)), name="hc_scale")
-        self.norm = RMSNormFn(rms_eps)
-        self._ones = Tensor(np.ones((streams * hidden_size,), np.float32))
+        self.rms_eps = float(rms_eps)
 
     def init_overrides(self) -> dict:
         zero = lambda rng, shape, std: np.zeros(shape, np.float32)  # noqa: E731  (the reference's init)
@@ -102,7 +109,7 @@ class HyperHead(nn.Cell):
 
     def construct(self, x):
         b, s, n, h = x.shape
-        mixes = self.hc_fn(self.norm(x.reshape(b * s, n * h), self._ones))  # (B·S, n)
+        mixes = normed_matmul(x.reshape(b * s, n * h), self.hc_fn.weight, None, self.rms_eps)  # (B·S, n)
         pre = mint.sigmoid(mixes * self.hc_scale + self.hc_base) + self.eps
         return _bmm(pre.reshape(b * s, 1, n), x.reshape(b * s, n, h)).reshape(b, s, h)
 

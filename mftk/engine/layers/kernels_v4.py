@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, mint, nn, ops
 
-from .kernels import _bmm, _bmm_nt, _bmm_tn, _rowsum, _tile
+from .kernels import _bmm, _bmm_nt, _bmm_tn, _rowsum, _softmax, _tile
 
 _masked_fill = ops.MaskedFill()
 _exp = ops.Exp()
@@ -19,34 +19,44 @@ MASKED = -1e30  # finite: exp(MASKED − m) is exactly 0 in fp32, and a row neve
 
 
 class SinkAttentionFn(nn.Cell):
-    """``softmax([scale·q·kᵀ (masked), sink])[:, :-1] · v``: attention whose softmax denominator also holds
-    ``exp(sink_h)`` of a learned per-head sink (transformers' ``eager_attention_forward`` with ``sinks``).
+    """``softmax([scale·q·kᵀ + bias, sink])[:, :-1] · v`` with ``k = v = kv`` (one shared head): attention whose
+    softmax denominator also holds ``exp(sink_h)`` of a learned per-head sink (transformers'
+    ``eager_attention_forward`` with ``sinks``).
 
-    ``q (B, G, M, d)`` with rows head-major (row = h·S + s), ``k (B, G, Sk, d)``, ``v (B, G, Sk, dv)``,
-    ``mask (B, G, M, Sk)`` bool (True = masked), ``sink_rows (B, G, M, 1)`` the sink of each row's head.
-    Returns ``(out, probs, sink_probs)``; the last two only carry the forward's probabilities to the
-    backward (callers ignore them)."""
+    The sink is one more key: ``q' = [scale·q | sink]``, ``k' = [k | 0]`` plus a key ``[0…0 | 1]`` whose value
+    is 0, so the sink column is a plain score and one fused softmax does it all (no slice of the score
+    matrix, no per-row max). ``q (B, 1, M, d)`` with rows head-major (row = h·S + s), ``kv (B, 1, Sk, d)``,
+    ``bias (B, 1, M, Sk)`` float (0 or −1e30: masked), ``sink_rows (B, 1, M, 1)`` each row's head sink.
+    Returns ``(out, probs)``; the probabilities only ride along for the backward."""
 
     def __init__(self, scale: float) -> None:
         super().__init__()
         self.scale = float(scale)
 
-    def construct(self, q, k, v, mask, sink_rows):
-        s = _masked_fill(_bmm_nt(q * self.scale, k), mask, MASKED)  # (B, G, M, Sk)
-        m = ops.maximum(s.max(axis=-1, keepdims=True), sink_rows)  # (B, G, M, 1): the sink takes part in the max
-        e = _exp(s - _tile(m, (1, 1, 1, s.shape[-1])))
-        es = _exp(sink_rows - m)
-        z = _rowsum(e) + es
-        p = e / _tile(z, (1, 1, 1, s.shape[-1]))
-        return _bmm(p, v), p, es / z
+    def _keys(self, kv):
+        b, g, sk, d = kv.shape
+        k = mint.cat((mint.cat((kv, ops.zeros((b, g, sk, 1), kv.dtype)), -1),
+                      mint.cat((ops.zeros((b, g, 1, d), kv.dtype), ops.ones((b, g, 1, 1), kv.dtype)), -1)), 2)
+        v = mint.cat((kv, ops.zeros((b, g, 1, d), kv.dtype)), 2)  # (B, 1, Sk+1, d): the sink adds nothing
+        return k, v  # k (B, 1, Sk+1, d+1)
 
-    def bprop(self, q, k, v, mask, sink_rows, out, dout):
-        p, ps, dout = out[1], out[2], dout[0]
-        dp = _bmm_nt(dout, v)  # (B, G, M, Sk)
-        c = _rowsum(dp * p)  # (B, G, M, 1); the sink column adds nothing to the output
-        ds = _masked_fill((dp - _tile(c, (1, 1, 1, p.shape[-1]))) * p, mask, 0.0)
-        return (_bmm(ds, k) * self.scale, _bmm_tn(ds, q) * self.scale, _bmm_tn(p, dout), ops.zeros_like(mask),
-                -ps * c)
+    def construct(self, q, kv, bias, sink_rows):
+        k, v = self._keys(kv)
+        qs = mint.cat((q * self.scale, sink_rows), -1)  # (B, 1, M, d+1)
+        bias1 = mint.cat((bias, ops.zeros(bias.shape[:-1] + (1,), bias.dtype)), -1)
+        p = _softmax(_bmm_nt(qs, k) + bias1)  # (B, 1, M, Sk+1)
+        return _bmm(p, v), p
+
+    def bprop(self, q, kv, bias, sink_rows, out, dout):
+        o, p, do = out[0], out[1], dout[0]
+        k, v = self._keys(kv)
+        qs = mint.cat((q * self.scale, sink_rows), -1)
+        c = _rowsum(do * o)  # Σ_j p_j·(do·v_j) = do·out; the sink's value is 0
+        ds = (_bmm_nt(do, v) - _tile(c, (1, 1, 1, p.shape[-1]))) * p  # masked entries have p = 0
+        dqs, dk = _bmm(ds, k), _bmm_tn(ds, qs)  # (B, 1, M, d+1), (B, 1, Sk+1, d+1)
+        d, sk = q.shape[-1], kv.shape[2]
+        dkv = dk[:, :, :sk, :d] + _bmm_tn(p, do)[:, :, :sk]
+        return dqs[..., :d] * self.scale, dkv, ops.zeros_like(bias), dqs[..., d:]
 
 
 def pair_rotation(dim: int) -> np.ndarray:
@@ -107,28 +117,29 @@ class SinkhornFn(nn.Cell):
     """``softmax(logits) + ε``, one column normalisation, then ``iters − 1`` × (rows, columns), each
     ``x / (Σ x + ε)``, on ``(N, n, n)``, in float32 NumPy on the host (PyNative only): the matrices are
     tiny and the ~4·iters MindSpore ops of the plain loop (and their autodiff) cost more than the math.
-    The backward replays the normalisations in reverse from the kept intermediates."""
+    Returns ``(matrix, trace)``; the trace (softmax and every normalisation's input) only carries the
+    forward to the backward, which replays the normalisations in reverse."""
 
     def __init__(self, iters: int, eps: float) -> None:
         super().__init__()
         self.iters, self.eps = int(iters), np.float32(eps)
-
-    def _forward(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, int]]]:
-        e = np.exp(z - z.max(-1, keepdims=True))
-        p = e / e.sum(-1, keepdims=True)
-        x, steps = p + self.eps, []
-        for axis in [-2] + [-1, -2] * (self.iters - 1):
-            steps.append((x, axis))
-            x = x / (x.sum(axis, keepdims=True) + self.eps)
-        return x, p, steps
+        self.axes = [-2] + [-1, -2] * (self.iters - 1)
 
     def construct(self, logits):
-        return Tensor(self._forward(logits.asnumpy())[0])
+        z = logits.asnumpy()
+        e = np.exp(z - z.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+        trace = [p]
+        x = p + self.eps
+        for axis in self.axes:
+            trace.append(x)
+            x = x / (x.sum(axis, keepdims=True) + self.eps)
+        return Tensor(x), Tensor(np.stack(trace))
 
     def bprop(self, logits, out, dout):
-        _, p, steps = self._forward(logits.asnumpy())
-        g = dout.asnumpy()
-        for x, axis in reversed(steps):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
+        trace, g = out[1].asnumpy(), dout[0].asnumpy()
+        for x, axis in zip(trace[:0:-1], reversed(self.axes)):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
             d = x.sum(axis, keepdims=True) + self.eps
             g = g / d - (g * x).sum(axis, keepdims=True) / (d * d)
+        p = trace[0]
         return (Tensor((p * (g - (g * p).sum(-1, keepdims=True))).astype(np.float32)),)

@@ -26,7 +26,7 @@ class DeepseekV4MoE(MoELayer):
                                          and not hash_routing})
         self.hash_routing = hash_routing
         if clamp is not None:
-            self.experts.act = ClampedSiluMulFn(clamp)
+            self.experts.act = self.experts.grouped.act = ClampedSiluMulFn(clamp)
             if self.shared_experts is not None:
                 self.shared_experts.act = ClampedSiluMulFn(clamp)
         if hash_routing:
