@@ -294,6 +294,7 @@ def test_model_objective_gradients(rng, gradcheck, tiny_dsv4):
     gradcheck(lambda: model(Tensor(ids.astype(np.int32)), Tensor(labels.astype(np.int32)))[0], params, rng)
 
 
+@pytest.mark.slow
 def test_tiny_deepseek_v4_overfits_one_batch(rng, tiny_dsv4):
     import mindspore as ms
     from mftk.engine import build_model
