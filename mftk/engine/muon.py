@@ -29,7 +29,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mftk.engine.optim import CHUNK, AdamW, DecayDecision
-from mftk.errors import CheckpointError
 
 Piece = tuple  # a NumPy index into the parameter: rows (2-D) or (…, lanes) of the expert tensors
 
@@ -196,48 +195,14 @@ class Muon(AdamW):
         self.view(self.master, i)[...] -= np.float32(lr * self.rms) * out
 
     # ---------------------------------------------------------------------------------- state
-    def state_dict(self, *, with_masters: bool = False) -> dict[str, np.ndarray]:
+    def state_buffers(self, i: int) -> dict[str, np.ndarray]:
         """The reference's names: ``muon_m.<p>`` for Muon parameters, ``adam_m.<p>``/``adam_v.<p>`` for the rest."""
-        out: dict[str, np.ndarray] = {}
-        for i, n in enumerate(self.names):
-            if self.is_muon[i]:
-                out[f"muon_m.{n}"] = self.view(self.m, i).copy()
-            else:
-                out[f"adam_m.{n}"] = self.view(self.m, i).copy()
-                out[f"adam_v.{n}"] = self.view(self.v, i).copy()
-            if with_masters:
-                out[f"main_param.{n}"] = self.view(self.master, i).copy()
-        out["global_step"] = np.array([self.global_step], np.int64)
-        return out
+        return {"muon_m": self.m} if self.is_muon[i] else super().state_buffers(i)
 
-    def load_state_dict(self, tensors: dict[str, np.ndarray], *, where: str = "optimizer file") -> None:
-        problems, known = [], {"global_step"}
-        for i, n in enumerate(self.names):
-            keys = [f"muon_m.{n}"] if self.is_muon[i] else [f"adam_m.{n}", f"adam_v.{n}"]
-            known.update(keys + [f"main_param.{n}"])
-            for key in keys:
-                if key not in tensors:
-                    problems.append(f"missing tensor: {key}")
-                elif tuple(tensors[key].shape) != self.shapes[i]:
-                    problems.append(f"{key}: expected shape {self.shapes[i]}, found {tuple(tensors[key].shape)}")
-        problems += [f"unexpected tensor: {k}" for k in sorted(set(tensors) - known)]
-        if "global_step" not in tensors:
-            problems.append("missing tensor: global_step")
-        if problems:
-            adam = any(k.startswith("adam_m.") for k in tensors) and not any(k.startswith("muon_m.") for k in tensors)
-            raise CheckpointError(
-                message=f"{where} does not fit this model's Muon optimizer ({len(problems)} problems)",
-                problems=problems[:50], path=where,
-                hint=("it holds AdamW states: " if adam else "") +
-                     "resume with --weights-only (no_load_optim: true) to start a fresh optimizer")
-        for i, n in enumerate(self.names):
-            self.m[self.slices[i]] = np.asarray(tensors[f"muon_m.{n}" if self.is_muon[i] else f"adam_m.{n}"],
-                                                np.float32).reshape(-1)
-            if not self.is_muon[i]:
-                self.v[self.slices[i]] = np.asarray(tensors[f"adam_v.{n}"], np.float32).reshape(-1)
-            if f"main_param.{n}" in tensors:
-                self.master[self.slices[i]] = np.asarray(tensors[f"main_param.{n}"], np.float32).reshape(-1)
-        self.global_step = int(np.asarray(tensors["global_step"]).reshape(-1)[0])
+    def _mismatch_hint(self, tensors: dict[str, np.ndarray]) -> str:
+        adam = any(k.startswith("adam_m.") for k in tensors) and not any(k.startswith("muon_m.") for k in tensors)
+        return ("it holds AdamW states: " if adam else "") + \
+            "resume with --weights-only (no_load_optim: true) to start a fresh optimizer"
 
 
 # ---------------------------------------------------------------------------------------------- from the config

@@ -217,6 +217,10 @@ class AdamW:
         p -= tmp2
 
     # ---------------------------------------------------------------------------------- state
+    def state_buffers(self, i: int) -> dict[str, np.ndarray]:
+        """Checkpoint prefix → flat buffer of parameter ``i``'s optimizer state (Muon names some differently)."""
+        return {"adam_m": self.m, "adam_v": self.v}
+
     def state_dict(self, *, with_masters: bool = False) -> dict[str, np.ndarray]:
         """Reference names: ``adam_m.<p>``, ``adam_v.<p>`` (fp32), ``global_step`` ([1] int64).
 
@@ -225,8 +229,8 @@ class AdamW:
         """
         out: dict[str, np.ndarray] = {}
         for i, n in enumerate(self.names):
-            out[f"adam_m.{n}"] = self.view(self.m, i).copy()
-            out[f"adam_v.{n}"] = self.view(self.v, i).copy()
+            for prefix, buf in self.state_buffers(i).items():
+                out[f"{prefix}.{n}"] = self.view(buf, i).copy()
             if with_masters:
                 out[f"main_param.{n}"] = self.view(self.master, i).copy()
         out["global_step"] = np.array([self.global_step], np.int64)
@@ -237,7 +241,7 @@ class AdamW:
         problems = []
         known = {"global_step"}
         for i, n in enumerate(self.names):
-            for key in (f"adam_m.{n}", f"adam_v.{n}", f"main_param.{n}"):
+            for key in [f"{prefix}.{n}" for prefix in self.state_buffers(i)] + [f"main_param.{n}"]:
                 known.add(key)
                 if key.startswith("main_param.") and key not in tensors:
                     continue
@@ -249,15 +253,20 @@ class AdamW:
         if "global_step" not in tensors:
             problems.append("missing tensor: global_step")
         if problems:
-            raise CheckpointError(message=f"{where} does not fit this model's optimizer ({len(problems)} problems)",
-                                  problems=problems[:50], path=where,
-                                  hint="resume with --weights-only (no_load_optim: true) to start a fresh optimizer")
+            raise CheckpointError(message=f"{where} does not fit this model's {type(self).__name__} optimizer "
+                                  f"({len(problems)} problems)", problems=problems[:50], path=where,
+                                  hint=self._mismatch_hint(tensors))
         for i, n in enumerate(self.names):
-            self.m[self.slices[i]] = np.asarray(tensors[f"adam_m.{n}"], np.float32).reshape(-1)
-            self.v[self.slices[i]] = np.asarray(tensors[f"adam_v.{n}"], np.float32).reshape(-1)
+            for prefix, buf in self.state_buffers(i).items():
+                buf[self.slices[i]] = np.asarray(tensors[f"{prefix}.{n}"], np.float32).reshape(-1)
             if f"main_param.{n}" in tensors:
                 self.master[self.slices[i]] = np.asarray(tensors[f"main_param.{n}"], np.float32).reshape(-1)
         self.global_step = int(np.asarray(tensors["global_step"]).reshape(-1)[0])
+
+    def _mismatch_hint(self, tensors: dict[str, np.ndarray]) -> str:
+        muon = any(k.startswith("muon_m.") for k in tensors)
+        return ("it holds Muon states (optimizer.type: Muon): " if muon else "") + \
+            "resume with --weights-only (no_load_optim: true) to start a fresh optimizer"
 
 
 def global_norm(flat: np.ndarray) -> float:

@@ -15,18 +15,13 @@ from mftk.engine.models.deepseek_v4 import state_dict as v4_sd
 from mftk.engine.models.qwen3_moe import state_dict as q3moe_sd
 
 from tests.engine.model_fixtures import rng, tiny_dsv4, tiny_qwen3_moe  # noqa: F401  (fixtures)
+from tests.engine.test_hf_parity import _ce
 
 pytestmark = [pytest.mark.engine, pytest.mark.torch]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 TOL = 1e-4
 _FROZEN = ("rms_weight", "q_rms_gamma", "tokens_per_expert")
-
-
-def _ce(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
-    z = torch.tensor(logits, dtype=torch.float64).reshape(-1, logits.shape[-1])
-    ce = torch.nn.functional.cross_entropy(z, torch.tensor(labels.reshape(-1)), reduction="none").numpy()
-    return float((ce * mask.reshape(-1)).sum() / mask.sum())
 
 
 def _randomise(model, cfg, rng) -> dict:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mftk.engine.models.convert import Source, deinterleave_rows, interleave_rows
+from mftk.engine.models.convert import Source, ends_to_hf, ends_to_mf, deinterleave_rows, interleave_rows, stack_experts, unstack_experts
 from mftk.errors import CheckpointError
 
 _ATTN = (("linear_q_down_proj.weight", "wq_a.weight"), ("q_layernorm.weight", "q_norm.weight"),
@@ -30,6 +30,9 @@ _COMPRESSOR = (("linear_wkv.weight", "wkv.weight"), ("linear_wgate.weight", "wga
                ("norm.weight", "norm.weight"))
 _INDEXER = (("linear_wq_b.weight", "wq_b.weight"), ("linear_weights_proj.weight", "weights_proj.weight"))
 _HC = ("attn", "ffn")
+_EXPERT = ("w1", "w3", "w2")  # gate, up, down
+
+_ENDS = ("embed.weight", "norm.weight", "head.weight")  # HF embedding, final norm, output layer
 
 
 def _renames(cfg: Any, layer_id: int, hashed: bool) -> list[tuple[str, str]]:
@@ -70,14 +73,9 @@ def _layer_to_mf(src: Source, p: str, m: str, cfg: Any, layer_id: int, hashed: b
             out[m + "mlp.router.tid2eid"] = np.asarray(t).astype(np.int32)
     elif not cfg.moe_router_enable_expert_bias:
         src.skip(p + "ffn.gate.bias")
-    w1, w2 = [], []
-    for e in range(cfg.n_routed_experts):
-        g, u, d = (src.take(p + f"ffn.experts.{e}.{x}.weight") for x in ("w1", "w3", "w2"))
-        if g is not None and u is not None and d is not None:
-            w1.append(np.concatenate([g.T, u.T], 1))
-            w2.append(d.T)
-    if len(w1) == cfg.n_routed_experts:
-        out[m + "mlp.experts.weight1"], out[m + "mlp.experts.weight2"] = np.stack(w1), np.stack(w2)
+    w = stack_experts(src, lambda e, x: p + f"ffn.experts.{e}.{x}.weight", cfg.n_routed_experts, _EXPERT)
+    if w is not None:
+        out[m + "mlp.experts.weight1"], out[m + "mlp.experts.weight2"] = w
     if cfg.moe_shared_expert_intermediate_size_resolved():
         g, u = src.take(p + "ffn.shared_experts.w1.weight"), src.take(p + "ffn.shared_experts.w3.weight")
         if g is not None and u is not None:
@@ -94,12 +92,7 @@ def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Published DeepSeek-V4 tensors (native names, MTP as ``mtp.{k}.*``) → reference names."""
     src, out = Source(hf, "HF"), {}
     L, hashed = cfg.num_hidden_layers, cfg.hash_layer_pattern()
-    out["embedding.word_embeddings.weight"] = src.take("embed.weight")
-    out["decoder.final_layernorm.weight"] = src.take("norm.weight")
-    if cfg.tie_word_embeddings:
-        src.skip("head.weight")
-    else:
-        out["output_layer.weight"] = src.take("head.weight")
+    ends_to_mf(src, out, cfg.tie_word_embeddings, _ENDS)
     _head_to_mf(src, "", "decoder.hc_head.", out)
     for i in range(L):
         _layer_to_mf(src, f"layers.{i}.", f"decoder.layers.{i}.", cfg, i, hashed[i], out)
@@ -142,12 +135,9 @@ def _layer_to_hf(src: Source, p: str, m: str, cfg: Any, layer_id: int, hashed: b
             out[p + "ffn.gate.tid2eid"] = np.asarray(t).astype(np.int64)
     elif not cfg.moe_router_enable_expert_bias:  # transformers' router always has the buffer
         out[p + "ffn.gate.bias"] = np.zeros((cfg.n_routed_experts,), np.float32)
-    w1, w2, f = src.take(m + "mlp.experts.weight1"), src.take(m + "mlp.experts.weight2"), cfg.moe_intermediate_size
+    w1, w2 = src.take(m + "mlp.experts.weight1"), src.take(m + "mlp.experts.weight2")
     if w1 is not None and w2 is not None:
-        for e in range(cfg.n_routed_experts):
-            out[p + f"ffn.experts.{e}.w1.weight"] = w1[e, :, :f].T.copy()
-            out[p + f"ffn.experts.{e}.w3.weight"] = w1[e, :, f:].T.copy()
-            out[p + f"ffn.experts.{e}.w2.weight"] = w2[e].T.copy()
+        unstack_experts(w1, w2, lambda e, x: p + f"ffn.experts.{e}.{x}.weight", _EXPERT, out)
     if cfg.moe_shared_expert_intermediate_size_resolved():
         fc1 = src.take(m + "mlp.shared_experts.linear_fc1.weight")
         if fc1 is not None:
@@ -164,10 +154,7 @@ def mf_to_hf(mf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Reference names → the published DeepSeek-V4 layout (the inverse of ``hf_to_mf``)."""
     src, out = Source(mf, "mftk"), {}
     L, hashed = cfg.num_hidden_layers, cfg.hash_layer_pattern()
-    out["embed.weight"] = src.take("embedding.word_embeddings.weight")
-    out["norm.weight"] = src.take("decoder.final_layernorm.weight")
-    if not cfg.tie_word_embeddings:
-        out["head.weight"] = src.take("output_layer.weight")
+    ends_to_hf(src, out, cfg.tie_word_embeddings, _ENDS)
     _head_to_hf(src, "", "decoder.hc_head.", out)
     for i in range(L):
         _layer_to_hf(src, f"layers.{i}.", f"decoder.layers.{i}.", cfg, i, hashed[i], out)

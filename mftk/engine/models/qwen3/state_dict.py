@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mftk.engine.models.convert import Source, deinterleave_rows, expect_shape, interleave_rows
+from mftk.engine.models.convert import Source, ends_to_hf, ends_to_mf, dense_mlp_to_hf, dense_mlp_to_mf, expect_shape
 
 _RENAMES = (  # (HF suffix, MF suffix) of the attention half of a layer (Qwen3-MoE shares it)
     ("input_layernorm.weight", "input_layernorm.weight"),
@@ -18,6 +18,8 @@ _RENAMES = (  # (HF suffix, MF suffix) of the attention half of a layer (Qwen3-M
     ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
     ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight"),
 )
+
+_ENDS = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")  # HF embedding, final norm, output layer
 
 
 def _dims(cfg: Any) -> tuple[int, int, int, int]:
@@ -71,19 +73,11 @@ def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """HF ``Qwen3ForCausalLM`` state dict → reference names; raises CheckpointError on any mismatch."""
     src, out = Source(hf, "HF"), {}
     h, nh, ng, hd = _dims(cfg)
-    out["embedding.word_embeddings.weight"] = src.take("model.embed_tokens.weight")
-    out["decoder.final_layernorm.weight"] = src.take("model.norm.weight")
-    if cfg.tie_word_embeddings:
-        src.skip("lm_head.weight")
-    else:
-        out["output_layer.weight"] = src.take("lm_head.weight")
+    ends_to_mf(src, out, cfg.tie_word_embeddings, _ENDS)
     for i in range(cfg.num_hidden_layers):
         p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         attention_to_mf(src, p, m, cfg, out)
-        out[m + "mlp.linear_fc2.weight"] = src.take(p + "mlp.down_proj.weight")
-        g, u = src.take(p + "mlp.gate_proj.weight"), src.take(p + "mlp.up_proj.weight")
-        if g is not None and u is not None:
-            out[m + "mlp.linear_fc1.weight"] = interleave_rows(g, u)
+        dense_mlp_to_mf(src, p, m, out)
     src.check()
     out = {k: v for k, v in out.items() if v is not None}
     expect_shape("decoder.layers.0.self_attention.linear_qkv.weight",
@@ -94,16 +88,10 @@ def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
 def mf_to_hf(mf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Reference names → HF ``Qwen3ForCausalLM`` names (the inverse of ``hf_to_mf``)."""
     src, out = Source(mf, "mftk"), {}
-    out["model.embed_tokens.weight"] = src.take("embedding.word_embeddings.weight")
-    out["model.norm.weight"] = src.take("decoder.final_layernorm.weight")
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = src.take("output_layer.weight")
+    ends_to_hf(src, out, cfg.tie_word_embeddings, _ENDS)
     for i in range(cfg.num_hidden_layers):
         p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         attention_to_hf(src, p, m, cfg, out)
-        out[p + "mlp.down_proj.weight"] = src.take(m + "mlp.linear_fc2.weight")
-        fc1 = src.take(m + "mlp.linear_fc1.weight")
-        if fc1 is not None:
-            out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = deinterleave_rows(fc1)
+        dense_mlp_to_hf(src, p, m, out)
     src.check()
     return {k: v for k, v in out.items() if v is not None}

@@ -11,37 +11,27 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mftk.engine.models.convert import Source, deinterleave_rows, interleave_rows
+from mftk.engine.models.convert import Source, ends_to_hf, ends_to_mf, dense_mlp_to_hf, dense_mlp_to_mf, stack_experts, unstack_experts
 from mftk.engine.models.qwen3.state_dict import attention_to_hf, attention_to_mf
+
+_NAMES = ("gate", "up", "down")  # per-expert projections
+_ENDS = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")  # HF embedding, final norm, output layer
 
 
 def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """HF ``Qwen3MoeForCausalLM`` hub tensors → reference-style names; raises CheckpointError on any mismatch."""
     src, out = Source(hf, "HF"), {}
-    out["embedding.word_embeddings.weight"] = src.take("model.embed_tokens.weight")
-    out["decoder.final_layernorm.weight"] = src.take("model.norm.weight")
-    if cfg.tie_word_embeddings:
-        src.skip("lm_head.weight")
-    else:
-        out["output_layer.weight"] = src.take("lm_head.weight")
+    ends_to_mf(src, out, cfg.tie_word_embeddings, _ENDS)
     for i, moe in enumerate(cfg.moe_layer_pattern()):
         p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         attention_to_mf(src, p, m, cfg, out)
         if not moe:
-            g, u = src.take(p + "mlp.gate_proj.weight"), src.take(p + "mlp.up_proj.weight")
-            out[m + "mlp.linear_fc2.weight"] = src.take(p + "mlp.down_proj.weight")
-            if g is not None and u is not None:
-                out[m + "mlp.linear_fc1.weight"] = interleave_rows(g, u)
+            dense_mlp_to_mf(src, p, m, out)
             continue
         out[m + "mlp.router.weight"] = src.take(p + "mlp.gate.weight")
-        w1, w2 = [], []
-        for e in range(cfg.num_experts):
-            g, u, d = (src.take(p + f"mlp.experts.{e}.{x}_proj.weight") for x in ("gate", "up", "down"))
-            if g is not None and u is not None and d is not None:
-                w1.append(np.concatenate([g.T, u.T], 1))
-                w2.append(d.T)
-        if len(w1) == cfg.num_experts:
-            out[m + "mlp.experts.weight1"], out[m + "mlp.experts.weight2"] = np.stack(w1), np.stack(w2)
+        w = stack_experts(src, lambda e, x: p + f"mlp.experts.{e}.{x}_proj.weight", cfg.num_experts, _NAMES)
+        if w is not None:
+            out[m + "mlp.experts.weight1"], out[m + "mlp.experts.weight2"] = w
         out[m + "mlp.tokens_per_expert"] = np.zeros((cfg.num_experts,), np.float32)
     src.check()
     return {k: v for k, v in out.items() if v is not None}
@@ -50,27 +40,17 @@ def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
 def mf_to_hf(mf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Reference-style names → HF ``Qwen3MoeForCausalLM`` hub names (the inverse of ``hf_to_mf``)."""
     src, out = Source(mf, "mftk"), {}
-    out["model.embed_tokens.weight"] = src.take("embedding.word_embeddings.weight")
-    out["model.norm.weight"] = src.take("decoder.final_layernorm.weight")
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = src.take("output_layer.weight")
-    f = cfg.moe_intermediate_size
+    ends_to_hf(src, out, cfg.tie_word_embeddings, _ENDS)
     for i, moe in enumerate(cfg.moe_layer_pattern()):
         p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         attention_to_hf(src, p, m, cfg, out)
         if not moe:
-            fc1 = src.take(m + "mlp.linear_fc1.weight")
-            out[p + "mlp.down_proj.weight"] = src.take(m + "mlp.linear_fc2.weight")
-            if fc1 is not None:
-                out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = deinterleave_rows(fc1)
+            dense_mlp_to_hf(src, p, m, out)
             continue
         out[p + "mlp.gate.weight"] = src.take(m + "mlp.router.weight")
         w1, w2 = src.take(m + "mlp.experts.weight1"), src.take(m + "mlp.experts.weight2")
         if w1 is not None and w2 is not None:
-            for e in range(cfg.num_experts):
-                out[p + f"mlp.experts.{e}.gate_proj.weight"] = w1[e, :, :f].T.copy()
-                out[p + f"mlp.experts.{e}.up_proj.weight"] = w1[e, :, f:].T.copy()
-                out[p + f"mlp.experts.{e}.down_proj.weight"] = w2[e].T.copy()
+            unstack_experts(w1, w2, lambda e, x: p + f"mlp.experts.{e}.{x}_proj.weight", _NAMES, out)
         src.skip(m + "mlp.tokens_per_expert")
     src.check()
     return {k: v for k, v in out.items() if v is not None}
