@@ -38,7 +38,7 @@ def test_deepseek_v4_trains_with_muon_and_saves_the_reference_names(v4_run):
     raw, result, d = v4_run
     assert result.final_step == 4 and all(np.isfinite(result.losses))
     text = open(result.log_file).read()
-    assert "Muon:" in text and "mtp_1_loss:" in text and "load_balancing_loss:" in text
+    assert "Muon:" in text and "mtp_1_loss:" in text and "load_balancing_loss:" in text and "indexer_loss:" in text
     model, opt = _files(d / "ckpt" / "iteration_00000004")
     assert model["decoder.layers.0.mlp.router.tid2eid"].dtype == np.int32
     assert "decoder.layers.1.self_attention.core_attention.indexer.linear_wq_b.weight" in model

@@ -163,6 +163,7 @@ class GPTModel(nn.Cell):
         self._tied_mm = ops.MatMul(transpose_b=True)
         self._head_ce = HeadCrossEntropyFn()
         self._indexer_cells = None  # found on first use (`indexer_losses`)
+        self.last_indexer_loss = None  # the last training forward's logged indexer loss (DeepSeek-V4)
 
     # -- pieces ---------------------------------------------------------------------------------
     def attention_mask(self, ids: np.ndarray) -> Tensor:
@@ -250,8 +251,12 @@ class GPTModel(nn.Cell):
         aux_losses = tuple(a for a, _ in moe if a is not None)
         for a in aux_losses:
             objective = objective + a * self.spec.aux_loss_coeff
-        for a in self.indexer_losses():
+        indexer = self.indexer_losses()
+        for a in indexer:
             objective = objective + a * self.spec.indexer_loss_coeff
+        # logged as the reference does: the mean over indexer layers (× its coefficient); None without any
+        self.last_indexer_loss = (float(np.mean([a.asnumpy() for a in indexer])) * self.spec.indexer_loss_coeff
+                                  if indexer else None)
         return objective, lm_loss, aux_losses, tuple(mtp_losses), tuple(c for _, c in moe)
 
     def indexer_losses(self) -> list:
