@@ -29,8 +29,9 @@ sensitive than wall time to other load on a shared machine. Variants:
 CSA, HCA, CSA; hidden 512, 8 heads × 64 (48 + 16 rotary), q rank 256, 4 output groups × 128, 4 mHC
 streams, 8 experts top-2 of width 512 + a shared one, the first layer hash-routed, window 128, indexer
 8 × 32 top-16, vocab 32000, seq 512, batch 2, no MTP — transformers builds none): ``mftk`` (its real
-step with AdamW, as above) against ``torch_fp32``, transformers' ``DeepseekV4ForCausalLM`` in eager
-fp32 with torch AdamW — both sides the same architecture, each with its own random init.
+step with AdamW, as above) and ``mftk_spin`` (without the idle-class dispatch, which a loaded machine
+starves) against ``torch_fp32``, transformers' ``DeepseekV4ForCausalLM`` in eager fp32 with torch
+AdamW — both sides the same architecture, each with its own random init.
 
 Usage: ``.venv/bin/python bench/train_step.py [--arch qwen3|deepseek_v4] [--rounds 3] [--steps 5] [--warmup 2]
 [--variants a,b,...]``
@@ -56,7 +57,7 @@ ARCH_V4 = dict(vocab_size=32000, hidden_size=512, num_hidden_layers=4, num_atten
                n_routed_experts=8, num_experts_per_tok=2, num_hash_layers=1, num_nextn_predict_layers=0,
                apply_dsa_kernel_fusion=False, dsa_indexer_loss_coeff=0.0, moe_router_enable_expert_bias=False,
                original_max_position_embeddings=512, max_position_embeddings=4096, initializer_range=0.02)
-VARIANTS_V4 = ("torch_fp32", "mftk")
+VARIANTS_V4 = ("torch_fp32", "mftk", "mftk_spin")
 LR, WD, CLIP = 1e-4, 0.1, 1.0
 
 

@@ -12,7 +12,6 @@ reference indexes it by global layer id). 0 = sliding window only, 4 = compresse
 (overlapping compressor + lightning indexer + top-k), any other ratio ≥ 8 = heavily compressed
 attention (the reference accepts 128 only; smaller ratios let tiny models exercise the path).
 """
-from typing import Any
 
 import attrs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine.model_fixtures import gradcheck, make_dsv4, ms, rng, tiny_dsv4  # noqa: F401  (fixtures)
+from tests.engine.model_fixtures import gradcheck, make_dsv4, rng, tiny_dsv4  # noqa: F401  (fixtures)
 
 from mindspore import Parameter, Tensor  # noqa: E402
 
