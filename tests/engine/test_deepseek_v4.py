@@ -29,7 +29,7 @@ def test_sink_attention_forward_and_gradients(rng, gradcheck):
     q, kv = rng.normal(0, 1, (b, 1, m, d)), rng.normal(0, 1, (b, 1, sk, d))
     mask = rng.random((b, 1, m, sk)) < 0.3
     mask[..., 0] = False
-    bias = Tensor(np.where(mask, MASKED, 0.0).astype(np.float32))
+    bias = Tensor(np.concatenate([np.where(mask, MASKED, 0.0), np.zeros((b, 1, m, 1))], -1).astype(np.float32))
     sink = rng.normal(0, 1, (b, 1, m, 1))
     fn = SinkAttentionFn(0.7)
     out = fn(Tensor(q.astype(np.float32)), Tensor(kv.astype(np.float32)), bias, Tensor(sink.astype(np.float32)))[0]

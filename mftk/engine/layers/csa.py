@@ -158,12 +158,13 @@ class CompressedSparseAttention(nn.Cell):
                 keys = mint.cat((kv, comp), 1)  # (B, S + n, d)
                 hidden = np.concatenate([hidden, self._compressed_mask(q, comp, x, cq, rope_table, b, s,
                                                                        comp.shape[1])], 2)
-        bias = np.where(np.broadcast_to(hidden[:, None, None], (b, 1, self.nh) + hidden.shape[1:]), np.float32(MASKED),
-                        np.float32(0.0)).reshape(b, 1, self.nh * s, -1)  # (B, 1, nh·S, Sk), head-major rows
-        qh = ops.transpose(q, (0, 2, 1, 3)).reshape(b, 1, self.nh * s, self.d)
-        sink = ops.tile(self.attn_sink.reshape(1, 1, self.nh, 1, 1), (b, 1, 1, s, 1)).reshape(b, 1, self.nh * s, 1)
-        out = self.fn(qh, keys.reshape(b, 1, -1, self.d), Tensor(bias), sink)[0]  # (B, 1, nh·S, d)
-        return ops.transpose(out.reshape(b, self.nh, s, self.d), (0, 2, 1, 3))
+        bias = np.zeros((b, s, hidden.shape[2] + 1), np.float32)  # the last column: the sink's, never masked
+        bias[..., :-1][hidden] = MASKED
+        # rows query-major (row = p·nh + h): q, the output and the per-row mask need no transpose
+        bias = ops.tile(Tensor(bias).reshape(b, 1, s, 1, -1), (1, 1, 1, self.nh, 1)).reshape(b, 1, s * self.nh, -1)
+        sink = ops.tile(self.attn_sink.reshape(1, 1, 1, self.nh, 1), (b, 1, s, 1, 1)).reshape(b, 1, s * self.nh, 1)
+        out = self.fn(q.reshape(b, 1, s * self.nh, self.d), keys.reshape(b, 1, -1, self.d), bias, sink)[0]
+        return out.reshape(b, s, self.nh, self.d)
 
     def _window(self, s: int) -> np.ndarray:
         if s not in self._masks:
@@ -237,7 +238,7 @@ class DeepseekV4Attention(nn.Cell):
         q = self.rope(q, cos, sin)  # (B, S, nh, d)
         kv = self.rope(self.kv_layernorm(self.linear_kv_proj(x)).reshape(b, s, 1, self.d), cos, sin).reshape(b, s, self.d)
         out = self.core_attention(q, kv, x, cq, mask, table_set.compress)
-        out = self.rope(out, cos, -sin).reshape(b * s, self.g, -1)  # V carried RoPE: rotate it back
+        out = self.rope(out, cos, sin, inverse=True).reshape(b * s, self.g, -1)  # V carried RoPE: rotate it back
         w = self.linear_o_group_proj.reshape(self.g, self.r_o, -1)  # (g, r_o, nh·d/g)
         y = _bmm_nt(ops.swapaxes(out, 0, 1), w)  # (g, B·S, r_o)
         return self.linear_proj(ops.swapaxes(y, 0, 1).reshape(b, s, self.g * self.r_o))

@@ -25,8 +25,9 @@ class SinkAttentionFn(nn.Cell):
 
     The sink is one more key: ``q' = [scale·q | sink]``, ``k' = [k | 0]`` plus a key ``[0…0 | 1]`` whose value
     is 0, so the sink column is a plain score and one fused softmax does it all (no slice of the score
-    matrix, no per-row max). ``q (B, 1, M, d)`` with rows head-major (row = h·S + s), ``kv (B, 1, Sk, d)``,
-    ``bias (B, 1, M, Sk)`` float (0 or −1e30: masked), ``sink_rows (B, 1, M, 1)`` each row's head sink.
+    matrix, no per-row max). ``q (B, 1, M, d)`` (M = queries × heads, any row order), ``kv (B, 1, Sk, d)``,
+    ``bias (B, 1, M, Sk + 1)`` float (0 or −1e30: masked; the last column, the sink's, 0), ``sink_rows
+    (B, 1, M, 1)`` each row's head sink.
     Returns ``(out, probs)``; the probabilities only ride along for the backward."""
 
     def __init__(self, scale: float) -> None:
@@ -43,8 +44,7 @@ class SinkAttentionFn(nn.Cell):
     def construct(self, q, kv, bias, sink_rows):
         k, v = self._keys(kv)
         qs = mint.cat((q * self.scale, sink_rows), -1)  # (B, 1, M, d+1)
-        bias1 = mint.cat((bias, ops.zeros(bias.shape[:-1] + (1,), bias.dtype)), -1)
-        p = _softmax(_bmm_nt(qs, k) + bias1)  # (B, 1, M, Sk+1)
+        p = _softmax(_bmm_nt(qs, k) + bias)  # (B, 1, M, Sk+1)
         return _bmm(p, v), p
 
     def bprop(self, q, kv, bias, sink_rows, out, dout):
@@ -59,10 +59,11 @@ class SinkAttentionFn(nn.Cell):
         return dqs[..., :d] * self.scale, dkv, ops.zeros_like(bias), dqs[..., d:]
 
 
-def pair_rotation(dim: int) -> np.ndarray:
-    """``Rᵀ`` with ``x @ Rᵀ = rotate_pairs(x)``: lanes ``(2i, 2i+1) → (−x_{2i+1}, x_{2i})`` (GPT-J style)."""
+def pair_rotation(dim: int, rope_dim: int | None = None) -> np.ndarray:
+    """``Rᵀ`` with ``x @ Rᵀ = rotate_pairs(x)`` on the trailing ``rope_dim`` lanes (all by default), zero on
+    the others: lanes ``(2i, 2i+1) → (−x_{2i+1}, x_{2i})`` (GPT-J style)."""
     rt = np.zeros((dim, dim), np.float32)
-    i = np.arange(0, dim, 2)
+    i = np.arange(dim - (rope_dim or dim), dim, 2)
     rt[i + 1, i] = -1.0
     rt[i, i + 1] = 1.0
     return rt
@@ -70,13 +71,14 @@ def pair_rotation(dim: int) -> np.ndarray:
 
 class PairRopeFn(nn.Cell):
     """Interleaved-pair RoPE ``x·cos + rotate_pairs(x)·sin`` on ``x (B, S, N, D)`` with tables ``(1, S, 1, D)``
-    (each angle repeated on its two lanes). ``rotate_pairs`` is a product with the constant ``Rᵀ``, so
-    the backward is ``dout·cos + (dout·sin)·R``. Pass ``−sin`` for the inverse rotation."""
+    (each angle repeated on its two lanes; cos 1 and sin 0 on lanes left alone, so a partial RoPE needs
+    no slice of ``x``). ``rotate_pairs`` is a product with the constant ``Rᵀ``, so the backward is
+    ``dout·cos + (dout·sin)·R``. Pass ``−sin`` for the inverse rotation."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, rope_dim: int | None = None) -> None:
         super().__init__()
-        self.rt = Tensor(pair_rotation(dim))
-        self.r = Tensor(np.ascontiguousarray(pair_rotation(dim).T))
+        self.rt = Tensor(pair_rotation(dim, rope_dim))
+        self.r = Tensor(np.ascontiguousarray(pair_rotation(dim, rope_dim).T))
 
     def _rot(self, x, mat):
         d = x.shape[-1]

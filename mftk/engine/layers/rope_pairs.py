@@ -8,10 +8,9 @@
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, mint
+from mindspore import Tensor
 
 from .kernels_v4 import PairRopeFn
-from .ops_cpu import split_last
 from .rope import rope_inv_freq, yarn_inv_freq
 
 
@@ -47,14 +46,23 @@ class RopeSet:
 
 
 class PartialPairRope:
-    """Rotates the trailing ``dim`` lanes of ``x (B, S, N, D)`` and leaves the leading ``D − dim`` alone."""
+    """Rotates the trailing ``dim`` lanes of ``x (B, S, N, D)`` and leaves the leading ``D − dim`` alone: the
+    tables are widened with cos 1 / sin 0 on those lanes (cached), so ``x`` is never sliced (a lane slice
+    is a strided copy, slow on CPU, and so is its gradient)."""
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
-        self.fn = PairRopeFn(dim)
+        self._fns: dict[int, PairRopeFn] = {}
+        self._tables: dict[tuple[int, int, bool], tuple[Tensor, Tensor, Tensor]] = {}
 
-    def __call__(self, x, cos, sin):
-        if x.shape[-1] == self.dim:  # no leading lanes (an empty slice's gradient fails on CPU)
-            return self.fn(x, cos, sin)
-        nope, rope = split_last(x, (x.shape[-1] - self.dim, self.dim))
-        return mint.cat((nope, self.fn(rope, cos, sin)), -1)
+    def __call__(self, x, cos, sin, *, inverse: bool = False):
+        d = x.shape[-1]
+        if d not in self._fns:
+            self._fns[d] = PairRopeFn(d, self.dim)
+        key = (id(cos), d, inverse)
+        if key not in self._tables:
+            c, s_ = cos.asnumpy(), sin.asnumpy() * (-1.0 if inverse else 1.0)
+            pad = c.shape[:-1] + (d - self.dim,)
+            self._tables[key] = (cos, Tensor(np.concatenate([np.ones(pad, np.float32), c], -1)),
+                                 Tensor(np.concatenate([np.zeros(pad, np.float32), s_], -1)))  # cos kept: its id stays
+        return self._fns[d](x, *self._tables[key][1:])
