@@ -158,7 +158,7 @@ def _zero_fill(cfg: Any, hf: dict[str, np.ndarray], notes: list[str]) -> dict[st
     Qwen3 with ``attention_bias``: HF also puts a bias on ``o_proj``; mftk's projection has none.
     """
     add: dict[str, np.ndarray] = {}
-    if cfg.model_type == "qwen3" and cfg.attention_bias:
+    if cfg.model_type in ("qwen3", "qwen3_moe") and cfg.attention_bias:
         for i in range(cfg.num_hidden_layers):
             name = f"model.layers.{i}.self_attn.o_proj.bias"
             if name not in hf:

@@ -295,8 +295,9 @@ def _check_checkpoint(c: Config, r: _Rules) -> None:
 def _check_optimizer(c: Config, r: _Rules) -> None:
     o = c.optimizer
     _check_choices(r, "optimizer.type", o.type, {"AdamW", "Muon"})
-    if o.type == "Muon":
-        r.error("optimizer.type", "Muon is not available in mftk yet", o.type, "use AdamW")
+    from mftk.config.optimizer_muon import adamw_only_problems, muon_problems
+
+    r.problems += muon_problems(c) if o.type == "Muon" else adamw_only_problems(c)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         r.error("optimizer.betas", f"needs two values in [0, 1), got {o.betas}", o.betas)
     if o.eps < 0:

@@ -67,8 +67,8 @@ def build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     return data
 
 
-def build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
-    """AdamW over the trainable parameters; under FSDP over this rank's rows of each (sharded states)."""
+def build_optimizer(config: Any, model: Any, sharding: Any = None, dist: Any = None) -> Any:
+    """AdamW (or Muon) over the trainable parameters; under FSDP over this rank's rows of each (sharded states)."""
     from mftk.engine.optim import AdamW, decide_weight_decay
 
     o = config.optimizer
@@ -81,6 +81,14 @@ def build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
     arrays = [p.asnumpy() for p in params]
     if sharding is not None:
         arrays = [sharding.local(i, a) for i, a in enumerate(arrays)]
+    if o.type == "Muon":
+        from mftk.engine.muon import build_muon
+
+        opt = build_muon(config, model, [p.name for p in params], arrays, decisions, [tuple(p.shape) for p in params],
+                         dist=dist)
+        log.info("Muon: %d parameters orthogonalised, %d by the AdamW fallback", len(opt.muon_names()),
+                 len(params) - len(opt.muon_names()))
+        return opt
     return AdamW([p.name for p in params], arrays, decisions, betas=o.betas, eps=o.eps)
 
 

@@ -87,10 +87,14 @@ KNOWN_CALLBACKS = (MAX_LOGITS_MONITOR, "MaxLogitsReset")  # MaxLogitsReset: depr
 
 
 def tracking_requested(config: Any) -> bool:
-    """Max-logit tracking is on when the model asks for it or a ``MaxLogitsMonitor`` callback is configured."""
+    """Max-logit tracking is on when the model asks for it, a ``MaxLogitsMonitor`` callback is configured, or
+    Muon's QK-clip needs it (MLA models; the reference adds the monitor the same way)."""
+    from mftk.config.optimizer_muon import qk_clip_active
+
     model = getattr(config, "model", None)
     return bool(getattr(model, "track_max_attention_logit", False)) or any(
-        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ())
+        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ()) or (
+        hasattr(config, "optimizer") and qk_clip_active(config))
 
 
 def max_logits_cells(model: Any) -> list:

@@ -227,7 +227,7 @@ class _Run:
     def _optimizer(self, model: Any, dist: Any, plan: ResumePlan | None, loaded: Any) -> Any:
         from mftk.engine import builders
 
-        optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None)
+        optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None, dist)
         if dist is not None:
             dist.bind(optimizer)
         if loaded is not None and loaded.optimizer is not None:

@@ -21,6 +21,7 @@ def check_supported_layout(loaded: Any, world_size: int) -> Any:
     p = loaded.config.parallelism
     problems: list[Problem] = []
     problems += _model_parallel_problems(loaded)
+    problems += _muon_layout_problems(loaded, world_size)
     problems += _callback_problems(loaded)
     problems += _pipeline_problems(loaded, world_size)
     problems += _context_parallel_problems(loaded, world_size)
@@ -93,6 +94,27 @@ def _model_parallel_problems(loaded: Any) -> list[Problem]:
         found += [("expert_parallel", ep, m) for m in expert_parallel_problems(spec, ep, tp)]
     return [Problem(path=f"parallelism.{field}", value=v, message=f"{field}={v}: {m}", hint=f"set parallelism.{field}: 1",
                     line=_line(loaded, f"parallelism.{field}")) for field, v, m in found]
+
+
+def _muon_layout_problems(loaded: Any, world_size: int) -> list[Problem]:
+    """Muon needs each weight's full matrix: tensor parallel (split matrices) is not supported yet, and
+    QK-clip (head rows of the masters) not together with FSDP row shards."""
+    from mftk.config.optimizer_muon import qk_clip_active
+    from mftk.derive import layout_from_config
+
+    config = loaded.config
+    if config.optimizer.type != "Muon" or world_size <= 1:
+        return []
+    p, found = config.parallelism, []
+    if int(p.tensor_parallel or 1) > 1:
+        found.append(("parallelism.tensor_parallel", p.tensor_parallel, "Muon with tensor_parallel > 1 is not "
+                      "supported yet (the orthogonalisation needs each weight's full matrix)",
+                      "set parallelism.tensor_parallel: 1, or optimizer.type: AdamW"))
+    elif qk_clip_active(config) and layout_from_config(p, world_size).dp_shard > 1:
+        found.append(("optimizer.qk_clip_enabled", True, "Muon's QK-clip with FSDP (data_parallel_shard > 1) is not "
+                      "supported yet (it rescales head rows of the fp32 masters, which FSDP splits)",
+                      "set parallelism.data_parallel_shard: 1 (plain data parallel), or qk_clip_enabled: false"))
+    return [Problem(path=path, value=v, message=m, hint=h, line=_line(loaded, path)) for path, v, m, h in found]
 
 
 def _line(loaded: Any, path: str) -> int | None:

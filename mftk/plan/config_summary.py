@@ -102,8 +102,20 @@ def _optimizer_rows(c: Config) -> list[tuple[str, str, str]]:
     o, s, t = c.optimizer, c.lr_scheduler, c.training
     warm = s.warmup_steps if s.warmup_steps is not None else int(t.steps * (s.warmup_ratio or 0))
     clip = f"{t.max_norm}" if t.max_norm > 0 else "off"
-    return [("optimizer", f"{o.type} betas={o.betas} eps={o.eps} weight_decay={o.weight_decay}",
-             "1-D parameters and biases get no weight decay"),
+    if o.type == "Muon":
+        from mftk.config.optimizer_muon import ns_schedule
+
+        try:
+            steps = f"{len(ns_schedule(o.ns_coefficients, o.ns_steps))} Newton-Schulz steps"
+        except ValueError:
+            steps = "invalid ns_coefficients"
+        opt = (f"Muon momentum={o.momentum}{' nesterov' if o.nesterov else ''} {steps} rms={o.matched_adamw_rms} "
+               f"weight_decay={o.weight_decay}; AdamW fallback betas={o.adamw_betas} eps={o.adamw_eps}",
+               "2-D/3-D weights orthogonalised; embeddings, output layer, 1-D parameters by AdamW")
+    else:
+        opt = (f"{o.type} betas={o.betas} eps={o.eps} weight_decay={o.weight_decay}",
+               "1-D parameters and biases get no weight decay")
+    return [("optimizer", *opt),
             ("schedule", f"{s.type} lr={s.learning_rate} warmup={warm} steps", f"total_steps = training.steps = {t.steps}"),
             ("gradient clipping", clip, "global norm"),
             ("steps", str(t.steps), "absolute target step")]

@@ -222,7 +222,9 @@ class _LayerParams:
 def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
     H = cfg.hidden_size
     attn = F.attention_params(cfg)
-    if F._is_mla(cfg):
+    if F._v4.is_v4(cfg):
+        attn_rep = attn  # DeepSeek-V4's attention stays whole on every TP rank (as in transformers' plan)
+    elif F._is_mla(cfg):
         q_rank = cfg.q_lora_rank or 0
         down = (q_rank if q_rank else cfg.num_attention_heads * cfg.q_head_dim()) + cfg.kv_lora_rank + cfg.qk_rope_head_dim
         attn_rep = down * H + ((q_rank if q_rank else 0) + cfg.kv_lora_rank if cfg.qk_layernorm else 0)

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
+from tests.helpers.msrun import run_single
 from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.helpers.tiny import load, tiny_raw, write_corpus
+from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,12 +36,6 @@ def metrics(out: Path, rank: int = 0) -> list[dict]:
 
 def column(records: list[dict], key: str) -> np.ndarray:
     return np.array([r[key] for r in records], np.float64)
-
-
-def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
-    from mftk.engine.run import train
-
-    return train(load(raw, *overrides), output_dir=out, resume_from=resume_from, install_signals=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,11 @@
 """Mixture of experts: top-k router, grouped SwiGLU experts, shared experts (models.md §2.12).
 
 Dispatch is dropless: the flat expert ids are stably sorted on the host, tokens are gathered into
-contiguous per-expert slices, each slice goes through its expert, and the weighted results are
-scattered back with ``ops.unsorted_segment_sum`` — every (token, choice) pair is computed, none is
-dropped. One host sync per MoE layer is the price; on CPU PyNative it is small next to the GEMMs.
+per-expert rows (padded to the busiest expert, `grouped.padded_layout`; padding weighs 0), all experts
+run as batched matmuls (`grouped.GroupedExpertsFn`), and the weighted results are scattered back with
+``ops.unsorted_segment_sum`` — every (token, choice) pair is computed, none is dropped. One host sync
+per MoE layer is the price; on CPU PyNative it is small next to the GEMMs. (Expert parallel keeps the
+per-expert loop over the rows each rank receives.)
 
 Aux losses are returned α-free; the model adds ``α·L`` to the differentiated objective, which
 gives the same gradients as the reference's autoscaler (models.md §6).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
+from .grouped import GroupedExpertsFn, padded_layout
 from .kernels import SiluMulFn
 from .linear import Linear
 from .mlp import MLP
@@ -105,6 +108,7 @@ class GroupedMLP(nn.Cell):
         self.e, self.f, self.ep = num_experts, ffn_hidden_size, ep if p > 1 else None
         self.e_local = num_experts // p
         self.act = SiluMulFn()
+        self.grouped = GroupedExpertsFn(self.act, ffn_hidden_size)
         w1 = np.zeros((self.e_local, hidden_size, 2 * ffn_hidden_size), np.float32)
         self.weight1 = Parameter(Tensor(w1), name="weight1")
         self.weight2 = Parameter(Tensor(np.zeros((self.e_local, ffn_hidden_size, hidden_size), np.float32)),
@@ -119,25 +123,28 @@ class GroupedMLP(nn.Cell):
         return mint.matmul(self.act(gate, up), self.weight2[e])  # (n, H)
 
     def construct(self, x, probs, idx):
-        """Dropless sort/gather/scatter: ``x (T, H)``, ``probs/idx (T, K)`` → ``(T, H)``."""
+        """Dropless dispatch: ``x (T, H)``, ``probs/idx (T, K)`` → ``(T, H)`` and the per-expert counts."""
         t, k = idx.shape
         flat = idx.asnumpy().reshape(-1)
+        if self.ep is None:
+            return self._padded(x, probs, flat, k), np.bincount(flat, minlength=self.e)
         order = np.argsort(flat, kind="stable")  # (T·K,) grouped by expert, token order kept
         counts = np.bincount(flat, minlength=self.e)
         token = Tensor((order // k).astype(np.int32))
-        xs = ops.gather(x, token, 0)  # (T·K, H) sorted by expert
-        if self.ep is None:
-            outs, start = [], 0
-            for e in range(self.e):
-                n = int(counts[e])
-                if n:
-                    outs.append(self.expert(e, xs[start:start + n]))
-                start += n
-            ys = mint.cat(outs, 0)
-        else:
-            ys = self._expert_parallel(xs, counts)
+        ys = self._expert_parallel(ops.gather(x, token, 0), counts)  # rows sorted by expert
         ys = ys * ops.gather(probs.reshape(-1), Tensor(order.astype(np.int32)), 0).reshape(-1, 1)
         return ops.unsorted_segment_sum(ys, token, t), counts
+
+    def _padded(self, x, probs, flat: np.ndarray, k: int):
+        """Every expert at once (`grouped.GroupedExpertsFn` on ``(E, n_max, H)``); padding slots weigh 0."""
+        t, h = x.shape
+        slot_pair, slot_token, _, n = padded_layout(flat, self.e, k)
+        token = Tensor(slot_token.astype(np.int32))
+        xs = ops.gather(x, token, 0).reshape(self.e, n, h)
+        w = ops.gather(probs.reshape(-1), Tensor(np.maximum(slot_pair, 0).astype(np.int32)), 0)
+        w = w * Tensor((slot_pair >= 0).astype(np.float32))
+        ys = self.grouped(xs, self.weight1, self.weight2)[0].reshape(-1, h) * w.reshape(-1, 1)
+        return ops.unsorted_segment_sum(ys, token, t)
 
     def _expert_parallel(self, xs, counts: np.ndarray):
         from mftk.engine.parallel.comm import all_gather
@@ -192,10 +199,14 @@ class MoELayer(nn.Cell):
         self.expert_bias = _buffer((num_experts,), "expert_bias") if enable_expert_bias else None
         self.tokens_per_expert = _buffer((num_experts,), "tokens_per_expert")
 
-    def construct(self, x):
+    def route(self, flat, input_ids=None):
+        """(probs ``(T, K)``, expert ids ``(T, K)``, scores ``(T, E)``); learned top-k here (hash routing: moe_v4)."""
+        return self.router(flat, self.expert_bias)
+
+    def construct(self, x, input_ids=None):
         b, s, h = x.shape
         flat = x.reshape(b * s, h)  # (T, H), tokens in (b, s) order
-        probs, idx, scores = self.router(flat, self.expert_bias)
+        probs, idx, scores = self.route(flat, input_ids)
         routed, counts = self.experts(flat, probs, idx)
         counts_t = Tensor(counts.astype(np.float32))
         ops.assign_add(self.tokens_per_expert, counts_t)

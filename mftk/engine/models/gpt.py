@@ -67,7 +67,7 @@ class TransformerLayer(nn.Cell):
 
             self._compiled = ms.jit(dense)
 
-    def construct(self, x, rope, mask):
+    def construct(self, x, rope, mask, input_ids=None):
         if self._compiled is not None:
             return self._compiled(x, rope[0], rope[1], mask), None, None
         if not self.is_moe:
@@ -77,10 +77,19 @@ class TransformerLayer(nn.Cell):
         return x + self._drop(m), aux, counts
 
 
+def build_layer(spec: LayerSpec, dropout: float) -> nn.Cell:
+    """The spec's layer class (`TransformerLayer` unless it names another, e.g. a hyper-connection layer)."""
+    return (spec.layer or TransformerLayer)(spec, dropout)
+
+
 class TransformerBlock(nn.Cell):
+    """The decoder layers and final norm; with ``spec.hc_head`` the residual is several streams, expanded
+    from the embedding and collapsed by ``hc_head`` before the final norm."""
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.layers = nn.CellList([TransformerLayer(s, spec.hidden_dropout) for s in spec.layers])
+        self.layers = nn.CellList([build_layer(s, spec.hidden_dropout) for s in spec.layers])
+        self.hc_head = spec.hc_head.build() if spec.hc_head is not None else None
         self.final_layernorm = spec.final_norm.build()
 
 
@@ -88,8 +97,10 @@ class MultiTokenPrediction(nn.Cell):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         eps = spec.final_norm.params.get("eps", 1e-6)
-        self.layers = nn.CellList([MultiTokenPredictionLayer(spec.hidden_size, TransformerLayer(s, spec.hidden_dropout), eps)
-                                   for s in spec.mtp_layers])
+        self.layers = nn.CellList([
+            MultiTokenPredictionLayer(spec.hidden_size, build_layer(s, spec.hidden_dropout), eps,
+                                      hc_head=spec.hc_head.build() if spec.hc_head is not None else None)
+            for s in spec.mtp_layers])
 
 
 @attrs.frozen
@@ -151,6 +162,8 @@ class GPTModel(nn.Cell):
         self.rope = spec.rope()
         self._tied_mm = ops.MatMul(transpose_b=True)
         self._head_ce = HeadCrossEntropyFn()
+        self._indexer_cells = None  # found on first use (`indexer_losses`)
+        self.last_indexer_loss = None  # the last training forward's logged indexer loss (DeepSeek-V4)
 
     # -- pieces ---------------------------------------------------------------------------------
     def attention_mask(self, ids: np.ndarray) -> Tensor:
@@ -172,10 +185,15 @@ class GPTModel(nn.Cell):
     def hidden_states(self, ids: Tensor, rope, mask):
         """Decoder output after the final norm, plus per-MoE-layer (aux, counts)."""
         h, moe = self.embedding(ids), []
+        head = self.decoder.hc_head
+        if head is not None:
+            h = head.expand(h)  # (B, S, n, H)
         for layer in self.decoder.layers:
-            h, aux, counts = layer(h, rope, mask)
+            h, aux, counts = layer(h, rope, mask, ids)
             if counts is not None:
                 moe.append((aux, counts))
+        if head is not None:
+            h = head(h)
         return self.decoder.final_layernorm(h), moe
 
     def logits(self, input_ids, attention_mask=None):
@@ -233,7 +251,19 @@ class GPTModel(nn.Cell):
         aux_losses = tuple(a for a, _ in moe if a is not None)
         for a in aux_losses:
             objective = objective + a * self.spec.aux_loss_coeff
+        indexer = self.indexer_losses()
+        for a in indexer:
+            objective = objective + a * self.spec.indexer_loss_coeff
+        # logged as the reference does: the mean over indexer layers (× its coefficient); None without any
+        self.last_indexer_loss = (float(np.mean([a.asnumpy() for a in indexer])) * self.spec.indexer_loss_coeff
+                                  if indexer else None)
         return objective, lm_loss, aux_losses, tuple(mtp_losses), tuple(c for _, c in moe)
+
+    def indexer_losses(self) -> list:
+        """This forward's indexer KL losses (DeepSeek-V4 CSA layers in training; α-free), layer order."""
+        if self._indexer_cells is None:
+            self._indexer_cells = [c for _, c in self.cells_and_names() if hasattr(c, "with_indexer_loss")]
+        return [c.indexer_loss for c in self._indexer_cells if c.indexer_loss is not None]
 
     def forward(self, batch: dict) -> ModelOutput:
         """Convenience: run ``construct`` on a dict batch and return numpy results."""

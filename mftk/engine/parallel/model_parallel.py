@@ -116,6 +116,8 @@ def expert_parallel_problems(spec: ModelSpec, ep: int, tp: int) -> list[str]:
     moe = [ls for ls in (*spec.layers, *spec.mtp_layers) if ls.is_moe]
     if not moe:
         return ["expert_parallel needs a model with MoE layers"]
+    if any(ls.layer is not None for ls in spec.layers):
+        return ["expert_parallel with hyper-connection layers (DeepSeek-V4) is not supported yet"]
     if tp > 1:
         return ["expert_parallel together with tensor_parallel is not supported yet"]
     e = moe[0].mlp.params["num_experts"]
