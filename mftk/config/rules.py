@@ -444,7 +444,7 @@ def _check_mindrecord_entry(entry: str, path: str, r: _Rules) -> None:
 
 def _check_balance(c: Config, layout: L.Layout | None, r: _Rules) -> None:
     """``train_dataset.balance_enabled`` (2.1 §1.6): the reference's loader and data-mode rules; dp = 1 is its
-    exact bypass; the dp > 1 redistribution is not implemented by mftk, so it is refused, not ignored."""
+    exact bypass; dp > 1 redistributes each step's micro-batches (`mftk.data.balance`)."""
     path, loader = "train_dataset.balance_enabled", c.train_dataset.dataloader
     if not c.train_dataset.balance_enabled or loader is None or loader.type is None:
         return
@@ -460,9 +460,13 @@ def _check_balance(c: Config, layout: L.Layout | None, r: _Rules) -> None:
     if layout is None:
         return
     if layout.dp > 1:
-        r.error(path, f"redistributing micro-batches across data-parallel ranks (dp = {layout.dp}) is not "
-                "implemented by mftk yet", True, "set balance_enabled: false, or train this run with "
-                "MindSpore Transformers")
+        if c.training.rampup_batch_size:
+            r.error(path, "balancing with training.rampup_batch_size is not implemented by mftk (the step's "
+                    "micro-batch count changes during the ramp)", True,
+                    "set balance_enabled: false, or remove rampup_batch_size")
+        else:
+            r.note(path, f"each step's micro-batches are redistributed over the {layout.dp} data-parallel ranks "
+                   "to even out attention work (Σ document length²); the step's gradient is unchanged", True)
     else:
         r.note(path, "no effect at data parallel 1: each step reads the original micro-batches (the reference's "
                "exact bypass)", True)

@@ -214,8 +214,8 @@ class TrainDatasetConfig:
     prefetch_size: int = field(1, "Batches prefetched.")
     numa_enable: bool = field(False, "NUMA binding for dataset workers.")
     use_distribute_dataset: bool = field(False, "First rank of each tp*cp group reads and broadcasts.")
-    balance_enabled: bool = field(False, "Balance attention work across DP ranks (needs the compressed EOD mask); "
-                                  "no effect at dp 1, refused at dp > 1 (not in mftk yet).")
+    balance_enabled: bool = field(False, "Balance attention work across DP ranks (needs the compressed EOD mask): "
+                                  "each step's micro-batches are redistributed; no effect at dp 1.")
 
 
 @section

@@ -51,11 +51,16 @@ def build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     """This data rank's loader over the blended training samples (`mftk.data.loader`)."""
     from mftk.data.loader import build_train_dataset
 
+    from mftk.derive import accumulation_steps
+
     tr = config.training
+    balance = config.train_dataset.balance_enabled and dp > 1  # the rules allow it with a static batch only
     data = build_train_dataset(config.train_dataset.dataloader, global_batch_size=tr.global_batch_size,
                                local_batch_size=tr.local_batch_size, dp_size=dp, dp_rank=dp_rank,
                                drop_remainder=config.train_dataset.drop_remainder,
-                               seq_length=config.model.seq_length)
+                               seq_length=config.model.seq_length,
+                               balance_accum=accumulation_steps(tr.global_batch_size, tr.local_batch_size, dp)[0]
+                               if balance else 0)
     for w in data.warnings:
         log.warning("data: %s", w)
     if not len(data.loader):
