@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import JsonOpt
 
@@ -88,17 +89,16 @@ def _size(n: int) -> str:
 
 
 def _render_report(r: Any) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     from commands._render import console
 
     c = r.common or {}
-    console.print(f"[bold]{r.kind.upper()} checkpoint[/] {r.step_dir or r.path}", highlight=False)
+    console.print(f"[bold]{r.kind.upper()} checkpoint[/] {escape(str(r.step_dir or r.path))}", highlight=False)
     if r.kind == "mf":
         console.print(f"  step {r.step}  consumed_samples {c.get('consumed_samples')}  "
                       f"global_batch_size {c.get('global_batch_size')}  epoch {c.get('epoch_num')}  "
-                      f"world {r.world}  prefix {r.prefix!r}  metadata.json {'yes' if r.has_metadata else 'no'}  "
+                      f"world {r.world}  prefix {escape(repr(r.prefix))}  metadata.json {'yes' if r.has_metadata else 'no'}  "
                       f"mftk extra state {'yes' if r.has_extra_state else 'no'}", highlight=False)
         if r.other_steps:
             console.print(f"  iteration dirs here: {', '.join(map(str, r.other_steps))}", highlight=False)
@@ -107,14 +107,16 @@ def _render_report(r: Any) -> None:
     if r.ranks:
         files = Table("rank", "model file", "opt file", "extra state", "size", title="Files per rank")
         for f in r.ranks:
-            files.add_row(str(f.rank), f.model or "[red]missing[/]", f.opt or "-", f.state or "-", _size(f.bytes))
+            files.add_row(str(f.rank), escape(f.model) if f.model else "[red]missing[/]", escape(f.opt or "-"),
+                          escape(f.state or "-"), _size(f.bytes))
         console.print(files)
     table = Table("name", "kind", "dtype", "shape", "size", "layout", title="Tensors")
     if r.tensors_read:
         for col in ("norm", "NaN/Inf"):
             table.add_column(col, justify="right")
     for t in r.tensors:
-        row = [t.name, t.kind, t.dtype, "x".join(map(str, t.shape)) or "scalar", _size(t.nbytes), t.layout]
+        row = [escape(t.name), t.kind, escape(t.dtype), "x".join(map(str, t.shape)) or "scalar", _size(t.nbytes),
+               escape(t.layout)]
         if r.tensors_read:
             row += [f"{t.norm:.6g}" if t.norm is not None else "-", f"{t.nan}/{t.inf}" if t.nan is not None else "-"]
         table.add_row(*row)
@@ -130,7 +132,7 @@ def _render_report(r: Any) -> None:
             console.print(f"  {escape(line)}", highlight=False)
     scen = Table("#", "resume scenario", "supported", "why", title="Resume scenarios")
     for s in r.scenarios:
-        scen.add_row(str(s.number), s.name, "[green]yes[/]" if s.supported else "[red]no[/]", s.reason)
+        scen.add_row(str(s.number), escape(s.name), "[green]yes[/]" if s.supported else "[red]no[/]", escape(s.reason))
     console.print(scen)
     if r.verified and not r.problems:
         console.print("[green]verified:[/] files, headers, offsets and shard coverage agree"
@@ -142,23 +144,24 @@ def _render_diff(d: Any) -> None:
 
     from commands._render import console
 
-    console.print(f"[bold]A[/] {d.a} (step {d.step_a})  [bold]B[/] {d.b} (step {d.step_b})", highlight=False)
+    console.print(f"[bold]A[/] {escape(str(d.a))} (step {d.step_a})  [bold]B[/] {escape(str(d.b))} (step {d.step_b})",
+                  highlight=False)
     ca, cb = d.common_a or {}, d.common_b or {}
     for key in sorted(set(ca) | set(cb)):
         if ca.get(key) != cb.get(key):
-            console.print(f"  common.json {key}: {ca.get(key)} -> {cb.get(key)}", highlight=False)
+            console.print(escape(f"  common.json {key}: {ca.get(key)} -> {cb.get(key)}"), highlight=False)
     table = Table("change", "name", "A", "B", title="Tensor differences")
     for n in d.added:
-        table.add_row("added", n, "-", "")
+        table.add_row("added", escape(n), "-", "")
     for n in d.removed:
-        table.add_row("removed", n, "", "-")
+        table.add_row("removed", escape(n), "", "-")
     for ch in d.reshaped:
-        table.add_row("reshaped", ch.name, "x".join(map(str, ch.shape_a)), "x".join(map(str, ch.shape_b)))
+        table.add_row("reshaped", escape(ch.name), "x".join(map(str, ch.shape_a)), "x".join(map(str, ch.shape_b)))
     for ch in d.retyped:
-        table.add_row("dtype", ch.name, ch.dtype_a, ch.dtype_b)
+        table.add_row("dtype", escape(ch.name), escape(ch.dtype_a), escape(ch.dtype_b))
     if d.tensors_read:
         for ch in d.changes:
-            table.add_row("rel. change", ch.name, f"{ch.rel_change:.3e}", f"max |Δ| {ch.max_abs_change:.3e}")
+            table.add_row("rel. change", escape(ch.name), f"{ch.rel_change:.3e}", f"max |Δ| {ch.max_abs_change:.3e}")
     console.print(table)
     console.print(f"{len(d.changes)} tensor(s) with the same name and shape"
                   + ("" if d.tensors_read else " (add --tensors for per-tensor relative change)")
@@ -169,8 +172,9 @@ def _render_export(r: Any) -> None:
     from commands._render import console, err_console
 
     for note in r.notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
-    files = ", ".join(r.files) + (f" + {r.index_file}" if r.index_file else "")
-    console.print(f"[bold]exported[/] {r.source} (step {r.step}, {r.model_type}) -> {r.out_dir}", highlight=False)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    files = escape(", ".join(r.files) + (f" + {r.index_file}" if r.index_file else ""))
+    console.print(f"[bold]exported[/] {escape(str(r.source))} (step {r.step}, {escape(str(r.model_type))}) -> "
+                  f"{escape(str(r.out_dir))}", highlight=False)
     console.print(f"  {r.tensors} tensors, {r.parameters:,} parameters, {_size(r.total_bytes)} {r.dtype}  "
-                  f"files: {files}, {r.config_file}  (model section from {r.model_source})", highlight=False)
+                  f"files: {files}, {r.config_file}  (model section from {escape(str(r.model_source))})", highlight=False)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 EPILOG = """Examples:
 
@@ -92,11 +93,11 @@ def parse_log(
         console.print(_tables(report, every, rows))
     for run in report.runs:
         for warning in run.run.warnings:
-            err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         for note in run.summary.notes:
-            err_console.print(f"[dim]note:[/] {note}", highlight=False)
+            err_console.print(f"[dim]note:[/] {escape(note)}", highlight=False)
     for path in report.written:
-        err_console.print(f"wrote {path}", highlight=False)
+        err_console.print(f"wrote {escape(path)}", highlight=False)
     report.raise_for_anomalies()
 
 
@@ -126,7 +127,7 @@ def _tables(report: Any, every: int, rows: int, *, brief: bool = False):
             for col in ("step", "kind", "ranks", "detail"):
                 table.add_column(col)
             for a in run.anomalies[:50]:
-                table.add_row(str(a.step), a.kind, ",".join(map(str, a.ranks)), a.message)
+                table.add_row(str(a.step), a.kind, ",".join(map(str, a.ranks)), escape(a.message))
             parts.append(table)
     return Group(*parts)
 
@@ -139,10 +140,10 @@ def _step_table(run: Any, every: int, rows: int, metrics: list[str] | None):
     present += sorted({k for r in series[:20] for k in r if k.startswith("mtp_")})
     if metrics:
         present = [k for k in present if k in metrics] + [m for m in metrics if m not in present and m != "step"]
-    table = Table(title=f"{run.name} — rank {run.summary.primary_rank}", title_justify="left")
+    table = Table(title=f"{escape(run.name)} — rank {run.summary.primary_rank}", title_justify="left")
     table.add_column("step", justify="right")
     for k in present:
-        table.add_column(k, justify="right")
+        table.add_column(escape(k), justify="right")
     if every:
         shown = [r for i, r in enumerate(series) if i % every == 0 or i == len(series) - 1]
         gap_at = None
@@ -153,7 +154,7 @@ def _step_table(run: Any, every: int, rows: int, metrics: list[str] | None):
     for i, r in enumerate(shown):
         if i == gap_at:
             table.add_row("…", *["…"] * len(present))
-        table.add_row(str(r["step"]), *[_fmt(r.get(k), k) for k in present])
+        table.add_row(str(r["step"]), *[escape(_fmt(r.get(k), k)) for k in present])
     return table
 
 

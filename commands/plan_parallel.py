@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import ConfigArg, JsonOpt
 
@@ -42,7 +43,7 @@ def plan_parallel(
         print_json(report.to_dict(top=top))
     else:
         for note in report.notes:
-            err_console.print(f"[yellow]warning:[/] {note}", highlight=False)
+            err_console.print(f"[yellow]warning:[/] {escape(note)}", highlight=False)
         _render(console, report, top)
     if check and not report.check_ok:
         from mftk.errors import PlanError
@@ -58,7 +59,7 @@ def _render(console, report, top: int) -> None:
 
     from mftk.plan.memory import human
 
-    title = (f"{report.model} · world {report.world}" + (f" on {report.nodes} nodes" if report.nodes else "")
+    title = (f"{escape(report.model)} · world {report.world}" + (f" on {report.nodes} nodes" if report.nodes else "")
              + f" · {human(report.device_memory_bytes)}/device · {len(report.ranked)} valid of {report.candidates}")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="layout = dp_replicate·dp_shard·cp·tp·pp·ep(·v); sizes K/M/G = KiB/MiB/GiB; "
@@ -82,7 +83,7 @@ def _render(console, report, top: int) -> None:
         console.print("rejected: " + ", ".join(f"{rule} ×{n}" for rule, n in counts.most_common()), highlight=False)
         if report.check:
             for r in report.rejected[0].rejections:
-                console.print(f"  [red]•[/] {r.rule}: {r.message}", highlight=False)
+                console.print(f"  [red]•[/] {escape(f'{r.rule}: {r.message}')}", highlight=False)
     if report.yaml_block:
         which = "this layout" if report.check else "best layout that fits" if report.best and report.best.fits \
             else "best layout (does not fit)"

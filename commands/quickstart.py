@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import NprocOpt
 
@@ -85,7 +86,7 @@ def _corpus(plan) -> list[dict]:
     from mftk.quickstart import build_corpus
 
     result, docs = build_corpus(plan)
-    console.print(f"{result.documents:,} documents, {result.chars:,} characters -> {plan.corpus} "
+    console.print(f"{result.documents:,} documents, {result.chars:,} characters -> {escape(str(plan.corpus))} "
                   f"({result.bytes / 2**20:.1f} MiB)", highlight=False)
     return docs
 
@@ -95,7 +96,8 @@ def _tokenizer(plan, docs):
     from mftk.quickstart import build_tokenizer
 
     tok = build_tokenizer(plan, docs)
-    console.print(f"vocabulary {tok.vocab_size:,}, EOD {tok.eod_token} = id {tok.eod_id} -> {plan.tokenizer}",
+    console.print(f"vocabulary {tok.vocab_size:,}, EOD {escape(str(tok.eod_token))} = id {tok.eod_id} -> "
+                  f"{escape(str(plan.tokenizer))}",
                   highlight=False)
     return tok
 
@@ -105,7 +107,7 @@ def _config(plan, tok, commands) -> None:
     from mftk.quickstart import template_path, write_config
 
     path = write_config(plan, tok.vocab_size, tok.eod_id)
-    console.print(f"templates/{template_path(plan.model).name} -> {plan.config} (data, vocab, steps, "
+    console.print(f"templates/{template_path(plan.model).name} -> {escape(str(plan.config))} (data, vocab, steps, "
                   f"checkpoint dir overridden; see the header of {path.name})", highlight=False)
     _mftk(plan, commands["validate-config"])
     _mftk(plan, commands["plan-parallel"])
@@ -117,7 +119,7 @@ def _train(plan, commands) -> None:
 
     previous = set_aside_previous_output(plan)
     if previous is not None:
-        console.print(f"the previous run's {plan.output_dir}/ is now {previous.name}/", highlight=False)
+        console.print(escape(f"the previous run's {plan.output_dir}/ is now {previous.name}/"), highlight=False)
     _mftk(plan, commands["train"])
 
 
@@ -130,7 +132,6 @@ def _mftk(plan, argv: list[str]) -> None:
 
     from commands._render import console, err_console
 
-    from rich.markup import escape
 
     console.print(f"[dim]$ mftk {escape(' '.join(_quote(a) for a in argv))}[/]", highlight=False, soft_wrap=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS=str(console.width))
@@ -184,11 +185,11 @@ def _finish(plan, wall_s: float) -> None:
     from mftk.quickstart import checkpoint_steps, list_outputs
 
     console.rule("[bold]done[/]", align="left")
-    table = Table(title=f"outputs under {plan.workdir}", title_justify="left")
+    table = Table(title=f"outputs under {escape(str(plan.workdir))}", title_justify="left")
     for col in ("what", "path", "size"):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for out in list_outputs(plan):
-        table.add_row(out.what, str(out.path), _human(out.bytes) if out.bytes else "[red]missing[/]")
+        table.add_row(escape(out.what), escape(str(out.path)), _human(out.bytes) if out.bytes else "[red]missing[/]")
     console.print(table)
     steps = checkpoint_steps(plan)
     console.print(f"checkpoints at steps {', '.join(map(str, steps)) or 'none'}", highlight=False)
@@ -201,8 +202,8 @@ def _finish(plan, wall_s: float) -> None:
         if drop <= 0:
             err_console.print("[yellow]warning:[/] the loss did not drop; try more --steps", highlight=False)
     console.print(f"total wall time {wall_s:.0f} s", highlight=False)
-    console.print(f"next: cd {plan.workdir} && mftk parse-log {plan.rank0_log} --follow   "
-                  f"[dim]or edit {plan.config} and mftk train it[/]", highlight=False)
+    console.print(f"next: cd {escape(str(plan.workdir))} && mftk parse-log {escape(str(plan.rank0_log))} --follow   "
+                  f"[dim]or edit {escape(str(plan.config))} and mftk train it[/]", highlight=False)
 
 
 def _human(n: int) -> str:

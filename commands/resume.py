@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import ConfigArg, JsonOpt, NprocOpt, OutputDirOpt, SetOpt
 from commands.train import JoinOpt, LogDirOpt, MasterAddrOpt, MasterPortOpt, NewRunOpt, NnodesOpt, NodeRankOpt
@@ -91,5 +92,5 @@ def _render_plan(plan, total_steps: int, json_out: bool) -> None:
     rows += [("mismatched", m) for m in plan.mismatched]
     rows += [("note", n) for n in plan.notes]
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(escape(k), escape(str(v)))
     console.print(t)

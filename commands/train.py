@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import ConfigArg, NprocOpt, OutputDirOpt, SetOpt
 
@@ -129,7 +130,7 @@ def render(result: Any) -> None:
         return
     if not result.log_file:  # --no-join: the workers run on
         for note in result.notes:
-            console.print(note, highlight=False)
+            console.print(escape(note), highlight=False)
         return
     done = result.final_step - result.start_step
     last = f", last loss {result.losses[-1]:.6f}" if result.losses else ""
@@ -138,8 +139,8 @@ def render(result: Any) -> None:
     if result.skipped_steps:
         console.print(f"skipped steps (non-finite loss): {result.skipped_steps}", highlight=False)
     if result.checkpoint:
-        console.print(f"checkpoint: {result.checkpoint}", highlight=False)
-    console.print(f"logs: {result.log_file}  metrics: {result.metrics_file}", highlight=False)
+        console.print(f"checkpoint: {escape(result.checkpoint)}", highlight=False)
+    console.print(escape(f"logs: {result.log_file}  metrics: {result.metrics_file}"), highlight=False)
     console.print("start-up: " + ", ".join(f"{name} {s:.2f}s" for name, s in result.phases), highlight=False)
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import JsonOpt, NoCheckFilesOpt, SetOpt, WorldSizeOpt
 
@@ -64,7 +65,7 @@ def validate_config(
         return
     for p in loaded.notes:
         colour = "yellow" if p.severity == "warning" else "cyan"
-        err_console.print(f"[{colour}]{p.severity}:[/] {p.render()}", highlight=False)
+        err_console.print(f"[{colour}]{p.severity}:[/] {escape(p.render())}", highlight=False)
     if print_resolved:
         console.print(resolved_yaml(loaded), markup=False, highlight=False)
         return
@@ -78,14 +79,14 @@ def _show_samples(config, world: int, rank: int, n: int, start: int, tokenizer, 
     result = preview_samples(config, world_size=world, rank=rank, n=n, start=start,
                              tokenizer=str(tokenizer) if tokenizer else None, progress=RichProgress())
     for w in result["warnings"]:
-        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     if json_out:
         print_json({"samples": result["samples"]})
         return
     console.print(f"rank {rank} reads data shard {result['dp_rank']} of {result['dp_size']}")
     for s in result["samples"]:
         console.print(f"[bold]position {s['position']}[/]: blended sample {s['blended_index']} = dataset "
-                      f"{s['dataset']} ({s['prefix']}) sample {s['dataset_sample']}", highlight=False)
+                      f"{s['dataset']} ({escape(str(s['prefix']))}) sample {s['dataset_sample']}", highlight=False)
         console.print(f"  input_ids[:16] {s['input_ids'][:16]} …  loss tokens {sum(s['loss_mask'])}", highlight=False)
         if "text" in s:
             console.print(f"  text: {s['text'][:200]!r}", highlight=False, markup=False)
@@ -100,14 +101,14 @@ def _problem_dict(p) -> dict:
 def _render_summary(console, source: str, summary) -> None:
     from rich.table import Table
 
-    console.print(f"[bold green]✓ valid:[/] {source}")
+    console.print(f"[bold green]✓ valid:[/] {escape(source)}", highlight=False)
     for name, rows in summary.sections.items():
         table = Table(title=name, title_justify="left", show_header=False, box=None, pad_edge=False)
         table.add_column(style="bold")
         table.add_column()
         table.add_column(style="dim")
         for label, value, why in rows:
-            table.add_row(label, value, why)
+            table.add_row(escape(str(label)), escape(str(value)), escape(str(why)))
         console.print(table)
 
 
@@ -117,7 +118,7 @@ def _print_hf_section(path: Path, json_out: bool) -> None:
 
     section, notes = hf_to_model_section(read_hf_config(path))
     for p in notes:
-        err_console.print(f"[cyan]{p.severity}:[/] {p.render()}", highlight=False)
+        err_console.print(f"[cyan]{p.severity}:[/] {escape(p.render())}", highlight=False)
     if json_out:
         print_json({"model": section})
     else:

@@ -12,6 +12,7 @@ through untouched, so each caller words a missing file in its own terms.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -34,24 +35,59 @@ def publish(tmp: str, path: Path) -> None:
     """Give a finished temp file normal permissions (mkstemp makes it 0600) and rename it into place."""
     mask = os.umask(0)
     os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)
-    os.replace(tmp, path)
+    try:
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise _write_error(Path(path), exc) from None
+
+
+def check_writable_target(path: str | os.PathLike) -> Path:
+    """Fail before the work, not after it, when an output file cannot be written where asked: its
+    directory must exist and be writable, and the path must not be a directory."""
+    path = Path(path)
+    parent = path.parent
+    if not parent.is_dir():
+        raise InputError(message=f"cannot write {path}: directory {parent} does not exist", path=str(path),
+                         hint=f"create it first: mkdir -p {parent}")
+    if path.is_dir():
+        raise InputError(message=f"cannot write {path}: it is a directory", path=str(path),
+                         hint=f"name a file, e.g. {path / 'out'}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(message=f"cannot write {path}: directory {parent} is not writable", path=str(path),
+                         hint="choose a writable location")
+    return path
+
+
+def temp_beside(path: Path, suffix: str = ".tmp") -> tuple[int, str]:
+    """``mkstemp`` next to ``path`` (same filesystem, so the rename is atomic); errors name ``path``."""
+    check_writable_target(path)
+    try:
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temp file beside `path` and rename it into place: never a half-written export."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise InputError(message=f"cannot write {path}: directory {path.parent} does not exist", path=str(path),
-                         hint=f"create it first: mkdir -p {path.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_beside(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
         publish(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _write_error(path: Path, exc: OSError) -> InputError:
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return InputError(message=f"cannot write {path}: {exc.strerror or exc}", path=str(path),
+                      hint="free disk space, or write elsewhere" if full else "choose a writable location")
 
 
 # ------------------------------------------------------------------------------------------ reads

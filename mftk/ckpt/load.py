@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -21,6 +20,7 @@ from mftk.ckpt.extra_state import read_extra_state
 from mftk.ckpt.layout import HF_INDEX, HF_SINGLE, Located, locate, scan_step_dir
 from mftk.ckpt.metadata import read_metadata, safe_file_name, shard_slices
 from mftk.errors import CheckpointError
+from mftk.files import LARGE_JSON_LIMIT, read_json
 
 
 @attrs.frozen
@@ -124,10 +124,11 @@ def hf_weight_files(d: str | os.PathLike) -> list[Path]:
     d = Path(d)
     index = d / HF_INDEX
     if index.is_file():
+        data = read_json(index, limit=LARGE_JSON_LIMIT, error=CheckpointError, what="index file")
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = data["weight_map"]
             names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(message=f"{index}: unreadable index ({exc})", path=str(index)) from None
         bad = [n for n in names if not safe_file_name(n)]
         if bad:

@@ -18,6 +18,7 @@ import yaml
 from mftk.config.model import (DELETED, NOTE, WARNING, DeepseekV3ModelConfig, Qwen3ModelConfig,
                                TransformerFields, model_configs, normalize_model_dict)
 from mftk.errors import ConfigError, DataFormatError, InputError, Problem
+from mftk.files import CONFIG_LIMIT, MAX_JSON_DEPTH, json_depth, read_text
 
 # HF-only keys with no place in the model section (beyond the reference's own deleted keys).
 _HF_ONLY = {
@@ -108,18 +109,21 @@ def read_hf_config(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.exists():
-        raise InputError(message=f"{p}: no such file", path=str(p),
-                         hint="pass the config.json of a Hugging Face model directory")
+    hint = "pass the config.json of a Hugging Face model directory"
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(message=f"{p}: cannot read ({exc})", path=str(p)) from exc
+        text = read_text(p, limit=CONFIG_LIMIT, what="config.json", hint=hint)
+    except FileNotFoundError:
+        raise InputError(message=f"{p}: no such file", path=str(p), hint=hint) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataFormatError(message=f"{p}: not valid JSON ({exc.msg})", path=str(p), line=exc.lineno,
                               offset=exc.pos, expected="a JSON object", found=text[exc.pos:exc.pos + 20]) from exc
+    except RecursionError:
+        data = None
+    if data is None or json_depth(data) > MAX_JSON_DEPTH:
+        raise DataFormatError(message=f"{p}: JSON nested more than {MAX_JSON_DEPTH} levels deep", path=str(p),
+                              expected="a Hugging Face config.json", found="deeply nested JSON", hint=hint)
     if not isinstance(data, dict):
         raise DataFormatError(message=f"{p}: expected a JSON object", path=str(p), expected="a JSON object",
                               found=type(data).__name__)

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mftk.errors import DataFormatError, InputError
+from mftk.files import regular_file_or_error
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -202,7 +203,7 @@ class IndexedDataset:
 def _map(path: Path) -> memoryview | bytes:
     """Memory-map a file read-only; an empty file (which mmap refuses) reads as b''."""
     try:
-        if path.stat().st_size == 0:
+        if regular_file_or_error(path, what=f"{path.suffix or 'data'} file").st_size == 0:
             return b""
         return memoryview(np.memmap(path, dtype=np.uint8, mode="r"))
     except OSError as exc:

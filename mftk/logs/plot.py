@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from mftk.errors import InputError
-from mftk.files import publish
+from mftk.files import publish, temp_beside
 
 # (panel title, fields drawn in it); aux losses are added to the loss panel when present.
 PANELS = (("loss", ("loss",)), ("lr", ("lr",)), ("grad_norm", ("grad_norm",)),
@@ -83,11 +82,11 @@ def plot_runs(runs: list[tuple[str, list[dict[str, Any]], list[int]]], out: Path
     axes[-1, 0].set_xlabel(X_AXES[x])
     fig.tight_layout()
     out = Path(out)
-    if not out.parent.is_dir():
+    try:
+        fd, tmp = temp_beside(out, ".png")
+    except InputError:
         plt.close(fig)
-        raise InputError(message=f"cannot write {out}: directory {out.parent} does not exist", path=str(out),
-                         hint=f"create it first: mkdir -p {out.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
+        raise
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=100, format="png")
