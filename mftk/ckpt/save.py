@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import attrs
-import numpy as np  # noqa: F401 - in the Tensors alias
+import numpy as np
 
 from mftk.ckpt import extra_state, safetensors_io
 from mftk.ckpt.common import CommonInfo
@@ -78,6 +79,37 @@ def write_rank_files(tmp_dir: str | os.PathLike, *, rank: int, world: int, step:
     if extra is not None:
         total += _write_text(d / state_file_name(rank, world), extra_state.dumps(extra, step=step, rank=rank, world=world))
     return total
+
+
+def check_finite(step: int, model: Tensors, optimizer: Tensors | None) -> None:
+    """Refuse (CheckpointError) to save tensors holding NaN or infinity: a diverged update must never
+    become the latest checkpoint, which ``resume`` would load. Called before a byte is written."""
+    bad = non_finite(model) + (non_finite(optimizer) if optimizer is not None else [])
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise CheckpointError(message=f"step {step} not saved: {len(bad)} tensor(s) hold NaN or infinity ({shown})",
+                              hint="the update diverged; the previous checkpoint is intact: resume from it with a "
+                              "lower learning rate or training.max_norm")
+
+
+def non_finite(tensors: Tensors) -> list[str]:
+    """Names of the floating tensors holding a NaN or an infinity, found cheaply: one float64 sum per tensor
+    (no temporary arrays; a float64 sum of float32/float16 values cannot overflow, so it is finite exactly when
+    every value is), an element-wise check only for float64 tensors whose sum overflowed, and the exponent
+    bits of bf16 ones."""
+    bad = []
+    for name, arr in tensors.items():
+        if isinstance(arr, Bf16):
+            if np.any((arr.bits & 0x7F80) == 0x7F80):
+                bad.append(name)
+            continue
+        a = np.asarray(arr)
+        if a.dtype.kind != "f" or a.size == 0:
+            continue
+        total = float(np.sum(a, dtype=np.float64))
+        if not math.isfinite(total) and (a.dtype.itemsize < 8 or not np.isfinite(a).all()):
+            bad.append(name)
+    return bad
 
 
 def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, world: int = 1,
