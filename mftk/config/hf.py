@@ -45,7 +45,7 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
         raise ConfigError(
             message=f"unsupported HF model_type {mt!r}",
             hint=f"supported: {', '.join(configs)}",
-            problems=[Problem(path="model_type", value=mt, message="unsupported model_type",
+            problems=[Problem(path="model_type", value=mt, message=f"{mt!r:.60} is not a model_type mftk trains",
                               hint=f"one of {', '.join(configs)}")])
     notes: list[Problem] = []
     fields = attrs.fields_dict(cls)
@@ -67,7 +67,21 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
     raw["seq_length"] = seq_length if seq_length is not None else fields["seq_length"].default
     raw.setdefault("architectures", fields["architectures"].default)
     section, problems = normalize_model_dict(raw)
+    problems += _section_problems(section)
+    if any(p.severity == "error" for p in problems):  # never print a model: section that would not validate
+        raise ConfigError(message="the HF config.json does not give a valid model: section",
+                          problems=notes + [p for p in problems if p.severity != NOTE],
+                          hint="check the config.json's values (types, finiteness)")
     return _ordered(section, cls), notes + [p for p in problems if p.severity != NOTE]
+
+
+def _section_problems(section: dict) -> list[Problem]:
+    """What structuring the section into its typed class, and the number checks, find."""
+    from mftk.config.load import build_model_section
+    from mftk.config.numbers import model_number_problems
+
+    model, problems = build_model_section(dict(section))
+    return problems + (model_number_problems(model) if model is not None else [])
 
 
 def model_section_from_hf(config_json: dict, *, seq_length: int | None = None) -> dict:

@@ -43,6 +43,13 @@ def number_problems(config: Any, yaml_key: Callable[[str], str] | None = None) -
     return problems
 
 
+def model_number_problems(model: Any) -> list[Problem]:
+    """`number_problems` of a ``model:`` section alone (an HF config.json's, say)."""
+    problems: list[Problem] = []
+    _walk(model, "model", problems, MODEL_INT_MAX, None)
+    return problems
+
+
 def _walk(value: Any, path: str, problems: list[Problem], int_max: int, yaml_key: Callable[[str], str] | None) -> None:
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:

@@ -85,7 +85,7 @@ class IndexedDataset:
         self.path_prefix = os.fspath(path_prefix)
         self.idx_path, self.bin_path = data_paths(path_prefix)
         for p in (self.idx_path, self.bin_path):
-            if not p.is_file():
+            if not p.is_file() and not (p.exists() and not p.is_dir()):  # a FIFO or device: _map names it
                 raise InputError(
                     message=f"{p}: no such file" + (" (it is a directory)" if p.is_dir() else ""),
                     path=str(p),

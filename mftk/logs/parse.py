@@ -338,7 +338,7 @@ def expand_paths(log: Path) -> list[Path]:
     if not log.exists():
         raise InputError(message=f"log not found: {log}", path=str(log),
                          hint="msrun writes worker_N.log under its --log_dir; MF writes output/log/rank_N/info.log")
-    if log.is_file():
+    if not log.is_dir():  # a file, or a FIFO/device the reader refuses by name
         return [log]
     for pattern in ("worker_*.log", "rank_*/info.log", "*.log", "*.jsonl"):
         found = sorted(log.glob(pattern), key=lambda p: (rank_from_path(p) or 0, p.name))
