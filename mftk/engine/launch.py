@@ -553,4 +553,8 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # the process entry msrun starts; its status is the worker's exit code
-    raise SystemExit(_main())
+    # Run the importable module's copy, not this __main__ one: the worker's state (the signals kept before
+    # the target took over, `take_pending_signal`) must be the one `mftk.engine.launch` importers see.
+    from mftk.engine import launch as _launch
+
+    raise SystemExit(_launch._main())
