@@ -225,34 +225,34 @@ class _Collector:
 
     def read_tensors(self, progress: Progress) -> None:
         """Whole tensors one at a time: NaN/Inf counts and L2 norms (float64 accumulation)."""
-        progress.start("reading tensors", total=len(self.rows))
-        try:
-            for name, arr in iter_global(self.loc.given if self.loc.kind != "mf" else self.loc.step_dir):
-                if name not in self.rows:
-                    continue
-                a = arr.astype(np.float64, copy=False) if arr.dtype.kind in "fiub" else arr
-                finite = np.isfinite(a)
-                nan, inf = int(np.isnan(a).sum()), int((~finite).sum() - np.isnan(a).sum())
-                norm = float(np.sqrt(np.sum(np.square(a[finite]))))
-                self.rows[name] = attrs.evolve(self.rows[name], norm=norm, nan=nan, inf=inf)
-                if nan or inf:
-                    self.problems.append(f"{name}: {nan} NaN and {inf} Inf value(s)")
-                progress.advance(1)
-        except CheckpointError as exc:
-            self.fail(exc)
-        finally:
-            progress.done()
+        def one(name: str, arr: np.ndarray) -> None:
+            a = arr.astype(np.float64, copy=False) if arr.dtype.kind in "fiub" else arr
+            finite = np.isfinite(a)
+            nan, inf = int(np.isnan(a).sum()), int((~finite).sum() - np.isnan(a).sum())
+            norm = float(np.sqrt(np.sum(np.square(a[finite]))))
+            self.rows[name] = attrs.evolve(self.rows[name], norm=norm, nan=nan, inf=inf)
+            if nan or inf:
+                self.problems.append(f"{name}: {nan} NaN and {inf} Inf value(s)")
+
+        self._each_tensor("reading tensors", one, progress)
 
     def check_finite(self, progress: Progress) -> None:
-        """Every tensor once, whole: a problem for each that holds NaN or infinity."""
+        """Every tensor once, whole: a problem for each that holds NaN or infinity (no counts, no copies)."""
         from mftk.ckpt.save import non_finite
 
-        progress.start("checking tensors are finite", total=len(self.rows))
+        def one(name: str, arr: np.ndarray) -> None:
+            if non_finite({name: arr}):
+                self.problems.append(f"{name}: holds NaN or infinity")
+
+        self._each_tensor("checking tensors are finite", one, progress)
+
+    def _each_tensor(self, label: str, fn: Any, progress: Progress) -> None:
+        progress.start(label, total=len(self.rows))
         try:
             for name, arr in iter_global(self.loc.given if self.loc.kind != "mf" else self.loc.step_dir):
-                if name in self.rows and non_finite({name: arr}):
-                    self.problems.append(f"{name}: holds NaN or infinity")
-                progress.advance(1)
+                if name in self.rows:
+                    fn(name, arr)
+                    progress.advance(1)
         except CheckpointError as exc:
             self.fail(exc)
         finally:

@@ -77,16 +77,17 @@ def parse_value(text: str, source: str) -> Any:
     """One YAML value (a ``--set`` override's), with the file's limits on aliases and nesting; text that
     is not YAML is returned as the string it is (the schema then names the key it does not fit)."""
     try:
-        node = _compose(text, source)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return text
+    except RecursionError:
+        problems = [Problem(path="", message=f"YAML nested deeper than {MAX_NESTING} levels")]
+    else:
         if node is None:
             return None
         problems = check_graph(node)
         if not problems:
             return _construct(text, source)
-    except ConfigError as exc:
-        if exc.problems and "nest" in exc.problems[0].message:
-            raise
-        return text
     raise ConfigError(message=f"{source}: {problems[0].message}", source=source, problems=problems)
 
 
@@ -108,12 +109,32 @@ def _construct(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         raise _syntax_error(exc, text, source) from None
     except (ValueError, OverflowError) as exc:  # a 5,000-digit integer, a timestamp like 2024-13-45
-        line = loader.mark.line + 1 if getattr(loader, "mark", None) is not None else None
+        line = _unreadable_scalar_line(text)
         raise ConfigError(message=f"{source}: a value YAML cannot read ({exc})".split("\n")[0], source=source,
                           problems=[Problem(path="", line=line, message=f"a value YAML cannot read: {exc}",
                                             hint="write it as a plain number or a quoted string")]) from None
     finally:
         loader.dispose()
+
+
+def _unreadable_scalar_line(text: str) -> int | None:
+    """The line of the first scalar SafeLoader cannot turn into a value (for the error message)."""
+    from yaml.constructor import SafeConstructor
+
+    seen: set[int] = set()
+    stack = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                SafeConstructor().construct_object(node)
+            except (ValueError, OverflowError):
+                return node.start_mark.line + 1
+        stack.extend(reversed(_children(node)))
+    return None
 
 
 def check_graph(root: yaml.Node) -> list[Problem]:

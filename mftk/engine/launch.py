@@ -134,11 +134,11 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     failure = watcher.failure()
     if failure is not None or rc != 0:
         raise _failure_error(failure, watcher, rc, log_dir, elapsed)
-    stopped = _read_stopped(log_dir, logs)
-    if stopped or forward.signal:
-        raise _interrupted_error(stopped, forward.signal, log_dir)
+    stopped = _read_rank_files(log_dir, logs, "stopped")
+    if stopped:  # (a signal that came as every worker was finishing changed nothing: the job completed)
+        raise _interrupted_error(stopped, forward.signal)
     return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=rc, elapsed_s=elapsed,
-                        worker_logs=logs, results=_read_results(log_dir, logs))
+                        worker_logs=logs, results=_read_rank_files(log_dir, logs, "result"))
 
 
 def _start(cmd: list[str], log_dir: Path, spec: LaunchSpec, env: dict[str, str] | None) -> subprocess.Popen:
@@ -404,22 +404,8 @@ def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:
     return "\n".join(keep[:2] + ["  ..."] + keep[-(n - 2):] if len(keep) > n else keep)
 
 
-def _read_stopped(log_dir: Path, logs: dict[int, Path]) -> dict[int, dict[str, Any]]:
-    """rank -> what a worker stopped by a signal reported (``stopped_<rank>.json``)."""
-    out = {}
-    for rank in logs:
-        path = log_dir / f"stopped_{rank}.json"
-        if path.exists():
-            out[rank] = json.loads(path.read_text(encoding="utf-8"))
-    return out
-
-
-def _interrupted_error(stopped: dict[int, dict[str, Any]], parent_signal: str | None,
-                       log_dir: Path) -> TrainingInterrupted:
+def _interrupted_error(stopped: dict[int, dict[str, Any]], parent_signal: str | None) -> TrainingInterrupted:
     """The job stopped on a signal: the lowest rank's report (the one holding rank 0's checkpoint dir)."""
-    if not stopped:  # the signal came as the workers were finishing: they completed normally
-        return TrainingInterrupted(message=f"{parent_signal} received as the job finished; it completed, "
-                                   "nothing more to save", hint=f"worker logs are in {log_dir}")
     first = stopped[min(stopped)]
     step, path = first.get("step"), first.get("saved_path") or ""
     what = parent_signal or first.get("signal") or "a signal"
@@ -429,10 +415,12 @@ def _interrupted_error(stopped: dict[int, dict[str, Any]], parent_signal: str | 
                                hint="continue with: mftk resume CONFIG" if path else "")
 
 
-def _read_results(log_dir: Path, logs: dict[int, Path]) -> dict[int, Any]:
+def _read_rank_files(log_dir: Path, logs: dict[int, Path], kind: str) -> dict[int, Any]:
+    """rank -> the JSON a local worker left in ``<kind>_<rank>.json`` (``result``: its return value;
+    ``stopped``: where it saved when a signal stopped it)."""
     out = {}
     for rank in logs:
-        path = log_dir / f"result_{rank}.json"
+        path = log_dir / f"{kind}_{rank}.json"
         if path.exists():
             out[rank] = json.loads(path.read_text(encoding="utf-8"))
     return out

@@ -81,7 +81,7 @@ def test_huge_integer_literal_in_yaml(tmp_path):
     cfg = tmp_path / "big.yaml"
     cfg.write_text("training:\n  steps: " + "9" * 5000 + "\n")
     r = mftk("validate-config", str(cfg), timeout=QUICK)
-    assert_clean_failure(r, 1, "a value YAML cannot read", "4300 digits")
+    assert_clean_failure(r, 1, "(line 2): a value YAML cannot read", "4300 digits")
 
 
 # -- plan-parallel on absurd world sizes -------------------------------------------------------------
