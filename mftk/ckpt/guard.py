@@ -41,7 +41,7 @@ def hold_save_path(save_path: str | os.PathLike, enabled: bool = True) -> Iterat
         raise CheckpointError(message=f"cannot write checkpoints to {save_path}: {exc.strerror or exc}",
                               path=str(save_path), hint="set checkpoint.save_path to a writable directory, or "
                               "enable_save: false") from None
-    with exclusive_output(save_path, SAVE_LOCK_WHAT):
+    with exclusive_output(os.path.realpath(save_path), SAVE_LOCK_WHAT):  # one lock however the path is spelt
         yield
 
 
