@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import attrs
 
-from mftk.errors import InputError, TrainingError, TrainingInterrupted
+from mftk.errors import InputError, MftkError, TrainingError, TrainingInterrupted
 from mftk.files import write_atomic
 
 START_MARK = "MFTK_WORKER_START"
@@ -374,10 +374,13 @@ def _stop_tree(pid: int, *, grace_s: float) -> None:
 
 
 def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc: int, log_dir: Path,
-                   elapsed: float) -> TrainingError:
+                   elapsed: float) -> MftkError:
     rank, reason = failure if failure is not None else (None, f"msrun exited with code {rc}")
     if rank == -1:
         return TrainingError(message=f"distributed job stopped: {reason}", hint=f"worker logs are in {log_dir}")
+    typed = _read_error(log_dir / f"error_{rank}.json") if rank is not None else None
+    if typed is not None:  # a library error on a worker: the same error (and exit code) as in one process
+        return typed
     log = watcher.logs.get(rank) if rank is not None else None
     tail = _error_tail(log) if log is not None else ""
     who = f"worker {rank}" if rank is not None else "a worker"
@@ -404,6 +407,31 @@ def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:
     return "\n".join(keep[:2] + ["  ..."] + keep[-(n - 2):] if len(keep) > n else keep)
 
 
+def _write_error(path: Path, exc: MftkError) -> None:
+    """A worker's typed error as JSON (its class name and fields), for the parent to raise again."""
+    try:
+        write_atomic(path, json.dumps({"type": type(exc).__name__, "fields": attrs.asdict(exc)}, default=str))
+    except (OSError, TypeError, ValueError, MftkError):
+        pass  # the marker and the log still report it, as a generic failure
+
+
+def _read_error(path: Path) -> MftkError | None:
+    """The typed error a worker wrote (`_write_error`), rebuilt; None when there is none or it cannot be."""
+    from mftk import errors
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        cls = getattr(errors, data["type"], None)
+        if not (isinstance(cls, type) and issubclass(cls, MftkError)):
+            return None
+        fields = dict(data["fields"])
+        if cls is errors.ConfigError:
+            fields["problems"] = [errors.Problem(**p) for p in fields.get("problems", [])]
+        return cls(**fields)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _interrupted_error(stopped: dict[int, dict[str, Any]], parent_signal: str | None) -> TrainingInterrupted:
     """The job stopped on a signal: the lowest rank's report (the one holding rank 0's checkpoint dir)."""
     first = stopped[min(stopped)]
@@ -428,7 +456,7 @@ def _read_rank_files(log_dir: Path, logs: dict[int, Path], kind: str) -> dict[in
 
 def _clear_old_outputs(log_dir: Path) -> None:
     """A reused --log-dir must not let a previous job's markers or results look like this job's."""
-    for pattern in ("worker_*.log", "result_*.json", "stopped_*.json", "scheduler.log", "msrun.log"):
+    for pattern in ("worker_*.log", "result_*.json", "stopped_*.json", "error_*.json", "scheduler.log", "msrun.log"):
         for p in log_dir.glob(pattern):
             p.unlink()
 
@@ -496,7 +524,11 @@ def worker_main(target: str, payload_path: str) -> int:
         _emit(f"{STOPPED_MARK} rank={rank} step={exc.step}")
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a marker
-        traceback.print_exc()
+        if isinstance(exc, MftkError):  # the user's error, not a bug: the parent raises it as it is
+            _write_error(Path(payload_path).with_name(f"error_{rank}.json"), exc)
+            sys.stderr.write(f"{type(exc).__name__}: {exc.message}\n")
+        else:
+            traceback.print_exc()
         summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.flush()
         _emit(f"{ERROR_MARK} rank={rank} {summary}")

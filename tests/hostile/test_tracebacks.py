@@ -119,3 +119,22 @@ def test_every_key_path_with_every_wrong_shape_is_a_config_error():
                 crashes.append(f"{path}={value!r}: {type(exc).__name__}: {exc}")
     assert crashes == []
     assert len(PATHS) > 200
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_users_error_on_an_msrun_worker_is_the_same_error(tmp_path, corpus):
+    """A checkpoint that does not fit the model is found on the workers (they plan the resume): the command
+    exits 1 with that error, as one process does, not 4 with a worker's traceback."""
+    import yaml
+
+    from tests.helpers.handmade import mf_step_dir
+    from tests.helpers.tiny import tiny_raw
+
+    hand = mf_step_dir(tmp_path / "hand")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "ckpt", steps=2, gbs=2)))
+    r = mftk("resume", str(cfg), "--from", str(hand.parent), "--nproc", "2", "--output-dir", str(tmp_path / "out"))
+    assert_clean_failure(r, 1, f"{hand} does not fit the model", "missing in checkpoint: output_layer.weight",
+                         "unexpected in checkpoint: w")
+    assert "worker 0 failed" not in r.stderr
