@@ -21,8 +21,10 @@ initialises the `mccl` collective backend, patches the send/recv default-group b
 arrives before the target installs its own handler is kept (`take_pending_signal`). A
 `TrainingInterrupted` (the target saved and stopped on a signal) is a clean stop: it goes to
 ``stopped_<rank>.json`` with a marker and the worker exits 0, so msrun does not kill the ranks still
-saving. Any other exception prints the traceback and a one-line marker, then hard-exits so no rank
-hangs in finalisation.
+saving. A library error (`MftkError`: the user's, not a bug) goes to ``error_<rank>.json`` and the parent
+raises it as it is, with the message and exit code one process would give. Any other exception prints
+the traceback; either way a one-line marker follows and the worker hard-exits so no rank hangs in
+finalisation.
 """
 from __future__ import annotations
 

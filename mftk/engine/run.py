@@ -75,7 +75,6 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
     False when another process of the job (an msrun parent) holds it.
     """
     from mftk.ckpt.guard import hold_save_path
-
     from mftk.engine.runnable import check_supported_layout
 
     layout = check_supported_layout(loaded, world_size)
