@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import JsonOpt
 from mftk.units import count_exact
@@ -27,6 +28,8 @@ TensorsOpt = Annotated[bool, typer.Option(
     "--tensors", help="Read tensor data: norms and NaN/Inf counts; with --diff, each tensor's relative change.")]
 VerifyOpt = Annotated[bool, typer.Option(
     "--verify", help="Check every referenced file, header, offset and shard coverage; exit 1 on any problem.")]
+FiniteOpt = Annotated[bool, typer.Option(
+    "--finite", help="With --verify: read every tensor and report those holding NaN or infinity.")]
 DiffOpt = Annotated[Optional[Path], typer.Option(
     "--diff", help="Compare with another checkpoint: added, removed, reshaped tensors.", show_default=False)]
 ExportOpt = Annotated[Optional[Path], typer.Option(
@@ -38,13 +41,14 @@ ModelConfigOpt = Annotated[Optional[Path], typer.Option(
 
 
 def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt = False, verify: VerifyOpt = False,
-                 diff: DiffOpt = None, export_hf: ExportOpt = None, model_config: ModelConfigOpt = None) -> None:
+                 finite: FiniteOpt = False, diff: DiffOpt = None, export_hf: ExportOpt = None,
+                 model_config: ModelConfigOpt = None) -> None:
     """Show a checkpoint's step, files, tensors and supported resume scenarios without loading it."""
     from mftk.errors import CheckpointError, InputError
 
     if export_hf is not None:
-        if diff is not None or verify or tensors:
-            raise InputError(message="--export-hf cannot be combined with --diff, --verify or --tensors",
+        if diff is not None or verify or tensors or finite:
+            raise InputError(message="--export-hf cannot be combined with --diff, --verify, --finite or --tensors",
                              hint="run the export and the inspection as two commands")
         from mftk.ckpt.export import export_hf as export
 
@@ -53,6 +57,8 @@ def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt =
         return
     if model_config is not None:
         raise InputError(message="--model-config only applies to --export-hf", hint="add --export-hf OUT")
+    if finite and not verify:
+        raise InputError(message="--finite only applies to --verify", hint="use --verify --finite")
     if diff is not None:
         from mftk.ckpt.diff import diff_checkpoints
 
@@ -61,7 +67,7 @@ def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt =
     else:
         from mftk.ckpt.inspect import inspect_checkpoint
 
-        result = inspect_checkpoint(path, verify=verify, read_tensors=tensors, progress=_progress())
+        result = inspect_checkpoint(path, verify=verify, read_tensors=tensors, finite=finite, progress=_progress())
         _print_json(result.to_dict()) if json_out else _render_report(result)
     if result.problems:
         raise CheckpointError(message=f"{len(result.problems)} problem(s) in the checkpoint", path=str(path),
@@ -113,7 +119,8 @@ def _render_report(r: Any) -> None:
         cols += [column("norm", justify="right"), column("NaN/Inf", justify="right")]
     tensors = table(*cols, title="Tensors")
     for t in r.tensors:
-        row = [t.name, t.kind, t.dtype, "x".join(map(str, t.shape)) or "scalar", _size(t.nbytes), t.layout]
+        row = [escape(t.name), t.kind, escape(t.dtype), "x".join(map(str, t.shape)) or "scalar", _size(t.nbytes),
+               escape(t.layout)]
         if r.tensors_read:
             row += [f"{t.norm:.6g}" if t.norm is not None else "-", f"{t.nan}/{t.inf}" if t.nan is not None else "-"]
         add_row(tensors, *row)
@@ -133,7 +140,7 @@ def _render_report(r: Any) -> None:
     print_table(scen)
     if r.verified and not r.problems:
         say(("verified:", "green"), " files, headers, offsets and shard coverage agree"
-            + (", no NaN/Inf" if r.tensors_read else ""))
+            + (", no NaN/Inf" if r.tensors_read or r.finite_checked else ""))
 
 
 def _render_diff(d: Any) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import NprocOpt
 
@@ -130,29 +131,61 @@ def _mftk(plan, argv: list[str]) -> None:
 
     from commands._render import console, err_console
 
-    from rich.markup import escape
 
     console.print(f"[dim]$ mftk {escape(' '.join(_quote(a) for a in argv))}[/]", highlight=False, soft_wrap=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS=str(console.width))
     if console.is_terminal:
         env["FORCE_COLOR"] = "1"  # the child's stdout is a pipe; let it draw tables and bars in colour anyway
+    # Its own session: a terminal's Ctrl-C reaches only us, and we pass on exactly what we get (a kill of
+    # this process too), so the stage sees one signal per Ctrl-C and saves-then-exits 75 as `mftk train` does.
     proc = subprocess.Popen([sys.executable, "-m", "mftk", *argv], cwd=plan.workdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
     pumps = [threading.Thread(target=_pump, args=(stream, target), daemon=True)
              for stream, target in ((proc.stdout, console), (proc.stderr, err_console))]
     for t in pumps:
         t.start()
     try:
-        code = proc.wait()
+        with _forward_signals(proc):
+            code = proc.wait()
     finally:
         for t in pumps:
             t.join()
     if code != 0:
         from mftk.errors import SubcommandFailed
 
+        rerun = f"cd {plan.workdir} && mftk {' '.join(_quote(a) for a in argv)}"
+        if code in (75, 130):
+            raise SubcommandFailed(message=f"`mftk {argv[0]}` was stopped by a signal (exit code {code})",
+                                   exit_code=code, hint=f"rerun the stage by hand when you want: {rerun}"
+                                   + (" (or continue it with mftk resume)" if argv[0] == "train" else ""))
         raise SubcommandFailed(message=f"`mftk {argv[0]}` exited with code {code}", exit_code=code,
-                               hint=f"fix the problem above, then rerun the stage by hand: "
-                                    f"cd {plan.workdir} && mftk {' '.join(_quote(a) for a in argv)}")
+                               hint=f"fix the problem above, then rerun the stage by hand: {rerun}")
+
+
+class _forward_signals:
+    """While a stage runs: SIGTERM/SIGINT sent to the quick-start go on to the stage's process."""
+
+    def __init__(self, proc) -> None:
+        self.proc, self.old = proc, {}
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
 
 
 def _pump(stream, console) -> None:

@@ -67,9 +67,13 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
         from mftk.engine.runnable import check_supported_layout
 
         check_supported_layout(loaded, world)
-        _check_save_path(loaded.config, resume_from, weights_only, new_run)
-        return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run,
-                                loaded.config)
+        from mftk.ckpt.guard import hold_save_path
+
+        ck = loaded.config.checkpoint  # this process outlives every worker: it holds the save path (node 0)
+        with hold_save_path(ck.save_path, enabled=ck.enable_save and launcher.join and launcher.node_rank == 0):
+            _check_save_path(loaded.config, resume_from, weights_only, new_run)
+            return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run,
+                                    loaded.config)
     from mftk.engine.run import train as run_train
     from mftk.logs.sinks import mf_console_handler, train_logger
 

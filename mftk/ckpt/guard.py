@@ -10,11 +10,39 @@ in the same folder is the same run going on; dirs newer than the resumed step ar
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Iterator
 
 from mftk.ckpt.layout import TRACKER, iteration_dir_name, iteration_dirs, parse_iteration_dir_name, read_tracker
 from mftk.errors import CheckpointError
+from mftk.lock import exclusive_output
+
+SAVE_LOCK_WHAT = "mftk training checkpoints (checkpoint.save_path)"
+
+
+@contextlib.contextmanager
+def hold_save_path(save_path: str | os.PathLike, enabled: bool = True) -> Iterator[None]:
+    """The exclusive right to write checkpoints into ``save_path`` for a whole run (`mftk.lock`).
+
+    Two runs saving into one folder would interleave trackers and iteration dirs, and each one's
+    retention would count the other's saves. The process that owns the run holds it: a single-process
+    run itself; an msrun job's parent on node 0 (it starts before any worker, so a second job is
+    refused at once, and ends after the last one, so the lock outlives every save); rank 0 when the
+    parent does not wait (``--no-join``). The second run gets an error naming the holder's pid.
+    """
+    if not enabled or not save_path:
+        yield
+        return
+    try:
+        Path(save_path).mkdir(parents=True, exist_ok=True)  # the run needs it; the lock file sits beside it
+    except OSError as exc:
+        raise CheckpointError(message=f"cannot write checkpoints to {save_path}: {exc.strerror or exc}",
+                              path=str(save_path), hint="set checkpoint.save_path to a writable directory, or "
+                              "enable_save: false") from None
+    with exclusive_output(os.path.realpath(save_path), SAVE_LOCK_WHAT):  # one lock however the path is spelt
+        yield
 
 
 def check_save_path(save_path: str | os.PathLike, *, resume_dir: str | os.PathLike | None, weights_only: bool,

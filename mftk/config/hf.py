@@ -20,6 +20,7 @@ from mftk.config.model import (ALIASES, DELETED, NOTE, WARNING, DeepseekV3ModelC
                                Qwen3ModelConfig, Qwen3MoeModelConfig, TransformerFields, model_configs,
                                normalize_model_dict)
 from mftk.errors import ConfigError, DataFormatError, InputError, Problem
+from mftk.files import CONFIG_LIMIT, MAX_JSON_DEPTH, json_depth, read_text
 
 # HF-only keys with no place in the model section (beyond the reference's own deleted keys).
 _HF_ONLY = {
@@ -47,7 +48,7 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
         raise ConfigError(
             message=f"unsupported HF model_type {mt!r}",
             hint=f"supported: {', '.join(configs)}",
-            problems=[Problem(path="model_type", value=mt, message="unsupported model_type",
+            problems=[Problem(path="model_type", value=mt, message=f"{mt!r:.60} is not a model_type mftk trains",
                               hint=f"one of {', '.join(configs)}")])
     notes: list[Problem] = []
     fields = attrs.fields_dict(cls)
@@ -76,7 +77,21 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
     raw["seq_length"] = seq_length if seq_length is not None else fields["seq_length"].default
     raw.setdefault("architectures", fields["architectures"].default)
     section, problems = normalize_model_dict(raw)
+    problems += _section_problems(section)
+    if any(p.severity == "error" for p in problems):  # never print a model: section that would not validate
+        raise ConfigError(message="the HF config.json does not give a valid model: section",
+                          problems=notes + [p for p in problems if p.severity != NOTE],
+                          hint="check the config.json's values (types, finiteness)")
     return _ordered(section, cls), notes + [p for p in problems if p.severity != NOTE]
+
+
+def _section_problems(section: dict) -> list[Problem]:
+    """What structuring the section into its typed class, and the number checks, find."""
+    from mftk.config.load import build_model_section
+    from mftk.config.numbers import model_number_problems
+
+    model, problems = build_model_section(dict(section))
+    return problems + (model_number_problems(model) if model is not None else [])
 
 
 def model_section_from_hf(config_json: dict, *, seq_length: int | None = None) -> dict:
@@ -118,18 +133,21 @@ def read_hf_config(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.exists():
-        raise InputError(message=f"{p}: no such file", path=str(p),
-                         hint="pass the config.json of a Hugging Face model directory")
+    hint = "pass the config.json of a Hugging Face model directory"
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(message=f"{p}: cannot read ({exc})", path=str(p)) from exc
+        text = read_text(p, limit=CONFIG_LIMIT, what="config.json", hint=hint)
+    except FileNotFoundError:
+        raise InputError(message=f"{p}: no such file", path=str(p), hint=hint) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataFormatError(message=f"{p}: not valid JSON ({exc.msg})", path=str(p), line=exc.lineno,
                               offset=exc.pos, expected="a JSON object", found=text[exc.pos:exc.pos + 20]) from exc
+    except RecursionError:
+        data = None
+    if data is None or json_depth(data) > MAX_JSON_DEPTH:
+        raise DataFormatError(message=f"{p}: JSON nested more than {MAX_JSON_DEPTH} levels deep", path=str(p),
+                              expected="a Hugging Face config.json", found="deeply nested JSON", hint=hint)
     if not isinstance(data, dict):
         raise DataFormatError(message=f"{p}: expected a JSON object", path=str(p), expected="a JSON object",
                               found=type(data).__name__)

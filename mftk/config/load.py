@@ -15,14 +15,14 @@ import typing
 from typing import Any, Iterable, Union
 
 import attrs
-import yaml
 
 from mftk.config import sections as S
 from mftk.config.compat import normalize_raw
 from mftk.config.converter import structure
+from mftk.config.numbers import number_problems
 from mftk.config.paths import resolve_data_paths
 from mftk.config.static import STATIC_TOP_LEVEL, is_static_config, static_config_message, static_markers
-from mftk.config.yamlio import LineMap, parse_yaml, read_config_file
+from mftk.config.yamlio import LineMap, parse_value, parse_yaml, read_config_file
 from mftk.errors import ConfigError, InputError, Problem
 
 
@@ -69,9 +69,12 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     config, found = build_config(raw, lines)
     problems += found
     if config is not None:
-        from mftk.config.rules import check
+        numbers = number_problems(config, _model_key(raw.get("model")))
+        problems += numbers
+        if not numbers:  # the rules do arithmetic with these numbers: NaN or 10**30 would break it
+            from mftk.config.rules import check
 
-        problems += check(config, world_size=world_size, check_files=check_files)
+            problems += check(config, world_size=world_size, check_files=check_files)
     for p in problems:
         item = _set_by(p.path, set_keys)
         if item is not None:  # the value came from --set, not from the YAML line it replaced
@@ -83,6 +86,13 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     if errors or config is None:
         raise ConfigError(message=f"{len(errors)} problem(s) in {source}", source=source, problems=problems)
     return LoadedConfig(config=config, notes=problems, source=source, raw=raw)
+
+
+def _model_key(model_raw: Any) -> Any:
+    """Field name -> the key the YAML's model: section spelt it with (an alias such as num_layers)."""
+    from mftk.config.model import yaml_key_for
+
+    return (lambda name: yaml_key_for(model_raw, name)) if isinstance(model_raw, dict) else None
 
 
 def build_config(raw: dict, lines: LineMap | None = None) -> tuple[S.Config | None, list[Problem]]:
@@ -111,6 +121,10 @@ def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
     if not isinstance(model_raw, dict):
         return None, [Problem(path="model", message=f"expected a mapping, got {type(model_raw).__name__}")]
     model_type = model_raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        return None, [Problem(path="model.model_type", value=model_type,
+                              message=f"expected a string, got {type(model_type).__name__} {model_type!r:.40}",
+                              hint=f"one of: {', '.join(sorted(configs))}")]
     if model_type is None:
         return None, [Problem(path="model.model_type", message="required key is missing",
                               hint=f"one of: {', '.join(sorted(configs))}")]
@@ -264,19 +278,31 @@ def apply_override(raw: dict, item: str) -> list[Problem]:
     """Apply one `a.b.c=value` override to the raw YAML data (value parsed as YAML)."""
     dotted, text = parse_override(item)
     keys = dotted.split(".")
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
     if _is_str_field(keys):
-        value = text
+        value: Any = text
+    else:
+        try:
+            value = parse_value(text, f"--set {dotted}") if text.strip() else ""
+        except ConfigError as exc:
+            return [Problem(path=dotted, message=f"the value of --set {dotted}: {exc.problems[0].message}",
+                            hint=exc.problems[0].hint)]
     node = raw
-    for key in keys[:-1]:
-        if not isinstance(node.get(key), dict):
+    for depth, key in enumerate(keys[:-1]):
+        if node.get(key) is None:
             node[key] = {}
+        elif not isinstance(node[key], dict):
+            where = ".".join(keys[:depth + 1])
+            return [Problem(path=where, message=f"is {_kind(node[key])}, not a section, so --set {dotted} cannot "
+                                                "set a key inside it",
+                            hint=f"give {where} a mapping first, or drop the --set that replaced it")]
         node = node[key]
     node[keys[-1]] = value
     return []
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list"}
+    return f"{names.get(type(value), type(value).__name__)} ({value!r:.40})"
 
 
 def _is_str_field(keys: list[str]) -> bool:

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mftk.errors import DataFormatError, InputError
+from mftk.files import regular_file_or_error
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -84,7 +85,7 @@ class IndexedDataset:
         self.path_prefix = os.fspath(path_prefix)
         self.idx_path, self.bin_path = data_paths(path_prefix)
         for p in (self.idx_path, self.bin_path):
-            if not p.is_file():
+            if not p.is_file() and not (p.exists() and not p.is_dir()):  # a FIFO or device: _map names it
                 raise InputError(
                     message=f"{p}: no such file" + (" (it is a directory)" if p.is_dir() else ""),
                     path=str(p),
@@ -202,7 +203,7 @@ class IndexedDataset:
 def _map(path: Path) -> memoryview | bytes:
     """Memory-map a file read-only; an empty file (which mmap refuses) reads as b''."""
     try:
-        if path.stat().st_size == 0:
+        if regular_file_or_error(path, what=f"{path.suffix or 'data'} file").st_size == 0:
             return b""
         return memoryview(np.memmap(path, dtype=np.uint8, mode="r"))
     except OSError as exc:

@@ -25,6 +25,7 @@ import numpy as np
 
 from mftk.data.gpt_dataset import SampleOptions, make_sample
 from mftk.errors import ConfigError, DataFormatError, InputError, Problem
+from mftk.files import open_regular
 from mftk.progress import NULL_PROGRESS, Progress
 
 LOADER_TYPE = "MindDataset"
@@ -185,7 +186,7 @@ def find_files(entries: list[str], yaml_path: str) -> list[Path]:
 def _check_header(path: Path) -> None:
     """Cheap format check before MindSpore's reader, whose errors name neither file nor cause well."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, what="MindRecord file") as f:
             head = f.read(24)
     except OSError as exc:
         raise InputError(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None

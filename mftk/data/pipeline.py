@@ -33,6 +33,7 @@ from mftk.data.jsonl import Chunk, CorpusReader, count_lines
 from mftk.data.shards import Piece
 from mftk.data.tokenize import LoadedTokenizer
 from mftk.errors import DataFormatError, InputError
+from mftk.files import SMALL_JSON_LIMIT, read_json
 from mftk.progress import Progress
 
 STATE_VERSION = 2
@@ -176,8 +177,8 @@ class SourceRun:
         if not self.state_path.is_file():
             return None
         try:
-            state = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            state = read_json(self.state_path, limit=SMALL_JSON_LIMIT, what="progress record")
+        except (OSError, InputError):
             raise DataFormatError(message=f"{self.state_path}: unreadable progress record", path=str(self.state_path),
                                   hint="rerun without --resume to start over") from None
         if state.get("version") != STATE_VERSION or state.get("settings") != self.settings:

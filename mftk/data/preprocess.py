@@ -32,6 +32,7 @@ from mftk.data.pipeline import Meter, OutputPair, RunOptions, SourceRun, SourceS
 from mftk.data.shards import Piece, check_shard, shard_name, shard_pieces
 from mftk.data.tokenize import choose_backend, load_tokenizer
 from mftk.errors import InputError
+from mftk.files import LARGE_JSON_LIMIT, read_bytes
 from mftk.lock import exclusive_output
 from mftk.progress import NULL_PROGRESS, Progress
 
@@ -296,4 +297,4 @@ def _check_writable(prefix: Path) -> None:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(read_bytes(path, limit=LARGE_JSON_LIMIT, what="tokenizer file")).hexdigest()

@@ -16,7 +16,6 @@ to ``hf`` and records why, so the run's summary can say so.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +25,7 @@ import attrs
 import numpy as np
 
 from mftk.errors import DataFormatError, InputError
+from mftk.files import CONFIG_LIMIT, LARGE_JSON_LIMIT, read_bytes, read_json, regular_file_or_error
 
 # Tried in order when neither --eod-token nor tokenizer_config.json names the end-of-document token.
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>")
@@ -221,10 +221,14 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
 
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
-    if not file.is_file():
-        raise InputError(message=f"{file}: no such tokenizer file", path=str(file),
-                         hint="pass a Hugging Face tokenizer.json or the directory that holds it "
-                         "(nothing is downloaded)")
+    hint = "pass a Hugging Face tokenizer.json or the directory that holds it (nothing is downloaded)"
+    try:
+        size = regular_file_or_error(file, what="tokenizer file", hint=hint).st_size
+    except FileNotFoundError:
+        raise InputError(message=f"{file}: no such tokenizer file", path=str(file), hint=hint) from None
+    if size > LARGE_JSON_LIMIT:
+        raise InputError(message=f"{file}: {size:,} bytes is not a tokenizer.json (limit {LARGE_JSON_LIMIT:,})",
+                         path=str(file), hint=hint)
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the Rust side raises a plain Exception for any parse error
@@ -288,7 +292,7 @@ def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str]) -> tuple[Gigato
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check") as pool:
         expected = pool.submit(reference.encode_lists, texts)  # GIL released: runs beside gigatoken's load
         try:
-            encoder = GigatokenEncoder(Path(tok.path).read_bytes(), *wrap)
+            encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
         except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
             expected.result()
             return None, f"gigatoken cannot load it ({_first_line(exc)})"
@@ -342,8 +346,8 @@ def _config_eos(config: Path) -> str | None:
     if not config.is_file():
         return None
     try:
-        value = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
-    except (OSError, ValueError, AttributeError):
+        value = read_json(config, limit=CONFIG_LIMIT, what="tokenizer_config.json").get("eos_token")
+    except (OSError, InputError, AttributeError):
         return None
     if isinstance(value, dict):
         value = value.get("content")

@@ -65,29 +65,40 @@ class _Phases:
 
 def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (),
           resume_from: str | os.PathLike | None = None, weights_only: bool = False, dry_run: bool = False,
-          world_size: int = 1, install_signals: bool = True, stop: Any = None, new_run: bool = False) -> TrainResult:
+          world_size: int = 1, install_signals: bool = True, stop: Any = None, new_run: bool = False,
+          lock_save_path: bool = True) -> TrainResult:
     """Train (or resume) on this process as the config says; returns what happened.
 
     ``resume_from`` overrides ``checkpoint.load_path``; ``weights_only`` is ``no_load_optim``; ``new_run``
     allows a run that starts at step 0 in a ``save_path`` holding checkpoints (`mftk.ckpt.guard`).
     ``dry_run`` decides the resume plan (or checks the start) and returns without training.
+    ``lock_save_path``: hold ``checkpoint.save_path``'s lock for the run (`mftk.ckpt.guard.hold_save_path`);
+    False when another process of the job (an msrun parent) holds it.
     """
+    from mftk.ckpt.guard import hold_save_path
     from mftk.engine.runnable import check_supported_layout
 
     layout = check_supported_layout(loaded, world_size)
     rank = _rank() if world_size > 1 and not dry_run else 0
     out_dir = Path(output_dir)
     log_dir = out_dir / "log" / f"rank_{rank}"
-    handler = None if dry_run else attach_file_log(log_dir)
-    run = _Run(loaded, layout=layout, out_dir=out_dir, log_dir=log_dir, sinks=list(sinks), rank=rank)
-    try:
-        run.phases.timed("process setup", _setup_process, loaded.config)
-        return run.execute(resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
-                           install_signals=install_signals, stop=stop, new_run=new_run)
-    finally:
-        run.close()
-        if handler is not None:
-            detach(handler)
+    ck = loaded.config.checkpoint
+    if stop is None:
+        from mftk.engine.trainer import StopFlag
+
+        stop = StopFlag()
+    with hold_save_path(ck.save_path, enabled=lock_save_path and ck.enable_save and not dry_run):  # before any log
+        handler = None if dry_run else attach_file_log(log_dir)
+        run = _Run(loaded, layout=layout, out_dir=out_dir, log_dir=log_dir, sinks=list(sinks), rank=rank)
+        try:
+            with _signals(stop, install_signals and not dry_run):  # from start-up on: none is lost
+                run.phases.timed("process setup", _setup_process, loaded.config)
+                return run.execute(resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
+                                   stop=stop, new_run=new_run)
+        finally:
+            run.close()
+            if handler is not None:
+                detach(handler)
 
 
 class _Run:
@@ -104,8 +115,7 @@ class _Run:
         for s in self.own_sinks:
             s.close()
 
-    def execute(self, *, resume_from: Any, weights_only: bool, dry_run: bool, install_signals: bool, stop: Any,
-                new_run: bool) -> TrainResult:
+    def execute(self, *, resume_from: Any, weights_only: bool, dry_run: bool, stop: Any, new_run: bool) -> TrainResult:
         from mftk.engine import builders
         from mftk.engine.restore import load_checkpoint, restore_state
 
@@ -155,8 +165,7 @@ class _Run:
             log.info(self.notes[-1])
         start_step = state.global_step
         log.info("Start training loop...")
-        with _signals(trainer.stop, install_signals):
-            trainer.fit(state)
+        trainer.fit(state)  # a signal (now, or during start-up) stops it after a step, with a save
         if trainer.first_step_seconds is not None:
             self.phases.items.append(("first step", trainer.first_step_seconds))
         ckpt = trainer.checkpointer
@@ -383,7 +392,9 @@ def _check_writable(save_path: str) -> None:
 
 
 class _signals:
-    """SIGTERM/SIGINT set the stop flag (save, then exit 75); a second SIGINT interrupts at once."""
+    """SIGTERM/SIGINT set the stop flag (the loop saves after the current step, then exit 75); a second
+    SIGINT interrupts at once. Installed for the whole run, so a signal during start-up stops the run
+    after its first step; in an msrun worker, one that came before (`launch.take_pending_signal`) counts."""
 
     def __init__(self, stop: Any, enabled: bool) -> None:
         self.stop, self.enabled, self.old = stop, enabled and threading.current_thread() is threading.main_thread(), {}
@@ -393,6 +404,12 @@ class _signals:
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.old[sig] = signal.signal(sig, self._handle)
+        from mftk.engine.launch import take_pending_signal
+
+        early = take_pending_signal()
+        if early is not None and not self.stop.requested:
+            log.warning("%s received during start-up: the run stops after its first step, saving it", early)
+            self.stop.request(early)
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
 import attrs
 
 from mftk.errors import InputError
-from mftk.files import publish
+from mftk.files import publish, temp_beside
 from mftk.logs.summary import coarse_throughput
 
 X_AXES = {"step": "step", "samples": "consumed_samples", "tokens": "consumed_tokens"}
@@ -174,7 +173,11 @@ def plot_runs(runs: list[PlotRun], out: Path, *, x: str = "step", metrics: list[
     axes[-1, 0].set_xlabel(X_AXES[x] if x == "step" else f"{X_AXES[x]} (total)")
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
+    try:
+        fd, tmp = temp_beside(out, ".png")
+    except InputError:
+        plt.close(fig)
+        raise
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=100, format="png")

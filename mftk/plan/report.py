@@ -7,6 +7,7 @@ are replacing), so a config written for 8 devices can be planned for 64 without 
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,12 @@ def plan_inputs(config, parallelism) -> PlanInputs:
                       cp_method=parallelism.context_parallel_method, sequence_parallel=parallelism.sequence_parallel)
 
 
+def _rate_ok(flag: str, value: float | None, what: str) -> None:
+    """A hardware rate divides every time estimate: it must be a positive, finite number."""
+    if value is not None and not (math.isfinite(value) and 0 < value < 1e12):
+        raise InputError(message=f"{flag} {value:g} is not a positive finite number", hint=f"pass the {what}")
+
+
 def _nodes_ok(world: int, nodes: int | None) -> None:
     if nodes is not None and (nodes < 1 or world % nodes):
         raise InputError(message=f"--nodes {nodes} does not split world size {world} evenly",
@@ -154,6 +161,8 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
                         values={"world_size": world_size}, hint="pass --world-size N with N devices")
     memory = parse_bytes(device_memory)
     _nodes_ok(world_size, nodes)
+    _rate_ok("--device-tflops", device_tflops, "sustained TFLOP/s of one device, e.g. 300")
+    _rate_ok("--link-gbps", link_gbps, "link bandwidth in Gbit/s, e.g. 400")
     loaded, parallelism = load_for_plan(path, world=world_size, check=check)
     inputs = plan_inputs(loaded.config, parallelism)
     if not check:  # the plan's YAML block turns sequence_parallel on wherever tp > 1
@@ -300,6 +309,9 @@ def parse_layout(text: str, world: int) -> Layout:
             raise InputError(message=f"cannot read layout {text!r}",
                              hint="write degrees like dps4.tp2 or tp=2,pp=2 (keys: dpr, dps, cp, tp, pp, ep, v)")
         degrees[_KEYS[key]] = int(value)
+    if zero := [k for k, v in pairs if int(v) < 1]:
+        raise InputError(message=f"cannot read layout {text!r}: degree {zero[0]} is 0; every degree is at least 1",
+                         hint="write degrees like dps4.tp2 (1 for a dimension that is not split)")
     if not pairs:
         raise InputError(message=f"cannot read layout {text!r}", hint="write degrees like dps4.tp2 or tp=2,pp=2")
     if "dp_shard" not in degrees:
