@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.markup import escape
 
 from commands._options import JsonOpt
 from mftk.units import count_exact
@@ -119,8 +118,7 @@ def _render_report(r: Any) -> None:
         cols += [column("norm", justify="right"), column("NaN/Inf", justify="right")]
     tensors = table(*cols, title="Tensors")
     for t in r.tensors:
-        row = [escape(t.name), t.kind, escape(t.dtype), "x".join(map(str, t.shape)) or "scalar", _size(t.nbytes),
-               escape(t.layout)]
+        row = [t.name, t.kind, t.dtype, "x".join(map(str, t.shape)) or "scalar", _size(t.nbytes), t.layout]
         if r.tensors_read:
             row += [f"{t.norm:.6g}" if t.norm is not None else "-", f"{t.nan}/{t.inf}" if t.nan is not None else "-"]
         add_row(tensors, *row)

@@ -25,20 +25,20 @@ TEMPLATE = str(ROOT / "templates" / "qwen3_tiny.yaml")
 def test_a_section_set_to_a_number(command, tmp_path):
     r = mftk(command, TEMPLATE, "--set", "training=5", "--output-dir", str(tmp_path / "o")) if command != \
         "validate-config" else mftk(command, TEMPLATE, "--set", "training=5")
-    assert_clean_failure(r, 1, "training (line 11): expected mapping, got integer 5")
+    assert_clean_failure(r, 1, "training: expected mapping, got integer 5 (from --set training=5)")
     assert not (tmp_path / "o").exists()
 
 
 def test_a_key_set_inside_a_value_that_is_not_a_section():
     r = mftk("validate-config", TEMPLATE, "--set", "training=5", "--set", "training.steps=3")
-    assert_clean_failure(r, 1, "training (line 11): is an integer (5), not a section, so --set training.steps cannot "
+    assert_clean_failure(r, 1, "training: is an integer (5), not a section, so --set training.steps cannot "
                          "set a key inside it")
 
 
 @pytest.mark.parametrize("value,found", [("[1]", "list [1]"), ("{a: 1}", "dict {'a': 1}")])
 def test_model_type_of_the_wrong_shape(value, found):
     r = mftk("validate-config", TEMPLATE, "--set", f"model.model_type={value}")
-    assert_clean_failure(r, 1, f"model.model_type (line 63): expected a string, got {found}")
+    assert_clean_failure(r, 1, f"model.model_type: expected a string, got {found} (from --set model.model_type={value})")
 
 
 def test_a_key_that_is_a_list(tmp_path):
