@@ -63,10 +63,7 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
 
     world = launcher.world if launcher is not None else nproc
     loaded = load_config(config, overrides=overrides or [], world_size=world)
-    if world > 1 and not dry_run:  # checked here, before any worker starts (each worker's train() checks again)
-        from mftk.engine.runnable import check_supported_layout
-
-        check_supported_layout(loaded, world)
+    if world > 1 and not dry_run:  # the layout was checked by load_config, before any worker starts
         _check_save_path(loaded.config, resume_from, weights_only, new_run)
         return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run)
     from mftk.engine.run import train as run_train

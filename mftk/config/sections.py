@@ -286,6 +286,17 @@ class CallbackConfig:
     step_interval: int = field(1, "MaxLogitsMonitor: check every N steps.")
 
 
+MAX_LOGITS_MONITOR = "MaxLogitsMonitor"
+KNOWN_CALLBACKS = (MAX_LOGITS_MONITOR, "MaxLogitsReset")  # MaxLogitsReset: deprecated, the monitor resets
+
+
+def tracking_requested(config: Any) -> bool:
+    """Max-logit tracking is on when the model asks for it or a ``MaxLogitsMonitor`` callback is configured."""
+    model = getattr(config, "model", None)
+    return bool(getattr(model, "track_max_attention_logit", False)) or any(
+        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ())
+
+
 @section
 class LoraConfig:
     target_modules: str = field("", "Regex of modules that get adapters (required).")

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from mftk.config.sections import KNOWN_CALLBACKS, MAX_LOGITS_MONITOR, tracking_requested  # noqa: F401 (re-exported)
+
 log = logging.getLogger("mftk.train")
 
 
@@ -82,15 +84,6 @@ class TrainStateMonitor:
                     log.info('{ "%s": %s: %10.6f }', key, name, float(np.sqrt(np.dot(g, g))))
 
 
-MAX_LOGITS_MONITOR = "MaxLogitsMonitor"
-KNOWN_CALLBACKS = (MAX_LOGITS_MONITOR, "MaxLogitsReset")  # MaxLogitsReset: deprecated, the monitor resets
-
-
-def tracking_requested(config: Any) -> bool:
-    """Max-logit tracking is on when the model asks for it or a ``MaxLogitsMonitor`` callback is configured."""
-    model = getattr(config, "model", None)
-    return bool(getattr(model, "track_max_attention_logit", False)) or any(
-        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ())
 
 
 def max_logits_cells(model: Any) -> list:

@@ -11,7 +11,6 @@ from typing import Any, Callable
 import attrs
 
 
-
 @attrs.frozen
 class ModuleSpec:
     """A class plus constructor keywords; ``build(**more)`` instantiates it."""
@@ -48,7 +47,6 @@ class ModelSpec:
     init_std: float = 0.02
     pad_token_id: int = 0
     hidden_dropout: float = 0.0
-    tp: Any = None  # parallel.groups.AxisGroup when tensor parallel (with SP) is on; see parallel.model_parallel
 
 
 def build_spec(model_cfg: Any) -> ModelSpec:

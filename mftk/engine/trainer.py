@@ -166,9 +166,8 @@ class Trainer:
         self.dispatch = Dispatcher(low_priority=low)
         self.state = TrainState()  # the state being advanced (given to `fit`)
         self.first_step_seconds: float | None = None
-        self.dist = dist  # distributed.DistContext for a data-parallel (DP/FSDP) job, else None
+        self.dist = dist  # distributed.DistContext of a multi-process job, else None
         self.sharded = dist is not None and dist.sharding.enabled
-        self._norm_weights = dist.sharding.norm_weights(optimizer) if self.sharded else None
 
     @classmethod
     def from_config(cls, config: Any, *, model: Any, optimizer: AdamW, loader: Any, state: TrainState, dist: Any,
@@ -181,7 +180,7 @@ class Trainer:
 
         tr, m = config.training, config.model
         kind, extra = cls, {}
-        if dist is not None and dist.pipeline is not None:
+        if dist is not None and dist.pipeline:
             from mftk.engine.pipeline_trainer import PipelineTrainer
 
             kind = PipelineTrainer
@@ -297,8 +296,8 @@ class Trainer:
                                local_losses=out.local_losses)
 
     def grad_norm(self, grads: np.ndarray) -> float:
-        if self.sharded or getattr(self.dist, "model_parallel", False):  # TP/EP: summed over ranks
-            return self.dist.grad_norm(grads, self._norm_weights)
+        if self.dist is not None:  # each element counted once over the whole world
+            return self.dist.grad_norm(grads)
         return global_norm(grads)
 
     def nan_guard(self, state: TrainState, loss: float, norm: float) -> bool:
@@ -410,10 +409,6 @@ class Trainer:
         if self.checkpointer is not None:
             self.save(state, SaveReason.FINAL)
 
-    def model_tensors_to_save(self) -> dict[str, np.ndarray]:
-        """The model tensors this rank writes (all of them; a pipeline stage narrows this)."""
-        return model_tensors(self.model)
-
     def save(self, state: TrainState, reason: SaveReason) -> bool:
         """Ask the checkpointer to save this step for ``reason``; it decides whether one is due."""
         return self.checkpointer.save(state.global_step, reason, lambda: self.payload(state), self.sink)
@@ -429,9 +424,10 @@ class Trainer:
             from mftk.engine.state import low_precision
 
             opt = self.optimizer.state_dict(with_masters=low_precision(self.params))
-        model = self.model_tensors_to_save()
-        if self.sharded:  # this rank's rows of each sharded parameter; the rest whole
-            model = self.dist.sharding.cut(model)
+        model = model_tensors(self.model)
+        if self.dist is not None:  # the tensors this rank's stage saves: TP/EP blocks, FSDP rows
+            model = self.dist.saved_model(model)
+            opt = self.dist.saved_optimizer(opt) if opt is not None else None
         extra = extra_state(state, global_batch_size=gbs, dp=bs.dp, local_batch_size=bs.local_batch_size)
         return Payload(common=common, model=model, optimizer=opt, extra=extra, config=self.saved_config)
 

@@ -78,6 +78,8 @@ class PlanInputs:
     layers_per_stage: Any = "auto"
     cp_method: str = "colossal"
     sequence_parallel: bool = False
+    rampup: tuple[int, ...] | None = None  # training.rampup_batch_size
+    track_max_logits: bool = False      # max attention logit tracking (refused with TP/CP/PP)
 
 
 @attrs.frozen(kw_only=True)

@@ -119,11 +119,16 @@ def plan_inputs(config, parallelism) -> PlanInputs:
     mode = str(config.recompute.mode).lower()
     recompute = {"full": "full", "select": "selective", "selective": "selective"}.get(mode, "none")
     schedule = (parallelism.pipeline_parallel_schedule or "1f1b").lower()
-    return PlanInputs(model=config.model, local_batch_size=config.training.local_batch_size,
-                      global_batch_size=config.training.global_batch_size, schedule=schedule,
+    from mftk.config.sections import tracking_requested
+
+    t = config.training
+    return PlanInputs(model=config.model, local_batch_size=t.local_batch_size,
+                      global_batch_size=t.global_batch_size, schedule=schedule,
                       recompute=recompute, reshard_policy=parallelism.reshard_after_forward_policy,
                       layers_per_stage=parallelism.pipeline_parallel_layers_per_stage,
-                      cp_method=parallelism.context_parallel_method, sequence_parallel=parallelism.sequence_parallel)
+                      cp_method=parallelism.context_parallel_method, sequence_parallel=parallelism.sequence_parallel,
+                      rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
+                      track_max_logits=tracking_requested(config))
 
 
 def _nodes_ok(world: int, nodes: int | None) -> None:

@@ -11,7 +11,7 @@ from tests.helpers.sizes import brute_count
 
 def qwen(**kw):
     base = dict(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=4, intermediate_size=32, seq_length=16)
+                head_dim=4, intermediate_size=32, seq_length=16, hidden_dropout=0.0)
     return Qwen3ModelConfig(**{**base, **kw})
 
 

@@ -7,7 +7,7 @@ mindspore-cpu.md §1.3).
 """
 from __future__ import annotations
 
-from mindspore import ops
+from mindspore import nn, ops
 
 IGNORE_INDEX = -100
 
@@ -28,3 +28,19 @@ def masked_mean_ce(logits, labels, loss_mask, eps: float = 1e-8):
     m = loss_mask.reshape(-1).astype(logits.dtype) * (labels != IGNORE_INDEX).astype(logits.dtype)
     ce = token_cross_entropy(logits.reshape(-1, logits.shape[-1]), labels)
     return (ce * m).sum() / (m.sum() + eps)
+
+
+class HeadLoss(nn.Cell):
+    """``Σᵢ wᵢ·CE(h·Wᵀ, yᵢ)``: the LM head and the weighted token losses in one kernel
+    (`kernels.HeadCrossEntropyFn`; ``softmax − one-hot`` is never built). ``h (..., H)``, ``weight (V, H)``,
+    ``labels (N,)`` int32 in range (ignored ones clamped, their weight 0), ``weights (N,)``.
+    Tensor parallel swaps in `parallel.tensor_parallel.VocabParallelHeadLoss`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .kernels import HeadCrossEntropyFn
+
+        self.fn = HeadCrossEntropyFn()
+
+    def construct(self, h, weight, labels, weights):
+        return self.fn(h.reshape(-1, h.shape[-1]), weight, labels, weights)[0]

@@ -1,14 +1,16 @@
-"""Context parallel (the reference's ``colossal`` method): load-balanced sequence split, KV all-gathered.
+"""Context parallel: each CP rank holds part of every sequence; attention sees the keys of the whole sequence.
 
-The sequence is cut into ``2·cp`` chunks; CP rank ``i`` holds chunks ``i`` and ``2cp−1−i``, so under the
-causal mask every rank has the same amount of attention work. Each rank embeds its own tokens, applies
-RoPE at their global positions, and attends with its queries to the keys and values of the whole
-sequence (all-gathered over the CP group; the gradient travels back as a reduce-scatter, `comm.GatherFromGroup`).
-The mask is built on global positions, so the gathered key order does not matter.
+The reference's ``colossal`` method: the sequence is cut into ``2·cp`` chunks and CP rank ``i`` holds chunks
+``i`` and ``2cp−1−i``, so under the causal mask every rank has the same attention work. Each rank embeds
+its own tokens, applies RoPE at their global positions (`ColossalSequence`, the model's ``seq`` part), and
+attends with its queries to the keys and values of the whole sequence, all-gathered over the CP group
+(`ColossalAttention`; the gradient travels back as a reduce-scatter). The mask is built on global
+positions and cut to (this rank's queries × the gathered key order).
 
-The loss: rank ``i`` returns ``cp · Σ_local ce·m / Σ_global m`` (every rank holds the whole batch, so the
+The loss: rank ``i`` weights its tokens by ``cp / Σ_global m`` (every rank holds the whole batch, so the
 global count needs no message); the trainer's average over dp×cp then gives exactly the single-process
-masked mean, for the logged loss and for the gradients.
+masked mean, for the logged loss and for the gradients. Sums over the tokens of a sequence (MoE
+load-balancing statistics) cover the ranks holding its other parts (`SequenceShards`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from typing import Any
 import numpy as np
 from mindspore import Tensor, nn
 
-from mftk.engine.layers.loss import IGNORE_INDEX
+from mftk.engine.parallel import comm
+from mftk.engine.parallel.groups import AxisGroup
 
 
 def colossal_positions(seq_length: int, cp: int, rank: int) -> np.ndarray:
@@ -29,63 +32,81 @@ def colossal_positions(seq_length: int, cp: int, rank: int) -> np.ndarray:
     return np.concatenate([np.arange(a * c, (a + 1) * c), np.arange(b * c, (b + 1) * c)])
 
 
-def context_parallel_problems(spec: Any, cp: int, seq_length: int) -> list[str]:
-    """Why this model cannot run with context_parallel=cp (empty when it can)."""
-    from mftk.engine.layers.attention import SelfAttention
-    from mftk.engine.layers.mlp import MLP
+class ColossalSequence:
+    """The model's ``seq`` part under context parallel (same methods as `models.gpt.WholeSequence`)."""
 
-    out = []
-    if any(ls.attention.module is not SelfAttention for ls in spec.layers):
-        out.append("context parallel supports GQA attention (Qwen3) only")
-    if any(ls.is_moe or ls.mlp.module is not MLP for ls in spec.layers) or spec.mtp_layers:
-        out.append("context parallel does not support MoE or MTP layers yet")
-    if seq_length % (2 * cp):
-        out.append(f"seq_length={seq_length} does not divide into 2·context_parallel = {2 * cp} chunks (colossal)")
-    return out
-
-
-class ContextParallelModel(nn.Cell):
-    """Wraps a `GPTModel` (same parameters, same names) to run this CP rank's share of each sequence."""
-
-    def __init__(self, model: Any, group: Any) -> None:
-        super().__init__(auto_prefix=False)  # parameter names stay the model's own
-        from mftk.engine.parallel.comm import GatherFromGroup
-
-        self.model, self.group, self.spec = model, group, model.spec
-        self.gather = GatherFromGroup(group, 2)  # (B, heads, S, hd): the sequence is dim 2
-        for layer in model.decoder.layers:
-            layer.self_attention.cp_gather = self.gather
-        self._positions: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    def __init__(self, group: AxisGroup) -> None:
+        self.group = group
+        self.scale = float(group.size)  # undone by the trainer's average over dp×cp
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def positions(self, seq: int) -> tuple[np.ndarray, np.ndarray]:
         """(this rank's positions, the gathered key order: every rank's positions in group-rank order)."""
-        if seq not in self._positions:
+        if seq not in self._cache:
             cp = self.group.size
             mine = colossal_positions(seq, cp, self.group.rank)
             keys = np.concatenate([colossal_positions(seq, cp, r) for r in range(cp)])
-            self._positions[seq] = (mine, keys)
-        return self._positions[seq]
+            self._cache[seq] = (mine, keys)
+        return self._cache[seq]
 
-    def construct(self, input_ids, labels, loss_mask=None, position_ids=None, attention_mask=None):
-        from mftk.engine.models.gpt import _np
+    def local(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a[:, self.positions(a.shape[1])[0]])
 
-        m = self.model
-        ids, lab = _np(input_ids).astype(np.int32), _np(labels).astype(np.int32)
-        lm = (ids != m.spec.pad_token_id) if loss_mask is None else _np(loss_mask)
-        lm = lm.astype(np.float32) * (lab != IGNORE_INDEX)
-        seq = ids.shape[1]
-        mine, keys = self.positions(seq)
-        cos, sin = m.rope(seq)
-        rope = (cos[:, Tensor(mine)], sin[:, Tensor(mine)])  # (1, S_local, 1, D) at the global positions
-        full_mask = m._mask(ids, attention_mask).asnumpy()
-        mask = Tensor(np.ascontiguousarray(full_mask[:, :, mine][:, :, :, keys]))
-        h = m.embedding(Tensor(np.ascontiguousarray(ids[:, mine])))
-        for layer in m.decoder.layers:
-            h, _, _ = layer(h, rope, mask)
-        total = float(lm.sum()) + 1e-8  # the single-process denominator (Σ m + eps)
-        weight = lm[:, mine] * np.float32(self.group.size / total)
-        loss = m.head_loss(m.decoder.final_layernorm(h), lab[:, mine], weight)
-        return loss, loss, (), (), ()
+    def rope(self, cos, sin):
+        mine = Tensor(self.positions(cos.shape[1])[0])
+        return cos[:, mine], sin[:, mine]  # (1, S_local, 1, D) at the global positions
 
-    def update_expert_bias(self, tokens_per_expert=None) -> None:
-        self.model.update_expert_bias(tokens_per_expert)
+    def mask(self, mask: np.ndarray) -> np.ndarray:
+        mine, keys = self.positions(mask.shape[-1])
+        return mask[:, :, mine][:, :, :, keys]
+
+
+class ColossalAttention(nn.Cell):
+    """A core-attention cell whose keys and values are all-gathered over CP first (dim 2 of ``(B, heads, S, d)``);
+    the plain cell's parameters (the tracked max logits, if any) are adopted under their names."""
+
+    def __init__(self, plain: nn.Cell, group: AxisGroup) -> None:
+        super().__init__()
+        for name, p in plain.parameters_and_names(expand=False):
+            setattr(self, name.rsplit(".", 1)[-1], p)
+        self._attend = plain.construct
+        self.gather = comm.GatherFromGroup(group, 2)
+
+    def construct(self, q, k, v, mask):
+        return self._attend(q, self.gather(k), self.gather(v), mask)
+
+
+class SumOverShards(nn.Cell):
+    """All-reduce (sum) over the ranks holding parts of the same sequences; the backward passes the gradient
+    through, times ``grad_scale`` (the CP degree: gradients are averaged over CP but summed over TP)."""
+
+    def __init__(self, group: AxisGroup, grad_scale: float) -> None:
+        super().__init__()
+        self.group, self.grad_scale = group, float(grad_scale)
+
+    def construct(self, x):
+        return comm.all_reduce(x, self.group)
+
+    def bprop(self, x, out, dout):
+        return (dout * self.grad_scale,)
+
+
+class SequenceShards(nn.Cell):
+    """`layers.moe.LocalTokens` when each sequence is spread over the ``group`` (TP with sequence parallel,
+    CP, or both): sums cover the whole sequences."""
+
+    def __init__(self, group: AxisGroup, cp: int) -> None:
+        super().__init__()
+        self.group, self.shards = group, group.size
+        self.sum = SumOverShards(group, cp)
+
+    def construct(self, x):
+        return self.sum(x)
+
+    def total(self, x):
+        return comm.all_reduce(x, self.group)
+
+
+def context_parallel_attention_cells(model: Any) -> list:
+    """Every core-attention cell of the model's transformer layers (decoder and MTP)."""
+    return [layer.self_attention for layer in model.transformer_layers()]

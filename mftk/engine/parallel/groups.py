@@ -1,6 +1,8 @@
 """Process groups for every mesh axis of a `Layout`, computed purely and created once per rank.
 
 The dense mesh is C-order (pp, dp_replicate, dp_shard, cp, tp), TP innermost (reference §2.2).
+Besides the axes (and their unions in `DENSE_GROUPS`), each rank has an ``embedding`` group: the first
+and last pipeline stage of its pipeline (tied output layer, MTP).
 A group "over axes A" holds the ranks that differ from this rank only in the coordinates of A.
 The sparse (MoE) mesh flattens (dp_shard, cp, tp) and splits it as (edp, ep) with EP innermost,
 so an EP group is `ep` consecutive ranks.
@@ -116,6 +118,15 @@ def expert_group_ranks(layout: Layout, rank: int) -> tuple[tuple[int, ...], tupl
     return ep_ranks, edp_ranks
 
 
+def embedding_group_ranks(layout: Layout, rank: int) -> tuple[int, ...]:
+    """The first- and last-stage ranks of `rank`'s pipeline (same other coordinates), which both hold the
+    embedding when the output layer is tied or MTP embeds; just `rank` on the stages in between."""
+    coords = list(coords_of(layout, rank))
+    if layout.pp == 1 or coords[0] not in (0, layout.pp - 1):
+        return (rank,)
+    return tuple(rank_of(layout, tuple([stage] + coords[1:])) for stage in (0, layout.pp - 1))
+
+
 def check_layout(layout: Layout) -> None:
     """Reject a layout whose mesh does not cover the world exactly (callers validate configs earlier)."""
     from mftk.errors import PlanError
@@ -193,6 +204,7 @@ def mesh_groups(layout: Layout, rank: int, *, world_name: str = "world") -> Para
     ep_ranks, edp_ranks = expert_group_ranks(layout, rank)
     add("ep", ep_ranks)
     add("edp", edp_ranks)
+    add("embedding", embedding_group_ranks(layout, rank))
     return ParallelGroups(layout=layout, rank=rank, by_name=by_name)
 
 
