@@ -10,6 +10,7 @@ from tests.helpers.tiny import load
 
 # Every model-parallel degree back to 1: the layout the multi-process runs are compared against.
 SINGLE_PROCESS = {"tensor_parallel": 1, "pipeline_parallel": 1, "context_parallel": 1, "expert_parallel": 1,
+                  "pipeline_parallel_interleave_num": 1, "pipeline_parallel_layers_per_stage": "auto",
                   "sequence_parallel": False}
 
 

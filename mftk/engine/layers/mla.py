@@ -41,9 +41,10 @@ class MLASelfAttention(nn.Cell):
         self.core_attention = CoreAttention(num_heads, self.scale, track_max_logits)
 
     def construct(self, x, rope, mask):
-        b, s, _ = x.shape
         cos, sin = rope
-        q_a, ckv, k_pe = split_last(self.linear_qkv(x), (self.q_rank, self.kv_rank, self.rope_dim))
+        latent = self.linear_qkv(x)
+        b, s = latent.shape[0], latent.shape[1]  # the whole sequence (tensor parallel gathers it first)
+        q_a, ckv, k_pe = split_last(latent, (self.q_rank, self.kv_rank, self.rope_dim))
         if self.has_q_lora:
             if self.q_layernorm is not None:
                 q_a = self.q_layernorm(q_a)
