@@ -9,13 +9,13 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import attrs
 
-from mftk.config.load import LoadedConfig, build_config, load_data
+from mftk.config.load import LoadedConfig, apply_override, build_config, load_data
 from mftk.config.yamlio import parse_yaml, read_config_file
-from mftk.errors import InputError, PlanError
+from mftk.errors import ConfigError, InputError, PlanError
 from mftk.plan import search as S
 from mftk.derive import Layout, layout_from_config
 from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, parse_bytes, preset
@@ -87,12 +87,18 @@ def label(lay: Layout) -> str:
 
 # ----------------------------------------------------------------------------- loading
 
-def load_for_plan(path: str | Path, *, world: int, check: bool) -> tuple[LoadedConfig, Any]:
-    """The validated config (degrees reset for a search) and the YAML's own parallelism section."""
+def load_for_plan(path: str | Path, *, world: int, check: bool,
+                  overrides: Iterable[str] = ()) -> tuple[LoadedConfig, Any]:
+    """The validated config (degrees reset for a search) and the YAML's own parallelism section, both with the
+    ``--set`` overrides applied (as `validate-config` and `train` apply them)."""
     source = str(path)
     data, lines = parse_yaml(read_config_file(path), source)
     if not isinstance(data, dict):
         load_data(data, lines=lines, source=source)  # raises the loader's own error
+    problems = [p for item in overrides for p in apply_override(data, item)]
+    if problems:
+        raise ConfigError(message=f"{len(problems)} problem(s) in the --set overrides", source=source,
+                          problems=problems)
     original, _ = build_config(copy.deepcopy(data), lines)
     if check:
         loaded = load_data(data, lines=lines, source=source, world_size=world, check_files=False)
@@ -142,10 +148,12 @@ def _nodes_ok(world: int, nodes: int | None) -> None:
 
 def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None, device_memory: str = "64GiB",
                   check: bool = False, explain: str | None = None, device_tflops: float | None = None,
-                  link_gbps: float | None = None, assumptions: Assumptions | str = Assumptions()) -> PlanReport:
+                  link_gbps: float | None = None, assumptions: Assumptions | str = Assumptions(),
+                  overrides: Iterable[str] = ()) -> PlanReport:
     """Search (or, with check, evaluate the YAML's own) layouts for `world_size` devices.
 
-    ``assumptions`` may name a profile: "accelerator" (default accounting) or "mftk-cpu" (this engine on CPU).
+    ``assumptions`` may name a profile: "accelerator" (default accounting) or "mftk-cpu" (this engine on CPU);
+    ``overrides`` are ``section.key=value`` strings applied to the YAML first (``--set``).
     """
     if isinstance(assumptions, str):
         assumptions = preset(assumptions)
@@ -154,7 +162,7 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
                         values={"world_size": world_size}, hint="pass --world-size N with N devices")
     memory = parse_bytes(device_memory)
     _nodes_ok(world_size, nodes)
-    loaded, parallelism = load_for_plan(path, world=world_size, check=check)
+    loaded, parallelism = load_for_plan(path, world=world_size, check=check, overrides=overrides)
     inputs = plan_inputs(loaded.config, parallelism)
     if not check:  # the plan's YAML block turns sequence_parallel on wherever tp > 1
         inputs = attrs.evolve(inputs, sequence_parallel=True)
