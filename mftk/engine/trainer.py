@@ -214,6 +214,7 @@ class Trainer:
     def train_step(self, state: TrainState) -> dict[str, Any]:
         t0 = time.perf_counter()
         timer = PhaseTimer()
+        c0 = _collective_seconds() if self.dist is not None else 0.0
         plan = self.batch_schedule.at(state.consumed_samples)
         grads, out = self.forward_backward(plan, timer)
         norm = self.grad_norm(grads)
@@ -225,6 +226,8 @@ class Trainer:
         self.expert_bias_update(out.tokens_per_expert)
         self.advance(state, plan)
         step_ms = (time.perf_counter() - t0) * 1000.0
+        if self.dist is not None:  # every collective of the step: in the model's forward/backward and in the sync
+            timer.add("collectives", _collective_seconds() - c0)
         metrics = self.metrics(state, plan, out, norm if applied else None, step_ms, timer, lr)
         self.report(state, metrics, out, grads)
         if self.first_step_seconds is None:
@@ -430,6 +433,12 @@ class Trainer:
             opt = self.dist.saved_optimizer(opt) if opt is not None else None
         extra = extra_state(state, global_batch_size=gbs, dp=bs.dp, local_batch_size=bs.local_batch_size)
         return Payload(common=common, model=model, optimizer=opt, extra=extra, config=self.saved_config)
+
+
+def _collective_seconds() -> float:
+    from mftk.engine.parallel.comm import CLOCK
+
+    return CLOCK.seconds
 
 
 def nan_policy_from(config: Any) -> NanPolicy:

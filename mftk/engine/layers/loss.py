@@ -1,8 +1,8 @@
-"""Masked-mean cross-entropy over materialised logits (models.md §4), and ``IGNORE_INDEX``.
+"""Masked-mean cross-entropy (models.md §4), ``IGNORE_INDEX``, and `HeadLoss`, the training loss.
 
-Training does not call this: `GPTModel.head_loss` fuses the LM head with the loss
-(`kernels.HeadCrossEntropyFn`, or the vocab-parallel CE under TP). This is the plain formula those
-are tested against (``log_softmax`` + ``gather_elements``; ``mint`` CE has no CPU kernel,
+Training computes the LM head and the loss in one `HeadLoss` (`kernels.HeadCrossEntropyFn`; tensor
+parallel swaps in the vocabulary-parallel one). `masked_mean_ce` over materialised logits is the plain
+formula those are tested against (``log_softmax`` + ``gather_elements``; ``mint`` CE has no CPU kernel,
 mindspore-cpu.md §1.3).
 """
 from __future__ import annotations

@@ -14,8 +14,6 @@ load-balancing statistics) cover the ranks holding its other parts (`SequenceSha
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from mindspore import Tensor, nn
 
@@ -105,8 +103,3 @@ class SequenceShards(nn.Cell):
 
     def total(self, x):
         return comm.all_reduce(x, self.group)
-
-
-def context_parallel_attention_cells(model: Any) -> list:
-    """Every core-attention cell of the model's transformer layers (decoder and MTP)."""
-    return [layer.self_attention for layer in model.transformer_layers()]

@@ -1,11 +1,10 @@
 """Process groups for every mesh axis of a `Layout`, computed purely and created once per rank.
 
 The dense mesh is C-order (pp, dp_replicate, dp_shard, cp, tp), TP innermost (reference §2.2).
-Besides the axes (and their unions in `DENSE_GROUPS`), each rank has an ``embedding`` group: the first
-and last pipeline stage of its pipeline (tied output layer, MTP).
 A group "over axes A" holds the ranks that differ from this rank only in the coordinates of A.
 The sparse (MoE) mesh flattens (dp_shard, cp, tp) and splits it as (edp, ep) with EP innermost,
-so an EP group is `ep` consecutive ranks.
+so an EP group is `ep` consecutive ranks. Each rank also has an ``embedding`` group: the first and
+last stage of its pipeline, which both hold the embedding of a tied output layer or of MTP.
 
 `mesh_groups` is pure (rank lists only) so it is testable without processes; `create_groups`
 registers the groups this rank belongs to with MindSpore (size-1 groups are never created: every

@@ -45,15 +45,6 @@ class ParallelDims:
     cp_method: str = "colossal"
     stage_chunks: Any = None  # [rank][chunk] -> decoder layer ids, under PP (`derive.stage_chunks`)
 
-    @property
-    def tp(self) -> int:
-        return self.layout.tp
-
-    @property
-    def sequence_shards(self) -> int:
-        """Ranks holding parts of each sequence between blocks: cp · tp (sequence parallel)."""
-        return self.layout.cp * self.layout.tp
-
 
 @attrs.frozen
 class Parallelized:

@@ -18,8 +18,6 @@ names (`parallelize.rename_parameters`).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -57,7 +55,6 @@ class Sharded(nn.Cell):
             self.bias = bias
         self._add_bias = bias is not None
         self._forward = plain.construct  # a bound method: plain stays out of the cell tree
-        self.plain_type = type(plain).__name__
         self.enter, self.leave = enter, leave
 
     def construct(self, x):
@@ -175,8 +172,3 @@ def vocab_parallel_masked_mean_ce(logits_local, labels, loss_mask, ce: VocabPara
     m = loss_mask.reshape(-1).astype(logits_local.dtype) * (labels != -100).astype(logits_local.dtype)
     tok = ce(logits_local.reshape(-1, logits_local.shape[-1]), labels)
     return (tok * m).sum() / (m.sum() + eps)
-
-
-def parallel_layer_cells(model: Any) -> list[tuple[str, str]]:
-    """(name, plain type) of every `Sharded` cell: what tensor parallel swapped (for the start-up log)."""
-    return [(n, c.plain_type) for n, c in model.cells_and_names() if isinstance(c, Sharded)]
