@@ -8,7 +8,8 @@ never recommends one that `train` refuses). Each refusal carries a rule name (pl
 rejections), the YAML path it is reported at, the message with the arithmetic, and a hint.
 
 What the engine runs (`engine/parallel/parallelize.py`): every combination of DP/FSDP/HSDP, TP with
-sequence parallel, EP, CP (colossal) and PP (1F1B, GPipe, interleaved 1F1B) over the reference's mesh, for
+sequence parallel, EP, CP (colossal, ulysses, hybrid) and PP (1F1B, GPipe, interleaved 1F1B) over the
+reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
 exceptions are refused here with their reason.
 """
@@ -22,7 +23,6 @@ from mftk.derive import Layout, accumulation_steps, parse_layer_range, stage_chu
 
 # attention kind per model family: which tensor / context parallel plan applies (engine/parallel/parallelize.py)
 ATTENTION_KINDS = {"qwen3": "gqa", "deepseek_v3": "mla"}
-CP_METHODS = ("colossal",)  # implemented; ulysses / hybrid are the reference's others
 
 # rule name -> (mesh dimension it constrains, what it says); plan-parallel explains its rejections with these
 RULES: dict[str, tuple[str, str]] = {
@@ -39,7 +39,7 @@ RULES: dict[str, tuple[str, str]] = {
     "ep_dense": ("ep", "ep > 1 needs routed experts"),
     "ep_experts": ("ep", "n_routed_experts divisible by ep"),
     "ep_domain": ("ep", "ep divides dp_shard·cp·tp"),
-    "cp_method": ("cp", "context_parallel_method implemented (colossal)"),
+    "cp_heads": ("cp", "heads divisible by tp·ulysses degree (ulysses / hybrid)"),
     "cp_family": ("cp", "the model family has a context-parallel plan"),
     "cp_seq": ("cp", "seq_length divisible by cp (2·cp for colossal's load-balanced causal split)"),
     "pp_layers": ("pp", "num_hidden_layers split over pp·interleave ('auto') or an explicit per-stage list"),
@@ -66,6 +66,7 @@ class LayoutSettings:
 
     sequence_parallel: bool = True
     cp_method: str = "colossal"
+    ulysses_degree: int | None = None  # parallelism.ulysses_degree_in_cp
     layers_per_stage: Any = "auto"
     schedule: str = "1f1b"
     global_batch_size: int = 1
@@ -78,11 +79,22 @@ def settings_of(config: Any, *, track_max_logits: bool = False) -> LayoutSetting
     """The `LayoutSettings` of a structured config."""
     p, t = config.parallelism, config.training
     return LayoutSettings(sequence_parallel=bool(p.sequence_parallel), cp_method=p.context_parallel_method.lower(),
+                          ulysses_degree=p.ulysses_degree_in_cp,
                           layers_per_stage=p.pipeline_parallel_layers_per_stage,
                           schedule=(p.pipeline_parallel_schedule or "1f1b").lower(),
                           global_batch_size=t.global_batch_size, local_batch_size=t.local_batch_size,
                           rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
                           track_max_logits=track_max_logits)
+
+
+def ulysses_degree(method: str, cp: int, degree: int | None) -> int:
+    """The all-to-all degree inside CP: 1 for colossal, cp for ulysses, ``ulysses_degree_in_cp`` for hybrid."""
+    method = method.lower()
+    if method == "ulysses":
+        return cp
+    if method == "hybrid":
+        return int(degree or 1)
+    return 1
 
 
 def attention_kind(model: Any) -> str | None:
@@ -215,19 +227,27 @@ def _context(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
         return []
     path = "parallelism.context_parallel"
     out = []
-    if s.cp_method not in CP_METHODS:
-        out.append(Refusal("cp_method", "parallelism.context_parallel_method",
-                           f"context_parallel_method {s.cp_method!r} is not implemented by mftk yet (colossal only)",
-                           "set context_parallel_method: colossal"))
-    if attention_kind(m) is None:
+    kind = attention_kind(m)
+    if kind is None:
         out.append(Refusal("cp_family", path, f"context parallel is not implemented for model_type {m.model_type!r}",
                            "set parallelism.context_parallel: 1"))
-    factor = 2 * cp if s.cp_method == "colossal" else cp
+    u = ulysses_degree(s.cp_method, cp, s.ulysses_degree)
+    factor = cp if u == cp else 2 * cp  # ulysses: contiguous S/cp; colossal and hybrid: 2·cp balanced chunks
     if m.seq_length % factor:
         what = "2·cp (load-balanced causal split)" if factor != cp else "cp"
         out.append(Refusal("cp_seq", path, f"seq_length % {what} = {m.seq_length} % {factor} = "
                            f"{m.seq_length % factor}, must be 0", f"pick a context_parallel with {what} dividing "
                            "seq_length"))
+    if u > 1 and cp % u == 0:
+        heads = [("num_attention_heads", m.num_attention_heads)]
+        if kind == "gqa":
+            heads.append(("num_key_value_heads", m.num_query_groups()))
+        for what, n in heads:
+            if n % (lay.tp * u):
+                out.append(Refusal("cp_heads", path, f"{s.cp_method} context parallel splits the heads of each "
+                                   f"tensor-parallel rank {u} ways: {what} % (tp·{u}) = {n} % {lay.tp * u} = "
+                                   f"{n % (lay.tp * u)}, must be 0", "use context_parallel_method: colossal, or "
+                                   "other degrees"))
     return out
 
 

@@ -283,15 +283,17 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
     from mftk.engine.parallel.groups import create_groups
     from mftk.engine.parallel.parallelize import ParallelDims, parallelize
 
+    from mftk.config.runnable import ulysses_degree
+
     p = config.parallelism
-    groups = create_groups(layout)
+    ulysses = ulysses_degree(p.context_parallel_method, layout.cp, p.ulysses_degree_in_cp)
+    groups = create_groups(layout, ulysses=ulysses)
     chunks = None
     if layout.pp > 1:
         from mftk.engine.parallel.pipeline_model import stage_chunks_of
 
         chunks = stage_chunks_of(config)
-    par = parallelize(model, ParallelDims(layout=layout, groups=groups, cp_method=p.context_parallel_method,
-                                          stage_chunks=chunks))
+    par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks))
     _log_parallel(par, layout, groups, p)
     dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage)
     return model, dist
@@ -305,9 +307,15 @@ def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
         log.info("Model parallel: tensor_parallel=%d (sequence parallel), expert_parallel=%d; %d parameters split "
                  "(column/vocab on dim 0, row on dim 1, experts on dim 0)", layout.tp, layout.ep, split)
     if layout.cp > 1:
-        log.info("Context parallel: context_parallel=%d (colossal: rank %d holds sequence chunks %d and %d of %d; "
-                 "KV all-gathered)", layout.cp, groups.cp.rank, groups.cp.rank, 2 * layout.cp - 1 - groups.cp.rank,
-                 2 * layout.cp)
+        method = p.context_parallel_method.lower()
+        if method == "ulysses":
+            held = f"positions {groups.cp.rank} of {layout.cp} contiguous parts; heads all-to-all"
+        else:
+            held = (f"sequence chunks {groups.cp.rank} and {2 * layout.cp - 1 - groups.cp.rank} of {2 * layout.cp}; "
+                    + ("KV all-gathered" if method == "colossal" else
+                       f"heads all-to-all over {groups.cp_ulysses.size}, KV all-gathered over {groups.cp_ring.size}"))
+        log.info("Context parallel: context_parallel=%d (%s: rank %d holds %s)", layout.cp, method, groups.cp.rank,
+                 held)
     stage = par.stage
     if stage is not None:
         chunks = f" in {len(stage.chunks)} chunks {stage.chunks}" if len(stage.chunks) > 1 else ""

@@ -77,6 +77,7 @@ class PlanInputs:
     reshard_policy: str = "default"     # FSDP reshard_after_forward_policy
     layers_per_stage: Any = "auto"
     cp_method: str = "colossal"
+    ulysses_degree: int | None = None   # parallelism.ulysses_degree_in_cp (hybrid CP)
     sequence_parallel: bool = False
     rampup: tuple[int, ...] | None = None  # training.rampup_batch_size
     track_max_logits: bool = False      # max attention logit tracking (refused with TP/CP/PP)

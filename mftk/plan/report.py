@@ -132,7 +132,8 @@ def plan_inputs(config, parallelism) -> PlanInputs:
                       global_batch_size=t.global_batch_size, schedule=schedule,
                       recompute=recompute, reshard_policy=parallelism.reshard_after_forward_policy,
                       layers_per_stage=parallelism.pipeline_parallel_layers_per_stage,
-                      cp_method=parallelism.context_parallel_method, sequence_parallel=parallelism.sequence_parallel,
+                      cp_method=parallelism.context_parallel_method, ulysses_degree=parallelism.ulysses_degree_in_cp,
+                      sequence_parallel=parallelism.sequence_parallel,
                       rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
                       track_max_logits=tracking_requested(config))
 

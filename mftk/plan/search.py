@@ -74,6 +74,7 @@ def check_layout(layout: Layout, inputs: PlanInputs, *, nodes: int | None = None
             out.append(Rejection("tp_in_node", f"{per_node} devices per node % tp = {per_node} % {layout.tp} = "
                                  f"{per_node % layout.tp}: a tp group would span nodes"))
     settings = LayoutSettings(sequence_parallel=inputs.sequence_parallel, cp_method=inputs.cp_method.lower(),
+                              ulysses_degree=inputs.ulysses_degree,
                               layers_per_stage=inputs.layers_per_stage, schedule=inputs.schedule,
                               global_batch_size=inputs.global_batch_size, local_batch_size=inputs.local_batch_size,
                               rampup=inputs.rampup, track_max_logits=inputs.track_max_logits)

@@ -38,8 +38,7 @@ def _parallelizes(path, overrides, layout) -> None:
         if lay.pp > 1 else None
     for rank in {0, lay.world - 1}:
         model = GPTModel(build_spec(m))  # zeros: the shapes are what matters here
-        par = parallelize(model, ParallelDims(layout=lay, groups=mesh_groups(lay, rank), cp_method=p.context_parallel_method,
-                                              stage_chunks=chunks))
+        par = parallelize(model, ParallelDims(layout=lay, groups=mesh_groups(lay, rank), stage_chunks=chunks))
         assert {q.name for q in model.get_parameters()} == {t.name for t in par.table}
 
 

@@ -47,6 +47,12 @@ LAYOUTS = {
                                                             "data_parallel_shard": 2}, {}),
     "deepseek tp2×ep2×dp2": ("deepseek_v3_tiny.yaml", 8, {"tensor_parallel": 2, "expert_parallel": 2,
                                                           "data_parallel_shard": 1, **SP}, {}),
+    # the reference's other context-parallel methods
+    "qwen3 cp2 ulysses×fsdp2": ("qwen3_tiny.yaml", 4, {"context_parallel": 2, "context_parallel_method": "ulysses"}, {}),
+    "qwen3 cp4 hybrid": ("qwen3_tiny.yaml", 4, {"context_parallel": 4, "context_parallel_method": "hybrid",
+                                                "ulysses_degree_in_cp": 2}, {}),
+    "deepseek cp2 ulysses×ep2": ("deepseek_v3_tiny.yaml", 4, {"context_parallel": 2, "expert_parallel": 2,
+                                                             "context_parallel_method": "ulysses"}, {}),
 }
 # each layout's step-2 checkpoint is resumed under another one of the list (same model)
 RESUME_UNDER = {
@@ -56,6 +62,8 @@ RESUME_UNDER = {
     "deepseek tp2": "deepseek pp2×ep2", "deepseek tp2×ep2": "deepseek cp2×ep2", "deepseek pp2×ep2": "deepseek tp2×ep2",
     "deepseek pp2×tp2": "deepseek tp2×ep2×dp2", "deepseek cp2×ep2": "deepseek pp2×tp2",
     "deepseek pp2×ep2×fsdp2": "deepseek tp2", "deepseek tp2×ep2×dp2": "deepseek pp2×ep2×fsdp2",
+    "qwen3 cp2 ulysses×fsdp2": "qwen3 cp4 hybrid", "qwen3 cp4 hybrid": "qwen3 cp2 ulysses×fsdp2",
+    "deepseek cp2 ulysses×ep2": "deepseek cp2×ep2",
 }
 KEYS = {"qwen3_tiny.yaml": ("loss", "grad_norm"),
         "deepseek_v3_tiny.yaml": ("loss", "grad_norm", "load_balancing_loss", "mtp_1_loss")}
@@ -63,6 +71,14 @@ KEYS = {"qwen3_tiny.yaml": ("loss", "grad_norm"),
 
 def _slug(name: str) -> str:
     return name.replace(" ", "_").replace("×", "x")
+
+
+def _parallelism(name: str) -> dict:
+    """Every parallel key a layout of the list sets, at its default unless ``name`` sets it."""
+    keys = {k for _, _, par, _ in LAYOUTS.values() for k in par}
+    defaults = {"context_parallel_method": "colossal", "ulysses_degree_in_cp": None,
+                "pipeline_parallel_schedule": "1f1b", "data_parallel_shard": -1, "sequence_parallel": False}
+    return {k: defaults.get(k, 1) for k in keys} | LAYOUTS[name][2]
 
 
 IDS = [_slug(n) for n in LAYOUTS]
@@ -83,7 +99,7 @@ class Runs:
         template, _, _, model = LAYOUTS[name]
         raw = tiny_raw(template, self.corpus, self.root / f"ckpt_{_slug(name)}", steps=3, gbs=4)
         raw["model"].update(model)
-        raw["parallelism"].update(LAYOUTS[parallelism_of or name][2])
+        raw["parallelism"].update(_parallelism(parallelism_of or name))
         return raw
 
     def single(self, name: str) -> Path:
@@ -164,3 +180,23 @@ def test_checkpoint_continues_in_one_process(runs, name):
     assert res.resume.saved_world == LAYOUTS[name][1] and res.resume.world == 1
     np.testing.assert_allclose(res.losses, column(one, "loss")[2:], rtol=REL)
     np.testing.assert_allclose(res.grad_norms, column(one, "grad_norm")[2:], rtol=REL)
+
+
+def test_plan_parallels_best_layout_trains(tmp_path):
+    """`plan-parallel templates/deepseek_v3_tiny.yaml --world-size 4` recommends a layout that validate-config
+    accepts and `train --nproc 4` runs (the template as shipped, one step)."""
+    from tests.helpers.tiny import ROOT
+
+    template = str(ROOT / "templates" / "deepseek_v3_tiny.yaml")
+    r = runner.invoke(app, ["plan-parallel", template, "--world-size", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    best = yaml.safe_load(json.loads(r.stdout)["yaml"])["parallelism"]
+    assert best["tensor_parallel"] * best["expert_parallel"] > 1  # a model-parallel layout, not plain DP
+    sets = [x for k, v in best.items() for x in ("--set", f"parallelism.{k}={str(v).lower()}")]
+    r = runner.invoke(app, ["validate-config", template, "--world-size", "4", *sets])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["train", template, "--nproc", "4", "--output-dir", str(tmp_path / "out"), *sets,
+                            "--set", "training.steps=1", "--set", "checkpoint.enable_save=false"])
+    assert r.exit_code == 0, r.output[-3000:]
+    assert f"tensor_parallel={best['tensor_parallel']}" in r.stdout
+    assert len(metrics(tmp_path / "out")) == 1

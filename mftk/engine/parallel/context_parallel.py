@@ -1,11 +1,17 @@
 """Context parallel: each CP rank holds part of every sequence; attention sees the keys of the whole sequence.
 
-The reference's ``colossal`` method: the sequence is cut into ``2·cp`` chunks and CP rank ``i`` holds chunks
-``i`` and ``2cp−1−i``, so under the causal mask every rank has the same attention work. Each rank embeds
-its own tokens, applies RoPE at their global positions (`ColossalSequence`, the model's ``seq`` part), and
-attends with its queries to the keys and values of the whole sequence, all-gathered over the CP group
-(`ColossalAttention`; the gradient travels back as a reduce-scatter). The mask is built on global
-positions and cut to (this rank's queries × the gathered key order).
+The three methods of the reference, as one attention with two sub-groups of the CP group (ulysses degree
+``u``; CP index ``c`` is ring ``c // u`` and ulysses ``c % u``):
+- ``colossal`` (u = 1): the sequence is cut into ``2·cp`` chunks and CP rank ``i`` holds chunks ``i`` and
+  ``2cp−1−i``, so under the causal mask every rank has the same attention work; each rank attends with its
+  queries to the keys and values of the whole sequence, all-gathered over the CP group (the ring group);
+- ``ulysses`` (u = cp): rank ``i`` holds the ``i``-th contiguous ``S/cp`` positions; an all-to-all swaps the
+  sequence split for a head split (each rank attends over the whole sequence with ``1/cp`` of the heads)
+  and a second all-to-all swaps back;
+- ``hybrid`` (1 < u < cp): colossal's chunks; the all-to-all within each ulysses group, then the keys and
+  values all-gathered over the ring group.
+Each rank embeds its own tokens and applies RoPE at their global positions (`ContextSequence`, the model's
+``seq`` part); the mask is built on global positions and cut to (the queries × the keys attention sees).
 
 The loss: rank ``i`` weights its tokens by ``cp / Σ_global m`` (every rank holds the whole batch, so the
 global count needs no message); the trainer's average over dp×cp then gives exactly the single-process
@@ -30,21 +36,35 @@ def colossal_positions(seq_length: int, cp: int, rank: int) -> np.ndarray:
     return np.concatenate([np.arange(a * c, (a + 1) * c), np.arange(b * c, (b + 1) * c)])
 
 
-class ColossalSequence:
-    """The model's ``seq`` part under context parallel (same methods as `models.gpt.WholeSequence`)."""
+def context_positions(seq_length: int, cp: int, rank: int, ulysses: int) -> np.ndarray:
+    """Global positions CP rank ``rank`` holds between blocks: contiguous under pure ulysses, colossal's chunks
+    otherwise."""
+    if ulysses == cp:
+        if seq_length % cp:
+            raise ValueError(f"seq_length {seq_length} does not split over cp = {cp}")
+        n = seq_length // cp
+        return np.arange(rank * n, (rank + 1) * n)
+    return colossal_positions(seq_length, cp, rank)
 
-    def __init__(self, group: AxisGroup) -> None:
-        self.group = group
-        self.scale = float(group.size)  # undone by the trainer's average over dp×cp
-        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def positions(self, seq: int) -> tuple[np.ndarray, np.ndarray]:
-        """(this rank's positions, the gathered key order: every rank's positions in group-rank order)."""
+class ContextSequence:
+    """The model's ``seq`` part under context parallel (same methods as `models.gpt.WholeSequence`).
+
+    ``queries``: the positions of this rank's ulysses group in member order (what attention sees after the
+    all-to-all); ``keys``: those of every ulysses group of its ring, in ring order (after the all-gather)."""
+
+    def __init__(self, cp_group: AxisGroup, ulysses: int = 1) -> None:
+        self.group, self.ulysses = cp_group, int(ulysses)
+        self.scale = float(cp_group.size)  # undone by the trainer's average over dp×cp
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def positions(self, seq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(this rank's positions, the query order, the key order)."""
         if seq not in self._cache:
-            cp = self.group.size
-            mine = colossal_positions(seq, cp, self.group.rank)
-            keys = np.concatenate([colossal_positions(seq, cp, r) for r in range(cp)])
-            self._cache[seq] = (mine, keys)
+            cp, u, c = self.group.size, self.ulysses, self.group.rank
+            pos = [context_positions(seq, cp, r, u) for r in range(cp)]
+            group_of = [np.concatenate(pos[ring * u:(ring + 1) * u]) for ring in range(cp // u)]
+            self._cache[seq] = (pos[c], group_of[c // u], np.concatenate(group_of))
         return self._cache[seq]
 
     def local(self, a: np.ndarray) -> np.ndarray:
@@ -55,23 +75,46 @@ class ColossalSequence:
         return cos[:, mine], sin[:, mine]  # (1, S_local, 1, D) at the global positions
 
     def mask(self, mask: np.ndarray) -> np.ndarray:
-        mine, keys = self.positions(mask.shape[-1])
-        return mask[:, :, mine][:, :, :, keys]
+        _, queries, keys = self.positions(mask.shape[-1])
+        return mask[:, :, queries][:, :, :, keys]
 
 
-class ColossalAttention(nn.Cell):
-    """A core-attention cell whose keys and values are all-gathered over CP first (dim 2 of ``(B, heads, S, d)``);
-    the plain cell's parameters (the tracked max logits, if any) are adopted under their names."""
+class AllToAll(nn.Cell):
+    """`comm.all_to_all` with autograd: the gradient goes back by the inverse exchange."""
 
-    def __init__(self, plain: nn.Cell, group: AxisGroup) -> None:
+    def __init__(self, group: AxisGroup, split_dim: int, concat_dim: int) -> None:
+        super().__init__()
+        self.group, self.split_dim, self.concat_dim = group, split_dim, concat_dim
+
+    def construct(self, x):
+        return comm.all_to_all(x, self.group, self.split_dim, self.concat_dim)
+
+    def bprop(self, x, out, dout):
+        return (comm.all_to_all(dout, self.group, self.concat_dim, self.split_dim),)
+
+
+class ContextAttention(nn.Cell):
+    """A core-attention cell under context parallel: ``q, k, v (B, heads, S_local, d)`` trade the sequence split
+    for a head split over the ulysses group, the keys and values are all-gathered over the ring group, and the
+    output ``(B, S, heads·dv)`` trades back. The plain cell's parameters (tracked max logits, if any) are adopted
+    under their names."""
+
+    def __init__(self, plain: nn.Cell, ulysses: AxisGroup, ring: AxisGroup) -> None:
         super().__init__()
         for name, p in plain.parameters_and_names(expand=False):
             setattr(self, name.rsplit(".", 1)[-1], p)
         self._attend = plain.construct
-        self.gather = comm.GatherFromGroup(group, 2)
+        self.scatter_heads = None if ulysses.is_trivial else AllToAll(ulysses, 1, 2)
+        self.gather_heads = None if ulysses.is_trivial else AllToAll(ulysses, 1, 2)
+        self.gather = None if ring.is_trivial else comm.GatherFromGroup(ring, 2)
 
     def construct(self, q, k, v, mask):
-        return self._attend(q, self.gather(k), self.gather(v), mask)
+        if self.scatter_heads is not None:
+            q, k, v = self.scatter_heads(q), self.scatter_heads(k), self.scatter_heads(v)
+        if self.gather is not None:
+            k, v = self.gather(k), self.gather(v)
+        out = self._attend(q, k, v, mask)  # (B, S_queries, heads·dv)
+        return out if self.gather_heads is None else self.gather_heads(out)
 
 
 class SumOverShards(nn.Cell):

@@ -182,8 +182,19 @@ def group_name(ranks: tuple[int, ...]) -> str:
     return "mftk_" + "_".join(str(r) for r in ranks)
 
 
-def mesh_groups(layout: Layout, rank: int, *, world_name: str = "world") -> ParallelGroups:
-    """The groups of `rank` without creating anything (pure; names are what `create_groups` uses)."""
+def context_group_ranks(layout: Layout, rank: int, ulysses: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ulysses ranks, ring ranks) of `rank` inside its CP group: CP index c is ring c // u, ulysses c % u, so
+    a ulysses group is `u` consecutive CP ranks (u = cp: the CP group; u = 1: each rank alone)."""
+    cp = dense_group_ranks(layout, rank, ("cp",))
+    u = max(1, ulysses)
+    c = cp.index(rank)
+    ring, uly = divmod(c, u)
+    return cp[ring * u:(ring + 1) * u], tuple(cp[i * u + uly] for i in range(len(cp) // u))
+
+
+def mesh_groups(layout: Layout, rank: int, *, world_name: str = "world", ulysses: int = 1) -> ParallelGroups:
+    """The groups of `rank` without creating anything (pure; names are what `create_groups` uses).
+    ``ulysses``: the all-to-all degree inside CP (`context_parallel`'s ulysses / hybrid methods)."""
     check_layout(layout)
     world = tuple(range(layout.world))
     by_name: dict[str, AxisGroup] = {}
@@ -204,10 +215,13 @@ def mesh_groups(layout: Layout, rank: int, *, world_name: str = "world") -> Para
     add("ep", ep_ranks)
     add("edp", edp_ranks)
     add("embedding", embedding_group_ranks(layout, rank))
+    uly, ring = context_group_ranks(layout, rank, ulysses)
+    add("cp_ulysses", uly)
+    add("cp_ring", ring)
     return ParallelGroups(layout=layout, rank=rank, by_name=by_name)
 
 
-def create_groups(layout: Layout) -> ParallelGroups:
+def create_groups(layout: Layout, *, ulysses: int = 1) -> ParallelGroups:
     """Build and register (with MindSpore) every group of this process's rank; call once after init."""
     from mindspore import communication
     from mindspore.communication.management import GlobalComm
@@ -218,7 +232,7 @@ def create_groups(layout: Layout) -> ParallelGroups:
 
         raise PlanError(message=f"the layout is for {layout.world} ranks but this job has {world} workers",
                         rule="world_size", values={"layout": layout.world, "world": world})
-    groups = mesh_groups(layout, rank, world_name=GlobalComm.WORLD_COMM_GROUP)
+    groups = mesh_groups(layout, rank, world_name=GlobalComm.WORLD_COMM_GROUP, ulysses=ulysses)
     todo = {g.ranks: g.name for g in groups.by_name.values()
             if not g.is_trivial and g.name != GlobalComm.WORLD_COMM_GROUP}
     # one global order (sorted member lists) on every rank, so no two ranks wait on each other in a cycle

@@ -6,6 +6,8 @@ Why from the full model: it is initialised from one seed with global shapes, and
 assembled into global tensors too; cutting those gives every layout the very numbers of the
 single-process run (the basis of the equality tests), and any checkpoint loads into any layout.
 
+Context parallel: the colossal, ulysses and hybrid methods (`context_parallel`).
+
 Order (the reference's, §2.1 step 8): tensor parallel → expert parallel → context parallel → pipeline
 stages → FSDP rows. Each step records in the `placement.PlacementTable` which dims it split over which
 mesh axis; the gradient sync, the optimizer sharding, the norm and ``metadata.json`` read only that table.
@@ -42,7 +44,7 @@ class ParallelDims:
 
     layout: Layout
     groups: Any  # groups.ParallelGroups
-    cp_method: str = "colossal"
+    ulysses: int = 1  # the all-to-all degree inside CP: 1 colossal, cp ulysses, in between hybrid
     stage_chunks: Any = None  # [rank][chunk] -> decoder layer ids, under PP (`derive.stage_chunks`)
 
 
@@ -62,7 +64,7 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
     if lay.ep > 1:
         apply_expert_parallel(model, g.ep, table)
     if lay.cp > 1:
-        apply_context_parallel(model, g.cp, dims.cp_method)
+        apply_context_parallel(model, g, dims.ulysses)
     if lay.tp > 1 or lay.cp > 1:
         apply_sequence_shards(model, g.tp_cp, lay.cp)
     rename_parameters(model)
@@ -168,16 +170,14 @@ def apply_expert_parallel(model: Any, group: Any, table: PlacementTable) -> None
 
 
 # ------------------------------------------------------------------------------------ context parallel
-def apply_context_parallel(model: Any, group: Any, method: str) -> None:
-    """This rank's chunks of every sequence (the model's ``seq``), attention over the gathered keys."""
+def apply_context_parallel(model: Any, groups: Any, ulysses: int) -> None:
+    """This rank's positions of every sequence (the model's ``seq``); attention over the whole sequence."""
     from mftk.engine.parallel import context_parallel as C
 
-    if method.lower() != "colossal":  # refused by config.runnable
-        raise ValueError(f"context_parallel_method {method!r} is not implemented")
-    model.seq = C.ColossalSequence(group)
+    model.seq = C.ContextSequence(groups.cp, ulysses)
     for layer in model.transformer_layers():
         att = layer.self_attention
-        att.core_attention = C.ColossalAttention(att.core_attention, group)
+        att.core_attention = C.ContextAttention(att.core_attention, groups.cp_ulysses, groups.cp_ring)
 
 
 def apply_sequence_shards(model: Any, group: Any, cp: int) -> None:

@@ -13,15 +13,16 @@ from tests.helpers.models import make_dsv3, make_qwen3
 pytestmark = pytest.mark.engine
 
 
-def _parallelized(cfg, layout: Layout, rank: int):
+def _parallelized(cfg, layout: Layout, rank: int, ulysses: int = 1):
     from mftk.engine.models.build import build_model
     from mftk.engine.parallel.groups import mesh_groups
     from mftk.engine.parallel.parallelize import ParallelDims, parallelize
 
     model = build_model(cfg, seed=3)
-    groups = mesh_groups(layout, rank)
+    groups = mesh_groups(layout, rank, ulysses=ulysses)
     chunks = stage_chunks(cfg.num_hidden_layers, layout.pp, layout.interleave) if layout.pp > 1 else None
-    return model, groups, parallelize(model, ParallelDims(layout=layout, groups=groups, stage_chunks=chunks))
+    return model, groups, parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses,
+                                                          stage_chunks=chunks))
 
 
 def test_tp_blocks_are_the_full_weights_slices():
@@ -124,7 +125,7 @@ def test_pipeline_stages_hold_their_layers_and_share_the_embedding():
 
 
 def test_cells_that_communicate():
-    from mftk.engine.parallel.context_parallel import ColossalAttention, ColossalSequence, SequenceShards
+    from mftk.engine.parallel.context_parallel import ContextAttention, ContextSequence, SequenceShards
     from mftk.engine.parallel.expert_parallel import ExpertParallelDispatch
     from mftk.engine.parallel.tensor_parallel import Sharded, VocabParallelEmbedding, VocabParallelHeadLoss
 
@@ -132,9 +133,31 @@ def test_cells_that_communicate():
     att = model.decoder.layers[0].self_attention
     assert isinstance(att.linear_qkv, Sharded) and att.linear_qkv.enter is not None  # the sequence is gathered
     assert att.linear_qb.enter is None and att.linear_proj.leave is not None  # latent already whole; reduce-scatter
-    assert isinstance(att.core_attention, ColossalAttention) and isinstance(model.seq, ColossalSequence)
+    assert isinstance(att.core_attention, ContextAttention) and isinstance(model.seq, ContextSequence)
+    assert att.core_attention.scatter_heads is None and att.core_attention.gather is not None  # colossal
     assert isinstance(model.embedding.word_embeddings, VocabParallelEmbedding)
     assert isinstance(model.loss, VocabParallelHeadLoss)
     moe = model.decoder.layers[1].mlp
     assert isinstance(moe.experts.dispatcher, ExpertParallelDispatch) and isinstance(moe.tokens, SequenceShards)
     assert moe.tokens.shards == 4  # each sequence is spread over cp·tp ranks
+
+
+def test_context_parallel_methods_positions_and_groups():
+    """colossal (u = 1), hybrid (u = 2) and ulysses (u = cp = 4) on 4 CP ranks of a 16-token sequence: which
+    positions each rank embeds, which queries and keys its attention sees, and over which ranks."""
+    lay = Layout(world=4, cp=4)
+    _, groups, _ = _parallelized(make_qwen3(num_attention_heads=8, num_key_value_heads=4), lay, rank=1, ulysses=2)
+    model = _parallelized(make_qwen3(num_attention_heads=8, num_key_value_heads=4), lay, rank=1, ulysses=2)[0]
+    mine, queries, keys = model.seq.positions(16)
+    # chunks of 2: rank 1 holds chunks 1 and 6; its ulysses group is ranks 0-1 (chunks 0, 7 | 1, 6)
+    assert mine.tolist() == [2, 3, 12, 13]
+    assert queries.tolist() == [0, 1, 14, 15, 2, 3, 12, 13]
+    assert sorted(keys.tolist()) == list(range(16)) and keys[:8].tolist() == queries.tolist()
+    assert (groups.cp_ulysses.ranks, groups.cp_ring.ranks) == ((0, 1), (1, 3))
+    model = _parallelized(make_qwen3(num_attention_heads=8, num_key_value_heads=4), lay, rank=1, ulysses=4)[0]
+    mine, queries, keys = model.seq.positions(16)
+    assert mine.tolist() == [4, 5, 6, 7] and queries.tolist() == keys.tolist() == list(range(16))  # contiguous
+    att = model.decoder.layers[0].self_attention.core_attention
+    assert att.scatter_heads is not None and att.gather is None
+    mask = model.seq.mask(np.triu(np.ones((16, 16), bool), 1)[None, None])
+    assert mask.shape == (1, 1, 16, 16)  # ulysses: every query position against every key
