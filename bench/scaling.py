@@ -6,7 +6,9 @@ cores), not a speedup. Per step, from rank 0's metrics.jsonl (first step dropped
 time, tokens/s = gbs·seq / step time, and communication share = time inside collectives (model forward and
 backward, gradient sync, loss averaging, FSDP all-gather: ``time_collectives_ms``) / step time. The layouts
 of a model run one after the other in each round (``--rounds`` > 1 interleaves them; medians over rounds);
-"vs dp" is tokens/s relative to plain DP with the same worker count.
+"vs dp" is tokens/s relative to plain DP with the same worker count, "vs dp=d" relative to plain DP over as
+many workers as the layout's own data-parallel degree d (the same micro-batches per rank: what the layout's
+model-parallel dimensions cost on top of its data parallelism; d = 1 runs in-process).
 
     .venv/bin/python bench/scaling.py [--models qwen3_tiny deepseek_v3_tiny] [--workers 4] [--steps 6] [--rounds 1]
 """
@@ -75,12 +77,22 @@ def run(cfg: Path, workers: int, out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "log" / "rank_0" / "metrics.jsonl").read_text().splitlines()]
 
 
-def summarise(records: list[dict]) -> tuple[float, float, float]:
+def summarise(records: list[dict]) -> tuple[float, float, float, float]:
+    """(median step ms, tokens/s, share of the step inside collectives, collectives per step)."""
     steps = records[1:] or records
     step_ms = float(np.median([r["per_step_time"] for r in steps]))
     comm_ms = float(np.median([r.get("time_collectives_ms", 0.0) for r in steps]))
+    calls = float(np.median([r.get("collectives", 0) for r in steps]))
     tokens = steps[0]["tokens"]
-    return step_ms, tokens / (step_ms / 1000.0), comm_ms / step_ms if step_ms else 0.0
+    return step_ms, tokens / (step_ms / 1000.0), comm_ms / step_ms if step_ms else 0.0, calls
+
+
+def data_parallel(cfg: Path, workers: int) -> int:
+    """The layout's data-parallel degree on ``workers`` ranks (dp = world / (tp·pp·cp))."""
+    from mftk.config.load import load_config
+
+    p = load_config(cfg, check_files=False, world_size=workers).config.parallelism
+    return workers // (p.tensor_parallel * p.pipeline_parallel * p.context_parallel)
 
 
 def main() -> None:
@@ -94,20 +106,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mftk-scaling-") as tmp:
         d = Path(tmp)
         print(f"{'model':<18} {'layout':<12} {'workers':>7} {'step ms':>9} {'tokens/s':>10} {'vs dp':>6} "
-              f"{'comm share':>11}")
+              f"{'vs dp=d':>8} {'comm share':>11} {'collectives':>12}")
         for model in args.models:
             names = [n for n in LAYOUTS[model] if args.layouts is None or n in args.layouts or n == "dp"]
             cfgs = {n: config(model, d, args.steps, n, LAYOUTS[model][n]) for n in names}
-            results: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+            own_dp = {n: data_parallel(cfgs[n], args.workers) for n in names}
+            runs = [(n, cfgs[n], args.workers) for n in names]
+            runs += [(f"dp={k}", cfgs["dp"], k) for k in sorted(set(own_dp.values()) - {args.workers})]
+            results: dict[str, list[tuple[float, ...]]] = {n: [] for n, _, _ in runs}
             for r in range(args.rounds):
-                for n in names:
-                    out = d / f"out_{model}_{cfgs[n].stem}_{r}"
-                    results[n].append(summarise(run(cfgs[n], args.workers, out)))
-            base = float(np.median([x[1] for x in results["dp"]]))
+                for n, cfg, workers in runs:
+                    out = d / f"out_{model}_{cfg.stem}_{workers}_{r}"
+                    results[n].append(summarise(run(cfg, workers, out)))
+            med = {n: [float(np.median([x[i] for x in v])) for i in range(4)] for n, v in results.items()}
             for n in names:
-                step_ms, tps, share = (float(np.median([x[i] for x in results[n]])) for i in range(3))
-                print(f"{model:<18} {n:<12} {args.workers:>7} {step_ms:>9.0f} {tps:>10.0f} {tps / base:>6.2f} "
-                      f"{share:>10.0%}", flush=True)
+                step_ms, tps, share, calls = med[n]
+                same = med["dp" if own_dp[n] == args.workers else f"dp={own_dp[n]}"][1]
+                print(f"{model:<18} {n:<12} {args.workers:>7} {step_ms:>9.0f} {tps:>10.0f} {tps / med['dp'][1]:>6.2f} "
+                      f"{tps / same:>8.2f} {share:>10.0%} {calls:>12.0f}", flush=True)
 
 
 if __name__ == "__main__":

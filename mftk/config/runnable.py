@@ -253,7 +253,7 @@ def _context(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
 
 def _pipeline(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
     pp, v = lay.pp, lay.interleave
-    path, lps = "parallelism.pipeline_parallel", "parallelism.pipeline_parallel_layers_per_stage"
+    lps = "parallelism.pipeline_parallel_layers_per_stage"
     if pp <= 1:
         if v > 1:
             return [Refusal("pp_interleave", "parallelism.pipeline_parallel_interleave_num",

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from mftk.config.sections import KNOWN_CALLBACKS, MAX_LOGITS_MONITOR, tracking_requested  # noqa: F401 (re-exported)
+from mftk.config.sections import MAX_LOGITS_MONITOR, tracking_requested
 
 log = logging.getLogger("mftk.train")
 

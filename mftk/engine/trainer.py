@@ -214,7 +214,7 @@ class Trainer:
     def train_step(self, state: TrainState) -> dict[str, Any]:
         t0 = time.perf_counter()
         timer = PhaseTimer()
-        c0 = _collective_seconds() if self.dist is not None else 0.0
+        c0 = _collectives() if self.dist is not None else (0.0, 0)
         plan = self.batch_schedule.at(state.consumed_samples)
         grads, out = self.forward_backward(plan, timer)
         norm = self.grad_norm(grads)
@@ -227,8 +227,11 @@ class Trainer:
         self.advance(state, plan)
         step_ms = (time.perf_counter() - t0) * 1000.0
         if self.dist is not None:  # every collective of the step: in the model's forward/backward and in the sync
-            timer.add("collectives", _collective_seconds() - c0)
+            c1 = _collectives()
+            timer.add("collectives", c1[0] - c0[0])
         metrics = self.metrics(state, plan, out, norm if applied else None, step_ms, timer, lr)
+        if self.dist is not None:
+            metrics["collectives"] = c1[1] - c0[1]
         self.report(state, metrics, out, grads)
         if self.first_step_seconds is None:
             self.first_step_seconds = step_ms / 1000.0
@@ -435,10 +438,11 @@ class Trainer:
         return Payload(common=common, model=model, optimizer=opt, extra=extra, config=self.saved_config)
 
 
-def _collective_seconds() -> float:
+def _collectives() -> tuple[float, int]:
+    """(seconds inside collectives, collectives called) of this process so far."""
     from mftk.engine.parallel.comm import CLOCK
 
-    return CLOCK.seconds
+    return CLOCK.seconds, CLOCK.calls
 
 
 def nan_policy_from(config: Any) -> NanPolicy:

@@ -3,7 +3,6 @@ weights are tested with the placement table (tests/engine/parallel/test_placemen
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from mftk.engine.distributed import FlatSharding
 from mftk.engine.optim import AdamW, decide_weight_decay

@@ -14,8 +14,9 @@ Chosen from what was measured to work on CPU (mindspore-cpu.md §4, §10):
 
 Every function is the identity on a size-1 group, so single-process code paths need no branches.
 `CLOCK` adds up the wall time spent inside the collectives of this process (they are synchronous
-under ``launch_blocking``, so it includes waiting for the other ranks): the trainer reports it per
-step as ``time_collectives_ms``, wherever the collective ran (model forward/backward or gradient sync).
+under ``launch_blocking``, so it includes waiting for the other ranks) and counts them: the trainer
+reports both per step (``time_collectives_ms``, ``collectives``), wherever the collective ran (model
+forward/backward or gradient sync).
 The plain functions do not take part in autograd; the `*Cell` classes at the bottom do (custom
 `bprop`, the Megatron f/g pattern), for use inside model forwards.
 """
@@ -33,10 +34,10 @@ _OPS = ("sum", "avg", "max", "min")
 
 
 class _Clock:
-    """Seconds spent in collectives by this process (`seconds` only grows)."""
+    """Seconds spent in collectives by this process, and how many were called (both only grow)."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.seconds, self.calls = 0.0, 0
 
     def run(self, fn, *args, **kw):
         t = time.perf_counter()
@@ -44,6 +45,7 @@ class _Clock:
             return fn(*args, **kw)
         finally:
             self.seconds += time.perf_counter() - t
+            self.calls += 1
 
 
 CLOCK = _Clock()

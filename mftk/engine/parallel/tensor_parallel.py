@@ -113,38 +113,35 @@ class VocabParallelEmbedding(nn.Cell):
 class VocabParallelCrossEntropy(nn.Cell):
     """Per-token ``logsumexp(z) − z_label`` with the vocabulary split over TP.
 
-    logits ``(N, V/tp)`` (this rank's block), labels ``(N,)`` global ids (out-of-range ones — this rank's
+    logits ``(N, V/tp)`` (this rank's block), labels ``(N,)`` global ids (out-of-range ones — another rank's,
     or ignored — contribute no picked logit; the caller weights ignored tokens 0). The max and the exp-sum
-    are all-reduced; the gradient is ``softmax − onehot`` on this rank's block, recomputed in `bprop` so no
-    state is kept between forward and backward.
+    are all-reduced; the gradient is ``softmax − onehot`` on this rank's block. Returns ``(loss, z, sumexp)``:
+    the shifted logits and the exp-sum ride along as outputs only so the backward needs no collective of
+    its own (callers use ``[0]``; their gradients are ignored).
     """
 
     def __init__(self, group: AxisGroup) -> None:
         super().__init__()
         self.group = group
 
-    def _parts(self, logits, labels):
-        v_local = logits.shape[-1]
-        start = self.group.rank * v_local
+    def _labels(self, labels, v_local: int):
+        local = labels.reshape(-1, 1) - self.group.rank * v_local
+        mask = (local >= 0) & (local < v_local)
+        return ops.where(mask, local, ops.zeros_like(local)), mask
+
+    def construct(self, logits, labels):
         zmax = comm.all_reduce(ops.stop_gradient(logits.max(axis=-1, keepdims=True)), self.group, "max")
         z = logits - zmax  # (N, V/tp)
         sumexp = comm.all_reduce(ops.exp(z).sum(-1, keepdims=True), self.group)  # (N, 1)
-        local = labels.reshape(-1, 1) - start
-        mask = (local >= 0) & (local < v_local)
-        safe = ops.where(mask, local, ops.zeros_like(local))
-        return z, sumexp, safe, mask
-
-    def construct(self, logits, labels):
-        z, sumexp, safe, mask = self._parts(logits, labels)
-        picked = ops.gather_elements(z, 1, safe) * mask.astype(z.dtype)  # (N, 1)
-        picked = comm.all_reduce(picked, self.group)
-        return (ops.log(sumexp) - picked).reshape(-1)
+        safe, mask = self._labels(labels, logits.shape[-1])
+        picked = comm.all_reduce(ops.gather_elements(z, 1, safe) * mask.astype(z.dtype), self.group)  # (N, 1)
+        return (ops.log(sumexp) - picked).reshape(-1), z, sumexp
 
     def bprop(self, logits, labels, out, dout):
-        z, sumexp, safe, mask = self._parts(logits, labels)
-        grad = ops.exp(z) / sumexp
+        z, sumexp, dloss = out[1], out[2], dout[0]
+        safe, mask = self._labels(labels, z.shape[-1])
         onehot = ops.one_hot(safe.reshape(-1), z.shape[-1], Tensor(1.0, z.dtype), Tensor(0.0, z.dtype))
-        grad = (grad - onehot * mask.astype(z.dtype)) * dout.reshape(-1, 1)
+        grad = (ops.exp(z) / sumexp - onehot * mask.astype(z.dtype)) * dloss.reshape(-1, 1)
         return grad, ops.zeros_like(labels)
 
 
@@ -162,7 +159,7 @@ class VocabParallelHeadLoss(nn.Cell):
     def construct(self, h, weight, labels, weights):
         h = self.enter(h)
         logits = self._mm(h.reshape(-1, h.shape[-1]), weight)  # (N, V/tp)
-        return (self.ce(logits, labels) * weights).sum()
+        return (self.ce(logits, labels)[0] * weights).sum()
 
 
 def vocab_parallel_masked_mean_ce(logits_local, labels, loss_mask, ce: VocabParallelCrossEntropy, eps: float = 1e-8):
@@ -170,5 +167,5 @@ def vocab_parallel_masked_mean_ce(logits_local, labels, loss_mask, ce: VocabPara
     plain form the TP parity job checks `VocabParallelCrossEntropy` with)."""
     labels = labels.reshape(-1)
     m = loss_mask.reshape(-1).astype(logits_local.dtype) * (labels != -100).astype(logits_local.dtype)
-    tok = ce(logits_local.reshape(-1, logits_local.shape[-1]), labels)
+    tok = ce(logits_local.reshape(-1, logits_local.shape[-1]), labels)[0]
     return (tok * m).sum() / (m.sum() + eps)
