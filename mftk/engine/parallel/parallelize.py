@@ -6,8 +6,6 @@ Why from the full model: it is initialised from one seed with global shapes, and
 assembled into global tensors too; cutting those gives every layout the very numbers of the
 single-process run (the basis of the equality tests), and any checkpoint loads into any layout.
 
-Context parallel: the colossal, ulysses and hybrid methods (`context_parallel`).
-
 Order (the reference's, §2.1 step 8): tensor parallel → expert parallel → context parallel → pipeline
 stages → FSDP rows. Each step records in the `placement.PlacementTable` which dims it split over which
 mesh axis; the gradient sync, the optimizer sharding, the norm and ``metadata.json`` read only that table.
@@ -25,7 +23,10 @@ Tensor parallel per layer (Megatron's layouts; weights ``[out, in]``):
   TP like every other whole parameter;
 - embedding vocabulary-parallel, output layer by vocabulary rows, the vocabulary-parallel loss;
 - MTP layers: their transformer layer as above, ``eh_proj`` and norms whole.
-Every activation between those cells is split along the sequence (sequence parallel).
+Every activation between those cells is split along the sequence (sequence parallel). Context parallel
+(colossal, ulysses, hybrid) swaps the model's ``seq`` part and each core attention (`context_parallel`);
+expert parallel each MoE layer's dispatcher (`expert_parallel`); pipeline parallel freezes what other
+stages hold (`pipeline_model`).
 """
 from __future__ import annotations
 

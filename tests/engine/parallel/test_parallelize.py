@@ -69,22 +69,16 @@ def test_ep_blocks_hold_this_ranks_experts():
     from mftk.engine.models.build import build_model, state_dict
 
     ref = state_dict(build_model(make_dsv3(), seed=3))
-    model, _, par = _parallelized(make_dsv3(), Layout(world=2, dp_shard=2, ep=2), rank=1)
+    model, groups, par = _parallelized(make_dsv3(), Layout(world=2, dp_shard=2, ep=2), rank=1)
     got = state_dict(model)
     w1 = [n for n in got if n.endswith("experts.weight1")]
     assert len(w1) == 2  # the MoE decoder layer and the MTP layer
     for n in w1:
         np.testing.assert_array_equal(got[n], ref[n][ref[n].shape[0] // 2:])  # experts 4-7 of 8
         assert par.table[n].splits == ((0, "ep"),)  # not FSDP-sharded: their replicas are the EDP group
-    opt = par.table.cut({f"adam_m.{w1[0]}": ref[w1[0]], "global_step": np.array([5])}, mesh_groups_of(par, 2, 1))
+    opt = par.table.cut({f"adam_m.{w1[0]}": ref[w1[0]], "global_step": np.array([5])}, groups)
     np.testing.assert_array_equal(opt[f"adam_m.{w1[0]}"], got[w1[0]])
     assert opt["global_step"].tolist() == [5]
-
-
-def mesh_groups_of(par, world: int, rank: int):
-    from mftk.engine.parallel.groups import mesh_groups
-
-    return mesh_groups(Layout(world=world, dp_shard=2, ep=2), rank)
 
 
 @pytest.mark.parametrize("cfg,layout", [
@@ -146,8 +140,7 @@ def test_context_parallel_methods_positions_and_groups():
     """colossal (u = 1), hybrid (u = 2) and ulysses (u = cp = 4) on 4 CP ranks of a 16-token sequence: which
     positions each rank embeds, which queries and keys its attention sees, and over which ranks."""
     lay = Layout(world=4, cp=4)
-    _, groups, _ = _parallelized(make_qwen3(num_attention_heads=8, num_key_value_heads=4), lay, rank=1, ulysses=2)
-    model = _parallelized(make_qwen3(num_attention_heads=8, num_key_value_heads=4), lay, rank=1, ulysses=2)[0]
+    model, groups, _ = _parallelized(make_qwen3(num_attention_heads=8, num_key_value_heads=4), lay, rank=1, ulysses=2)
     mine, queries, keys = model.seq.positions(16)
     # chunks of 2: rank 1 holds chunks 1 and 6; its ulysses group is ranks 0-1 (chunks 0, 7 | 1, 6)
     assert mine.tolist() == [2, 3, 12, 13]
