@@ -5,13 +5,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from commands._options import ConfigArg, JsonOpt
+from commands._options import ConfigArg, JsonOpt, SetOpt
 
 EPILOG = """[bold]Examples[/]
 
   mftk plan-parallel templates/qwen3_0.6b.yaml --world-size 8
   mftk plan-parallel templates/deepseek_v3_1b.yaml --world-size 16 --nodes 2 --device-memory 32GiB
   mftk plan-parallel my.yaml --world-size 8 --check          [dim]# the YAML's own layout; exit 1 if it does not fit[/]
+  mftk plan-parallel my.yaml --world-size 8 --set training.global_batch_size=64  [dim]# plan the YAML you will run[/]
   mftk plan-parallel my.yaml --world-size 8 --explain dps4.tp2 [dim]# formula and inputs of every term[/]
   mftk plan-parallel my.yaml --world-size 64 --device-tflops 300 --link-gbps 400 --json | jq '.layouts[0]'
 
@@ -31,13 +32,15 @@ def plan_parallel(
     device_tflops: Annotated[Optional[float], typer.Option("--device-tflops", help="Sustained TFLOP/s per device (step time).")] = None,
     link_gbps: Annotated[Optional[float], typer.Option("--link-gbps", help="Link bandwidth in Gbit/s (step time).")] = None,
     profile: Annotated[str, typer.Option("--profile", help="Memory profile: accelerator (Megatron/ZeRO accounting) or mftk-cpu (measured on mftk's CPU engine).")] = "accelerator",
+    overrides: SetOpt = None,
 ) -> None:
     """Search every parallel layout for N devices, reject invalid ones with the rule, estimate memory per device."""
     from commands._render import notice, print_json
     from mftk.plan.report import plan_parallel as run_plan
 
     report = run_plan(config, world_size=world_size, nodes=nodes, device_memory=device_memory, check=check,
-                      explain=explain, device_tflops=device_tflops, link_gbps=link_gbps, assumptions=profile)
+                      explain=explain, device_tflops=device_tflops, link_gbps=link_gbps, assumptions=profile,
+                      overrides=overrides or ())
     if json_out:
         print_json(report.to_dict(top=top))
     else:

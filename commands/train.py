@@ -63,10 +63,7 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
 
     world = launcher.world if launcher is not None else nproc
     loaded = load_config(config, overrides=overrides or [], world_size=world)
-    if world > 1 and not dry_run:  # checked here, before any worker starts (each worker's train() checks again)
-        from mftk.engine.runnable import check_supported_layout
-
-        check_supported_layout(loaded, world)
+    if world > 1 and not dry_run:  # the layout was checked by load_config (config.runnable), before any worker starts
         from mftk.ckpt.guard import hold_save_path
 
         ck = loaded.config.checkpoint  # this process outlives every worker: it holds the save path (node 0)

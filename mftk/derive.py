@@ -138,8 +138,8 @@ def parse_layer_range(text: Any) -> list[int] | None:
     return list(range(a, b + 1)) if b >= a else None
 
 
-def stage_layers(num_layers: int, pp: int, interleave: int, spec: Any = "auto") -> list[list[int]] | None:
-    """Decoder layer ids held by each pipeline rank; None when the split is impossible.
+def stage_chunks(num_layers: int, pp: int, interleave: int, spec: Any = "auto") -> list[list[list[int]]] | None:
+    """Decoder layer ids of each chunk of each pipeline rank (``[rank][chunk]``); None when the split is impossible.
 
     'auto' puts chunk c of rank r at virtual stage c·pp + r, L/(pp·v) layers each (reference §1.3);
     an explicit list (one string per rank, `v` comma-separated chunks) is taken literally.
@@ -151,12 +151,19 @@ def stage_layers(num_layers: int, pp: int, interleave: int, spec: Any = "auto") 
             ids = [parse_layer_range(c) for c in chunks]
             if len(chunks) != interleave or any(x is None for x in ids):
                 return None
-            out.append(sorted(i for x in ids for i in x))  # type: ignore[union-attr]
-        return out if sorted(i for s in out for i in s) == list(range(num_layers)) else None
+            out.append([list(x) for x in ids])  # type: ignore[arg-type]
+        flat = sorted(i for rank in out for chunk in rank for i in chunk)
+        return out if flat == list(range(num_layers)) else None
     if num_layers % (pp * interleave):
         return None
     n = num_layers // (pp * interleave)
-    return [[i for c in range(interleave) for i in range((c * pp + r) * n, (c * pp + r + 1) * n)] for r in range(pp)]
+    return [[list(range((c * pp + r) * n, (c * pp + r + 1) * n)) for c in range(interleave)] for r in range(pp)]
+
+
+def stage_layers(num_layers: int, pp: int, interleave: int, spec: Any = "auto") -> list[list[int]] | None:
+    """Decoder layer ids held by each pipeline rank (every chunk of `stage_chunks`); None when impossible."""
+    chunks = stage_chunks(num_layers, pp, interleave, spec)
+    return None if chunks is None else [sorted(i for chunk in rank for i in chunk) for rank in chunks]
 
 
 # ----------------------------------------------------------------------------- data blends

@@ -11,6 +11,8 @@ import re
 from pathlib import Path, PurePath
 from typing import Any
 
+import attrs
+
 from mftk import derive as L
 from mftk.config.sections import RUN_MODES, Config
 from mftk.derive import DeriveError, parse_layer_range
@@ -45,7 +47,9 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     r = _Rules()
     _check_training(config, r)
     layout = _check_parallel(config, world_size, r)
-    _check_model_vs_parallel(config, layout, r)
+    _check_layout(config, layout, r)
+    _check_model_vs_data(config, r)
+    _check_callbacks(config, r)
     _check_checkpoint(config, r)
     _check_optimizer(config, r)
     _check_lr(config, r)
@@ -119,9 +123,6 @@ def _check_parallel(c: Config, world: int, r: _Rules) -> L.Layout | None:
         r.error("parallelism.data_parallel_shard", f"must be -1 (all of DP) or ≥ 1, got {p.data_parallel_shard}",
                 p.data_parallel_shard)
         bad = True
-    if p.tensor_parallel > 1 and not p.sequence_parallel:
-        r.error("parallelism.sequence_parallel", f"tensor_parallel={p.tensor_parallel} requires sequence_parallel: true",
-                p.sequence_parallel, "set parallelism.sequence_parallel: true")
     _check_choices(r, "parallelism.pipeline_parallel_schedule", p.pipeline_parallel_schedule.lower() or "1f1b",
                    {"1f1b", "interleaved_1f1b", "gpipe"})
     if p.pipeline_parallel_schedule.lower() == "interleaved_1f1b" and p.pipeline_parallel_interleave_num <= 1:
@@ -155,14 +156,6 @@ def _check_parallel(c: Config, world: int, r: _Rules) -> L.Layout | None:
         r.error("parallelism.data_parallel_shard",
                 f"must divide dp: {dp} % {p.data_parallel_shard} = {dp % p.data_parallel_shard}",
                 p.data_parallel_shard, f"the reference silently adjusts it to {rep}×{shard}; pick a divisor of {dp}")
-    if layout.product != world:
-        r.error("parallelism", f"dp_replicate·dp_shard·cp·tp·pp = {rep}·{shard}·{layout.cp}·{layout.tp}·{layout.pp} = "
-                f"{layout.product} ≠ world size {world}", world, "choose degrees whose product is the world size")
-    ep_domain = shard * layout.cp * layout.tp
-    if layout.ep > 1 and ep_domain % layout.ep:
-        r.error("parallelism.expert_parallel",
-                f"must divide dp_shard·cp·tp = {shard}·{layout.cp}·{layout.tp} = {ep_domain}", layout.ep)
-    _check_accumulation(c, layout, r)
     return layout
 
 
@@ -176,92 +169,53 @@ def _check_ulysses(p, r: _Rules) -> None:
         r.error("parallelism.context_parallel_async", "async CP is only for ulysses / hybrid", True)
 
 
-def _check_accumulation(c: Config, layout: L.Layout, r: _Rules) -> None:
-    t = c.training
-    if t.local_batch_size <= 0 or t.global_batch_size <= 0:
+def _check_layout(c: Config, layout: L.Layout | None, r: _Rules) -> None:
+    """The one check of whether the layout is valid and runnable for the model (`config.runnable`), which
+    plan-parallel's search applies to its candidates too."""
+    if layout is None:
         return
-    if t.rampup_batch_size and len(t.rampup_batch_size) == 3:
-        base = layout.dp * t.local_batch_size
-        for name, value in (("start", t.rampup_batch_size[0]), ("global_batch_size", t.global_batch_size)):
-            if value % base:
-                r.error("training.rampup_batch_size", f"{name} {value} is not divisible by dp·local_batch_size = "
-                        f"{layout.dp}·{t.local_batch_size} = {base}", t.rampup_batch_size)
-        return
-    steps, text = L.accumulation_steps(t.global_batch_size, t.local_batch_size, layout.dp)
-    if steps is None:
-        r.error("training.global_batch_size", f"num_accumulation_steps = {text}", t.global_batch_size,
-                f"use a multiple of dp·local_batch_size = {layout.dp * t.local_batch_size} "
-                "(MindSpore Transformers 2.1.0 refuses it too; earlier releases floored it silently)")
+    from mftk.config.runnable import layout_refusals, settings_of
+    from mftk.config.sections import tracking_requested
+
+    for ref in layout_refusals(c.model, layout, settings_of(c, track_max_logits=tracking_requested(c))):
+        r.error(ref.path, ref.message, _value_at(c, ref.path), ref.hint)
 
 
-def _check_model_vs_parallel(c: Config, layout: L.Layout | None, r: _Rules) -> None:
-    m, p = c.model, c.parallelism
-    if m is None:
-        return
-    tp = p.tensor_parallel
-    heads = getattr(m, "num_attention_heads", None)
-    if tp > 1 and heads and heads % tp:
-        r.error("parallelism.tensor_parallel", f"num_attention_heads % tp = {heads} % {tp} = {heads % tp}, must be 0", tp)
-    kv = getattr(m, "num_key_value_heads", None)
-    if tp > 1 and kv and not getattr(m, "multi_latent_attention", False) and kv % tp:
-        r.error("parallelism.tensor_parallel", f"num_key_value_heads % tp = {kv} % {tp} = {kv % tp}, must be 0", tp)
-    _check_pipeline_layers(c, r)
-    ep = p.expert_parallel
-    experts = getattr(m, "n_routed_experts", None)
-    if ep > 1 and not experts:
-        r.error("parallelism.expert_parallel", f"expert_parallel={ep} but the model has no routed experts", ep)
-    elif ep > 1 and experts % ep:
-        r.error("parallelism.expert_parallel", f"n_routed_experts % ep = {experts} % {ep} = {experts % ep}, must be 0", ep)
-    seq = getattr(m, "seq_length", None)
-    cp = p.context_parallel
-    if seq and cp > 1:
-        factor = 2 * cp if p.context_parallel_method.lower() == "colossal" else cp
-        if seq % factor:
-            what = "2·cp (load-balanced causal split)" if factor != cp else "cp"
-            r.error("parallelism.context_parallel", f"seq_length % {what} = {seq} % {factor} = {seq % factor}, must be 0", cp)
+def _value_at(c: Config, path: str) -> Any:
+    """The config's value at a dotted YAML path (for the problem's ``value``); None where there is none."""
+    node: Any = c
+    for part in re.split(r"\.|\[(\d+)\]", path):
+        if part is None or part == "":
+            continue
+        try:
+            node = node[int(part)] if part.isdigit() else getattr(node, part)
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            return None
+    return None if attrs.has(type(node)) else node
+
+
+def _check_model_vs_data(c: Config, r: _Rules) -> None:
+    seq = getattr(c.model, "seq_length", None) if c.model is not None else None
     data = c.dataset
     if seq and data is not None and data.seq_length is not None and data.seq_length != seq:
         r.error("train_dataset.dataloader.config.seq_length",
                 f"{data.seq_length} ≠ model.seq_length {seq}", data.seq_length, "make both equal")
 
 
-def _check_pipeline_layers(c: Config, r: _Rules) -> None:
-    p, m = c.parallelism, c.model
-    pp, inter = p.pipeline_parallel, p.pipeline_parallel_interleave_num
-    layers = getattr(m, "num_hidden_layers", None)
-    spec, path = p.pipeline_parallel_layers_per_stage, "parallelism.pipeline_parallel_layers_per_stage"
-    if pp <= 1 or not layers:
-        return
-    if spec is None:
-        r.error(path, f"must be 'auto' or a list of {pp} strings when pipeline_parallel > 1", None)
-    elif isinstance(spec, str):
-        if spec != "auto":
-            r.error(path, f"must be 'auto' or a list of {pp} strings, got {spec!r}", spec)
-        elif layers % (pp * inter):
-            r.error(path, f"'auto' needs num_hidden_layers % (pp·interleave) = {layers} % ({pp}·{inter}) = "
-                    f"{layers % (pp * inter)} to be 0", spec, "give an explicit per-stage list instead")
-    else:
-        _check_stage_list(spec, pp, inter, layers, path, r)
+def _check_callbacks(c: Config, r: _Rules) -> None:
+    """``callbacks:`` entries mftk cannot run (the reference builds them from its registry)."""
+    from mftk.config.sections import KNOWN_CALLBACKS, MAX_LOGITS_MONITOR
 
-
-def _check_stage_list(spec: list[str], pp: int, inter: int, layers: int, path: str, r: _Rules) -> None:
-    if len(spec) != pp:
-        r.error(path, f"needs one string per stage: {len(spec)} given, pipeline_parallel = {pp}", spec)
-        return
-    covered: list[int] = []
-    for i, stage in enumerate(spec):
-        chunks = [s for s in stage.split(",")]
-        if len(chunks) != inter:
-            r.error(f"{path}[{i}]", f"needs {inter} chunk(s) (pipeline_parallel_interleave_num), got {len(chunks)}", stage)
-            return
-        for chunk in chunks:
-            ids = parse_layer_range(chunk)
-            if ids is None:
-                r.error(f"{path}[{i}]", f"chunk {chunk!r} is not 'n' or 'a-b'", stage)
-                return
-            covered += ids
-    if sorted(covered) != list(range(layers)):
-        r.error(path, f"stages must cover layers 0..{layers - 1} exactly once", spec)
+    for i, cb in enumerate(c.callbacks or ()):
+        path = f"callbacks[{i}]"
+        if cb.type not in KNOWN_CALLBACKS:
+            r.error(f"{path}.type", f"unknown callback {cb.type!r}", cb.type, f"use one of: {', '.join(KNOWN_CALLBACKS)}")
+        elif cb.type == MAX_LOGITS_MONITOR and int(cb.step_interval) < 1:
+            r.error(f"{path}.step_interval", "step_interval must be at least 1", cb.step_interval,
+                    "set step_interval: 1 (every step)")
+    if sum(getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in c.callbacks or ()) > 1:
+        r.error("callbacks", "more than one MaxLogitsMonitor: each resets the running max",
+                hint="keep one entry with the step_interval you want")
 
 
 def _check_choices(r: _Rules, path: str, value: str, choices: set[str]) -> None:

@@ -305,6 +305,21 @@ class CallbackConfig:
     step_interval: int = field(1, "MaxLogitsMonitor: check every N steps.")
 
 
+MAX_LOGITS_MONITOR = "MaxLogitsMonitor"
+KNOWN_CALLBACKS = (MAX_LOGITS_MONITOR, "MaxLogitsReset")  # MaxLogitsReset: deprecated, the monitor resets
+
+
+def tracking_requested(config: Any) -> bool:
+    """Max-logit tracking is on when the model asks for it, a ``MaxLogitsMonitor`` callback is configured, or
+    Muon's QK-clip needs it (MLA models; the reference adds the monitor the same way)."""
+    from mftk.config.optimizer_muon import qk_clip_active
+
+    model = getattr(config, "model", None)
+    return bool(getattr(model, "track_max_attention_logit", False)) or any(
+        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ()) or (
+        hasattr(config, "optimizer") and qk_clip_active(config))
+
+
 @section
 class LoraConfig:
     target_modules: str = field("", "Regex of modules that get adapters (required).")

@@ -19,7 +19,7 @@ log = logging.getLogger("mftk.train")
 def model_config(config: Any) -> Any:
     """``model:`` with ``track_max_attention_logit`` switched on when a ``MaxLogitsMonitor`` callback asks
     for tracking (the reference's trainer sets it on the model config the same way)."""
-    from mftk.engine.monitor import tracking_requested
+    from mftk.config.sections import tracking_requested
 
     cfg = config.model
     if tracking_requested(config) and not getattr(cfg, "track_max_attention_logit", False):

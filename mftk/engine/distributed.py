@@ -1,20 +1,23 @@
-"""Data parallel and FSDP around the trainer's flat numpy optimizer, and the checkpoint layout they save.
+"""What the trainer needs of a multi-process run: the gradient sync, the FSDP rows of the flat optimizer, the
+global norm, the logged-value reductions and the checkpoint layout — all read from the placement table
+(`parallel.placement`) that `parallel.parallelize` filled.
 
-Why not `parallel.data_parallel.FsdpParams` as is: the trainer keeps its gradients and AdamW state
-in flat fp32 numpy buffers (one vectorised update, `optim.py`), while `FsdpParams` shards
-MindSpore Parameters with ceil-sized row blocks; uneven blocks cannot be described by the
-reference's ``metadata.json`` (``local_shape = global_shape // axis_fragmentations``). So here a
-parameter is sharded along dim 0 over the FSDP group **when dim 0 divides evenly** by its size,
-and kept whole (replicated) otherwise; the collectives are the foundation's (`parallel.comm`).
+The trainer keeps its gradients and AdamW state in flat fp32 numpy buffers (one vectorised update,
+`optim.py`). FSDP shards them by rows: a parameter split over ``fsdp`` in the table (dim 0 of its TP/EP
+block, when that divides evenly) keeps this rank's rows in the optimizer; everything else stays whole.
 
-Per step (`DistContext`): the full flat gradient is averaged over the dp×cp group (one message;
-the CPU reduce-scatter is an all-reduce + slice anyway), this rank keeps its rows of each sharded
-parameter, the norm is summed over the shard group, AdamW updates the local rows only, and the
-updated rows are all-gathered (one message) back into the full model parameters.
+Per step (`sync_grads`), on the full flat gradient of this rank's parameters:
+1. a tensor two pipeline stages hold (the embedding of a tied head or of MTP) is summed over the two;
+2. under TP, every parameter TP left whole saw only this rank's tokens (sequence parallel): summed over TP;
+3. dense parameters are averaged over dp×cp (one message; the CPU reduce-scatter is an all-reduce + slice);
+4. expert-parallel weights are distinct per EP rank: summed over the ranks holding the same experts,
+   divided by dp×cp.
+Then this rank keeps its FSDP rows, the norm sums each element once over the world, AdamW updates the
+local rows and the updated rows are all-gathered (one message) back into the model parameters.
 
-Numerics: each rank's loss is the mean over its micro-batches, so the dp-average of gradients
-and losses equals the single-process run with the same global batch (same samples, summed in
-another order: equal within fp32 rounding).
+Numerics: each rank's loss is the mean over its micro-batches, so the dp-average of gradients and losses
+equals the single-process run with the same global batch (same samples, summed in another order: equal
+within fp32 rounding).
 """
 from __future__ import annotations
 
@@ -24,26 +27,24 @@ import attrs
 import numpy as np
 
 from mftk.ckpt.metadata import ShardedTensor
-from mftk.ckpt.names import STEP, param_of
-
-_DTYPE_NAMES = {"float32": "Float32", "float16": "Float16", "float64": "Float64", "int64": "Int64",
-                "int32": "Int32", "int8": "Int8", "uint8": "UInt8", "bool": "Bool"}
+from mftk.ckpt.names import STEP, param_of, split_state, state_name
 
 
 # --------------------------------------------------------------------------------------- sharding plan
 class FlatSharding:
     """Which rows of each trainable parameter this rank owns, and the full-size gradient layout.
 
-    ``size``/``rank``: the FSDP (dp_shard·cp) group; size 1 means plain DP (everything whole).
-    """
+    ``rows[i]``: ``(start, stop)`` of parameter ``i``'s rows kept here (FSDP), or None (whole).
+    ``size``/``rank``: the FSDP (dp_shard·cp) group; size 1 means plain DP (everything whole)."""
 
     def __init__(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]], size: int, rank: int,
-                 exclude: Sequence[str] = ()) -> None:
+                 sharded: Sequence[bool] | None = None) -> None:
         self.names, self.shapes = list(names), [tuple(s) for s in shapes]
         self.size, self.rank = int(size), int(rank)
-        skip = set(exclude)  # expert-parallel weights: their replicas are the EDP group, not the FSDP group
-        self.rows: list[tuple[int, int] | None] = [None if n in skip else self._rows(s)
-                                                   for n, s in zip(self.names, self.shapes)]
+        if sharded is None:  # stand-alone use: every parameter whose dim 0 divides evenly
+            sharded = [bool(s) and s[0] % self.size == 0 for s in self.shapes]
+        self.rows: list[tuple[int, int] | None] = [self._rows(s) if on and self.size > 1 else None
+                                                   for s, on in zip(self.shapes, sharded)]
         self.full_slices, start = [], 0
         for s in self.shapes:
             n = int(np.prod(s, dtype=np.int64))
@@ -52,19 +53,13 @@ class FlatSharding:
         self.full_size = start
         self.index = {n: i for i, n in enumerate(self.names)}
 
-    def _rows(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
-        if self.size <= 1 or not shape or shape[0] % self.size:
-            return None
+    def _rows(self, shape: tuple[int, ...]) -> tuple[int, int]:
         block = shape[0] // self.size
         return self.rank * block, (self.rank + 1) * block
 
     @property
     def enabled(self) -> bool:
         return any(r is not None for r in self.rows)
-
-    def sharded(self, name: str) -> bool:
-        i = self.index.get(name)
-        return i is not None and self.rows[i] is not None
 
     def local_shape(self, i: int) -> tuple[int, ...]:
         r = self.rows[i]
@@ -75,11 +70,10 @@ class FlatSharding:
         return np.asarray(full) if r is None else np.ascontiguousarray(np.asarray(full)[r[0]:r[1]])
 
     def cut(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        """Global tensors (model names, or ``adam_m.<name>``-style optimizer names) → this rank's pieces."""
+        """This rank's rows of model-block tensors (model names, or ``adam_m.<name>``-style optimizer names)."""
         out = {}
         for key, value in tensors.items():
-            base = param_of(key)
-            i = self.index.get(base)
+            i = self.index.get(param_of(key))
             out[key] = value if i is None else self.local(i, value)
         return out
 
@@ -99,57 +93,44 @@ class FlatSharding:
             optimizer.view(local, i)[...] = self.local(i, full[sl].reshape(self.shapes[i]))
         return local
 
-    def norm_weights(self, optimizer: Any) -> np.ndarray:
-        """Per element of the local flat buffer: 1 for owned rows, 1/size for replicated ones (counted once)."""
-        w = np.ones(optimizer.size, np.float32)
-        for i, r in enumerate(self.rows):
-            if r is None:
-                w[optimizer.slices[i]] = 1.0 / self.size
-        return w
-
 
 # --------------------------------------------------------------------------------------- step collectives
 @attrs.define
 class DistContext:
-    """What the trainer needs to run one replica of a data-parallel (DP/FSDP/HSDP) job."""
+    """One rank of a multi-process job: its groups, the placement table, its FSDP rows, its pipeline stage."""
 
     groups: Any  # parallel.groups.ParallelGroups
+    table: Any  # parallel.placement.PlacementTable
     sharding: FlatSharding
-    splits: dict = attrs.field(factory=dict)  # name -> parallel.model_parallel.Split (TP / EP blocks)
-    norm_weights: np.ndarray | None = None  # set by `bind` under TP/EP: 1/replicas per local gradient element
-    pipeline: Any = None  # PipelineTable under PP: every stage's tensor names, shapes and dtypes
-    stage: Any = None  # parallel.pipeline_model.StageModel of this rank under PP
+    stage: Any = None  # parallel.pipeline_model.StageModel under PP
+    norm_weights: np.ndarray | None = None  # set by `bind`: per local gradient element, 1 / its replicas
     _opt_slices: list | None = None
 
     @property
-    def model_parallel(self) -> bool:
-        """TP/EP splits or PP stages: the grad norm sums each element once over the whole world."""
-        return bool(self.splits) or self.groups.pp.size > 1
+    def pipeline(self) -> bool:
+        return self.stage is not None
 
     def bind(self, optimizer: Any) -> None:
-        """Learn the optimizer's flat layout (the trainer's gradient buffer when not FSDP) and, under TP/EP,
-        each local gradient element's weight in the global norm: 1 / (ranks holding the same element)."""
-        from mftk.engine.parallel.data_parallel import param_replicas
-
+        """Learn the optimizer's flat layout (the trainer's gradient buffer when not FSDP) and each local
+        gradient element's weight in the global norm (`placement.PlacementTable.norm_weight`)."""
         self._opt_slices = list(optimizer.slices)
-        if not self.model_parallel:
-            return
         w = np.ones(optimizer.size, np.float32)
         for i, name in enumerate(self.sharding.names):
-            split = self.splits.get(name)
-            over: tuple[str, ...] = (split.axis,) if split is not None else ()
-            if self.sharding.rows[i] is not None:
-                over += ("dp_shard", "cp")
-            w[optimizer.slices[i]] = 1.0 / param_replicas(self.groups, over)
+            w[optimizer.slices[i]] = self.table.norm_weight(name, self.groups)
         self.norm_weights = w
 
     def cut(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        """Global tensors (a loaded checkpoint's optimizer state) → this rank's TP/EP block, then FSDP rows."""
-        from mftk.engine.parallel.model_parallel import cut
+        """Global tensors (a loaded checkpoint's optimizer state) → this rank's blocks of its stage's tensors."""
+        return self.table.cut(tensors, self.groups)
 
-        if self.pipeline is not None:  # other stages' optimizer states stay with them
-            tensors = {k: v for k, v in tensors.items() if k == STEP or param_of(k) in self.sharding.index}
-        return self.sharding.cut(cut(tensors, self.splits))
+    def saved_model(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """What this rank writes of its model tensors (TP/EP blocks): those its stage saves, FSDP rows cut."""
+        mine = {k: v for k, v in tensors.items() if self.table.owned(k, self.groups)}
+        return self.sharding.cut(mine)
+
+    def saved_optimizer(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The optimizer states this rank writes: ``global_step`` and those of the tensors its stage saves."""
+        return {k: v for k, v in tensors.items() if k == STEP or self.table.owned(k, self.groups)}
 
     def _buffer_slices(self) -> list:
         return self.sharding.full_slices if self.sharding.enabled else self._opt_slices
@@ -165,14 +146,10 @@ class DistContext:
             flat[sl[i]] = packed[off:off + n]
             off += n
 
-    def _all_reduce_np(self, packed: np.ndarray, group: Any, op: str = "sum") -> np.ndarray:
-        from mindspore import Tensor
-
-        from mftk.engine.parallel import comm
-
-        if group.is_trivial or not packed.size:
-            return packed
-        return comm.all_reduce(Tensor.from_numpy(np.ascontiguousarray(packed)), group, op).asnumpy()
+    def _reduce(self, flat: np.ndarray, idx: Sequence[int], group: Any) -> None:
+        """Sum the gradients of parameters ``idx`` over ``group``, in place (one message)."""
+        if idx and not group.is_trivial:
+            self._unpack(flat, idx, _all_reduce_np(self._pack(flat, idx), group))
 
     @property
     def rank(self) -> int:
@@ -183,25 +160,21 @@ class DistContext:
         return self.groups.layout.world
 
     def sync_grads(self, full: np.ndarray) -> np.ndarray:
-        """Average over dp×cp. Under TP (with SP) every replicated parameter first has its partial
-        gradients summed over TP (norms see only this rank's tokens or heads). Expert-parallel weights
-        are distinct per EP rank: summed over the ranks holding the same experts, divided by dp×cp."""
+        """The steps of the module docstring on the full flat gradient of this rank's parameters."""
         from mftk.engine.parallel.data_parallel import sync_flat_gradients
 
-        if not self.model_parallel:
-            return sync_flat_gradients(full, self.groups, op="avg")
         full = np.array(full, np.float32, copy=True)
-        names = self.sharding.names
-        if self.groups.tp.size > 1:
-            rep = [i for i, n in enumerate(names) if n not in self.splits]
-            self._unpack(full, rep, self._all_reduce_np(self._pack(full, rep), self.groups.tp))
-        experts = [i for i, n in enumerate(names) if n in self.splits and self.splits[n].axis == "ep"]
+        place = [self.table[n] for n in self.sharding.names]
+        g = self.groups
+        self._reduce(full, [i for i, p in enumerate(place) if len(p.stages) > 1], g.embedding)
+        self._reduce(full, [i for i, p in enumerate(place) if not p.split_over("tp") and not p.expert], g.tp)
+        experts = [i for i, p in enumerate(place) if p.expert]
         mine = self._pack(full, experts)
-        full = sync_flat_gradients(full, self.groups, op="avg")
+        full = sync_flat_gradients(full, g, op="avg")
         if experts:
-            for g in (self.groups.edp, self.groups.dp_replicate):
-                mine = self._all_reduce_np(mine, g)
-            self._unpack(full, experts, mine / np.float32(max(self.groups.dp_cp.size, 1)))
+            for group in (g.edp, g.dp_replicate):
+                mine = _all_reduce_np(mine, group)
+            self._unpack(full, experts, mine / np.float32(max(g.dp_cp.size, 1)))
         return full
 
     def mean(self, values: Sequence[float]) -> np.ndarray:
@@ -209,31 +182,28 @@ class DistContext:
         g = self.groups.dp_cp
         return _sum_f64(np.asarray(values, np.float64), g) / max(g.size, 1)
 
+    def stage_sum(self, values: Sequence[float]) -> np.ndarray:
+        """Scalars summed over the pipeline stages (each stage fills its own entries, zeros elsewhere)."""
+        return _sum_f64(np.asarray(values, np.float64), self.groups.pp)
+
     def sum_counts(self, counts: np.ndarray) -> np.ndarray:
-        """tokens_per_expert summed over dp×cp before the expert-bias update (counts are exact in fp32)."""
+        """tokens_per_expert summed over every rank (each counts its own tokens, for its stage's layers)
+        before the expert-bias update (counts are exact in fp32)."""
         from mindspore import Tensor
 
         from mftk.engine.parallel import comm
 
-        g = self.groups.dp_cp
+        g = self.groups.world
         if g.is_trivial:
             return counts
         t = comm.all_reduce(Tensor(np.ascontiguousarray(counts, np.float32)), g, "sum")
         return t.asnumpy().astype(np.float64)
 
-    def grad_norm(self, local: np.ndarray, weights: np.ndarray | None) -> float:
-        """The full gradient's norm: local squares (replicated parts weighted 1/size) summed over the shard group."""
-        if self.norm_weights is not None:  # TP/EP: every element counted once over the whole world
-            g64 = local.astype(np.float64)
-            sq = float(np.dot(g64 * self.norm_weights, g64))
-            return float(np.sqrt(_sum_f64(np.array([sq]), self.groups.world)[0]))
-        if weights is None:
-            from mftk.engine.optim import global_norm
-
-            return global_norm(local)
+    def grad_norm(self, local: np.ndarray) -> float:
+        """The full gradient's norm: each local element's square weighted by 1/its replicas, summed over the world."""
         g64 = local.astype(np.float64)
-        sq = float(np.dot(g64 * weights, g64))
-        return float(np.sqrt(_sum_f64(np.array([sq]), self.groups.fsdp)[0]))
+        sq = float(np.dot(g64 * self.norm_weights, g64))
+        return float(np.sqrt(_sum_f64(np.array([sq]), self.groups.world)[0]))
 
     def gather_params(self, optimizer: Any) -> list[np.ndarray]:
         """Full parameter values from every rank's updated rows (one all-gather over the shard group)."""
@@ -269,49 +239,27 @@ class DistContext:
     # ---------------------------------------------------------------- checkpoint layout
     def metadata_specs(self, model: dict[str, np.ndarray], optimizer: dict[str, np.ndarray] | None
                        ) -> tuple[dict[str, ShardedTensor], dict[str, ShardedTensor]]:
-        """`ShardedTensor` specs of this rank's saved tensors (every rank saves the same names)."""
-        from mftk.engine.parallel.groups import mesh_groups
-
+        """`ShardedTensor` specs of every saved tensor of every rank (rank 0 writes metadata.json): the
+        model tensors of the table, and the optimizer states this rank saves for every trainable one."""
         layout = self.groups.layout
-        mesh = [mesh_groups(layout, r) for r in range(layout.world)]
-        if self.pipeline is not None:  # rank 0 describes every stage's tensors, not only its own
-            model, optimizer = self.pipeline.placeholders(optimizer is not None)
+        model_keys = [p.name for p in self.table]
+        opt_keys: list[str] = []
+        if optimizer is not None:
+            states = sorted({s[0] for s in map(split_state, optimizer) if s is not None})
+            opt_keys = [state_name(s, p.name) for s in states for p in self.table if p.trainable]
+            opt_keys += [STEP] if STEP in optimizer else []
+        return (self.table.sharded_tensors(model_keys, layout),
+                self.table.sharded_tensors(opt_keys, layout) if optimizer is not None else {})
 
-        def spec(key: str, local: np.ndarray) -> ShardedTensor:
-            base = param_of(key)
-            i = self.sharding.index.get(base)
-            if self.pipeline is not None and i is None and self.sharding.size > 1:
-                raise ValueError("pipeline parallel with FSDP is not supported")  # refused by run.check_supported_layout
-            dtype = _DTYPE_NAMES.get(str(getattr(local, "dtype", "")), "BFloat16")
-            split = self.splits.get(base)
-            rows = i is not None and self.sharding.rows[i] is not None
-            shape = list(self.sharding.shapes[i] if rows else np.shape(local))  # the TP/EP block, before FSDP
-            frag = [1] * len(shape)
-            if split is not None:
-                frag[split.dim] *= split.group.size
-                shape[split.dim] *= split.group.size
-            if rows:  # FSDP rows inside the TP/EP block on dim 0
-                frag[0] *= self.sharding.size
-            holders = {}
-            stage = self.pipeline.stage_of(key) if self.pipeline is not None else None
-            for r in range(layout.world):
-                if stage is not None and mesh[r].pp.rank != stage:
-                    continue  # held by the ranks of its pipeline stage only
-                coords = [0] * len(shape)
-                if split is not None:
-                    coords[split.dim] = getattr(mesh[r], split.axis).rank
-                if rows:
-                    coords[0] = coords[0] * self.sharding.size + mesh[r].fsdp.rank
-                holders[r] = int(np.ravel_multi_index(coords, frag)) if coords else 0
-            groups: dict[int, list[int]] = {}
-            for r, s in holders.items():
-                groups.setdefault(s, []).append(r)
-            replica = [groups[holders[r]].index(r) for r in sorted(holders)]
-            return ShardedTensor(global_shape=tuple(shape), axis_fragmentations=tuple(frag), holders=holders,
-                                 dtype=dtype, replica_id=replica)
 
-        return ({k: spec(k, v) for k, v in model.items()},
-                {k: spec(k, v) for k, v in (optimizer or {}).items()})
+def _all_reduce_np(packed: np.ndarray, group: Any, op: str = "sum") -> np.ndarray:
+    from mindspore import Tensor
+
+    from mftk.engine.parallel import comm
+
+    if group.is_trivial or not packed.size:
+        return packed
+    return comm.all_reduce(Tensor.from_numpy(np.ascontiguousarray(packed)), group, op).asnumpy()
 
 
 def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
@@ -333,14 +281,9 @@ def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
     return total
 
 
-def make_context(layout: Any, names: Sequence[str], shapes: Sequence[tuple[int, ...]], *, groups: Any = None,
-                 splits: dict | None = None) -> DistContext:
-    """The sharding plan of this rank; creates the process groups (after ``communication.init()``) unless given.
-    ``splits``: the TP/EP blocks of a model-parallel model (`parallel.model_parallel.param_splits`)."""
-    from mftk.engine.parallel.groups import create_groups
-
-    groups = groups if groups is not None else create_groups(layout)
-    splits = dict(splits or {})
-    experts = [n for n, s in splits.items() if s.axis == "ep"]
-    return DistContext(groups=groups, sharding=FlatSharding(names, shapes, groups.fsdp.size, groups.fsdp.rank,
-                                                            exclude=experts), splits=splits)
+def make_context(groups: Any, table: Any, params: Sequence[Any], stage: Any = None) -> DistContext:
+    """The context of this rank: its trainable ``params`` (model order) with their FSDP rows from ``table``."""
+    names = [p.name for p in params]
+    sharded = [table[n].split_over("fsdp") for n in names]
+    sharding = FlatSharding(names, [tuple(p.shape) for p in params], groups.fsdp.size, groups.fsdp.rank, sharded)
+    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage)

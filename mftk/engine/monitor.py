@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from mftk.config.sections import MAX_LOGITS_MONITOR, tracking_requested
+
 log = logging.getLogger("mftk.train")
 
 
@@ -80,21 +82,6 @@ class TrainStateMonitor:
                 if any(f in name for f in filters):
                     g = grads[optimizer.slices[i]].astype(np.float64)
                     log.info('{ "%s": %s: %10.6f }', key, name, float(np.sqrt(np.dot(g, g))))
-
-
-MAX_LOGITS_MONITOR = "MaxLogitsMonitor"
-KNOWN_CALLBACKS = (MAX_LOGITS_MONITOR, "MaxLogitsReset")  # MaxLogitsReset: deprecated, the monitor resets
-
-
-def tracking_requested(config: Any) -> bool:
-    """Max-logit tracking is on when the model asks for it, a ``MaxLogitsMonitor`` callback is configured, or
-    Muon's QK-clip needs it (MLA models; the reference adds the monitor the same way)."""
-    from mftk.config.optimizer_muon import qk_clip_active
-
-    model = getattr(config, "model", None)
-    return bool(getattr(model, "track_max_attention_logit", False)) or any(
-        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ()) or (
-        hasattr(config, "optimizer") and qk_clip_active(config))
 
 
 def max_logits_cells(model: Any) -> list:

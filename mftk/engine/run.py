@@ -76,9 +76,9 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
     False when another process of the job (an msrun parent) holds it.
     """
     from mftk.ckpt.guard import hold_save_path
-    from mftk.engine.runnable import check_supported_layout
+    from mftk.config.runnable import runnable_layout
 
-    layout = check_supported_layout(loaded, world_size)
+    layout = runnable_layout(loaded, world_size)
     rank = _rank() if world_size > 1 and not dry_run else 0
     out_dir = Path(output_dir)
     log_dir = out_dir / "log" / f"rank_{rank}"
@@ -309,44 +309,55 @@ def _saved_architecture(plan: ResumePlan, current: Any) -> tuple[Any, list[str]]
 
 
 def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
-    """Process groups, this rank's TP/EP model (cut from the full one) or PP stage, and the DP/FSDP plan."""
+    """Process groups, the model parallelized for this rank (`parallel.parallelize`), and its `DistContext`."""
     from mftk.engine.distributed import make_context
     from mftk.engine.parallel.groups import create_groups
-    from mftk.engine.parallel.model_parallel import param_splits, to_parallel
+    from mftk.engine.parallel.parallelize import ParallelDims, parallelize
 
-    groups = create_groups(layout)
-    splits = {}
-    if layout.tp > 1 or layout.ep > 1:
-        model = to_parallel(model, groups)
-        splits = param_splits(model)
-        log.info("Model parallel: tensor_parallel=%d (sequence parallel), expert_parallel=%d; %d parameters split "
-                 "(column/vocab on dim 0, row on dim 1, experts on dim 0)", layout.tp, layout.ep, len(splits))
-    if layout.cp > 1:
-        from mftk.engine.parallel.context_parallel import ContextParallelModel
+    from mftk.config.runnable import ulysses_degree
 
-        model = ContextParallelModel(model, groups.cp)
-        log.info("Context parallel: context_parallel=%d (colossal: rank %d holds sequence chunks %d and %d of %d; "
-                 "KV all-gathered)", layout.cp, groups.cp.rank, groups.cp.rank, 2 * layout.cp - 1 - groups.cp.rank,
-                 2 * layout.cp)
-    stage = None
+    p = config.parallelism
+    ulysses = ulysses_degree(p.context_parallel_method, layout.cp, p.ulysses_degree_in_cp)
+    groups = create_groups(layout, ulysses=ulysses)
+    chunks = None
     if layout.pp > 1:
-        from mftk.engine.parallel.pipeline_model import StageModel, stage_layers_of
+        from mftk.engine.parallel.pipeline_model import stage_chunks_of
 
-        stage = StageModel(model, stage_layers_of(config), groups.pp.rank)
-        log.info("Pipeline parallel: stage %d of %d holds decoder layers %s%s%s (schedule %s)", stage.stage, layout.pp,
-                 stage.my_layers, ", the embedding" if stage.is_first else "",
-                 ", the final norm and output layer" if stage.is_last else "",
-                 config.parallelism.pipeline_parallel_schedule or "1f1b")
-    params = list(model.trainable_params())
-    dist = make_context(layout, [p.name for p in params], [tuple(p.shape) for p in params], groups=groups,
-                        splits=splits)
-    if stage is not None:
-        dist.pipeline, dist.stage = stage.table, stage
-    if dist.sharding.enabled:
-        n = sum(1 for r in dist.sharding.rows if r is not None)
-        log.info("FSDP: %s along dim 0 over %d ranks; optimizer states sharded the same way",
-                 sharded_phrase(n, len(params)), dist.sharding.size)
+        chunks = stage_chunks_of(config)
+    par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks))
+    _log_parallel(par, layout, groups, p)
+    dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage)
     return model, dist
+
+
+def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
+    """One start-up line per parallel dimension that is on: what this rank holds."""
+    table = par.table
+    if layout.tp > 1 or layout.ep > 1:
+        split = sum(1 for t in table if t.split_over("tp") or t.expert)
+        log.info("Model parallel: tensor_parallel=%d (sequence parallel), expert_parallel=%d; %d parameters split "
+                 "(column/vocab on dim 0, row on dim 1, experts on dim 0)", layout.tp, layout.ep, split)
+    if layout.cp > 1:
+        method = p.context_parallel_method.lower()
+        if method == "ulysses":
+            held = f"positions {groups.cp.rank} of {layout.cp} contiguous parts; heads all-to-all"
+        else:
+            held = (f"sequence chunks {groups.cp.rank} and {2 * layout.cp - 1 - groups.cp.rank} of {2 * layout.cp}; "
+                    + ("KV all-gathered" if method == "colossal" else
+                       f"heads all-to-all over {groups.cp_ulysses.size}, KV all-gathered over {groups.cp_ring.size}"))
+        log.info("Context parallel: context_parallel=%d (%s: rank %d holds %s)", layout.cp, method, groups.cp.rank,
+                 held)
+    stage = par.stage
+    if stage is not None:
+        chunks = f" in {len(stage.chunks)} chunks {stage.chunks}" if len(stage.chunks) > 1 else ""
+        log.info("Pipeline parallel: stage %d of %d holds decoder layers %s%s%s%s (schedule %s)", stage.stage,
+                 layout.pp, stage.my_layers, chunks, ", the embedding" if stage.is_first else "",
+                 ", the final norm and output layer" if stage.is_last else "",
+                 "interleaved_1f1b" if len(stage.chunks) > 1 else (p.pipeline_parallel_schedule or "1f1b"))
+    fsdp = sum(1 for t in table if t.split_over("fsdp"))
+    if fsdp:
+        log.info("FSDP: %s along dim 0 over %d ranks; optimizer states sharded the same way",
+                 sharded_phrase(fsdp, sum(1 for t in table if t.trainable)), groups.fsdp.size)
 
 
 def sharded_phrase(sharded: int, total: int) -> str:

@@ -11,7 +11,6 @@ from typing import Any, Callable
 import attrs
 
 
-
 @attrs.frozen
 class ModuleSpec:
     """A class plus constructor keywords; ``build(**more)`` instantiates it."""
@@ -53,7 +52,6 @@ class ModelSpec:
     init_std: float = 0.02
     pad_token_id: int = 0
     hidden_dropout: float = 0.0
-    tp: Any = None  # parallel.groups.AxisGroup when tensor parallel (with SP) is on; see parallel.model_parallel
     hc_head: ModuleSpec | None = None  # multi-stream residual: expands the embedding, collapses before the final norm
     indexer_loss_coeff: float = 0.0  # weight of the layers' ``core_attention.indexer_loss`` (DeepSeek-V4)
 

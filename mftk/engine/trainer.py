@@ -167,9 +167,8 @@ class Trainer:
         self.dispatch = Dispatcher(low_priority=low)
         self.state = TrainState()  # the state being advanced (given to `fit`)
         self.first_step_seconds: float | None = None
-        self.dist = dist  # distributed.DistContext for a data-parallel (DP/FSDP) job, else None
+        self.dist = dist  # distributed.DistContext of a multi-process job, else None
         self.sharded = dist is not None and dist.sharding.enabled
-        self._norm_weights = dist.sharding.norm_weights(optimizer) if self.sharded else None
 
     @classmethod
     def from_config(cls, config: Any, *, model: Any, optimizer: AdamW, loader: Any, state: TrainState, dist: Any,
@@ -182,7 +181,7 @@ class Trainer:
 
         tr, m = config.training, config.model
         kind, extra = cls, {}
-        if dist is not None and dist.pipeline is not None:
+        if dist is not None and dist.pipeline:
             from mftk.engine.pipeline_trainer import PipelineTrainer
 
             kind = PipelineTrainer
@@ -216,6 +215,7 @@ class Trainer:
     def train_step(self, state: TrainState) -> dict[str, Any]:
         t0 = time.perf_counter()
         timer = PhaseTimer()
+        c0 = _collectives() if self.dist is not None else (0.0, 0)
         plan = self.batch_schedule.at(state.consumed_samples)
         grads, out = self.forward_backward(plan, timer)
         norm = self.grad_norm(grads)
@@ -227,7 +227,12 @@ class Trainer:
         self.expert_bias_update(out.tokens_per_expert)
         self.advance(state, plan)
         step_ms = (time.perf_counter() - t0) * 1000.0
+        if self.dist is not None:  # every collective of the step: in the model's forward/backward and in the sync
+            c1 = _collectives()
+            timer.add("collectives", c1[0] - c0[0])
         metrics = self.metrics(state, plan, out, norm if applied else None, step_ms, timer, lr)
+        if self.dist is not None:
+            metrics["collectives"] = c1[1] - c0[1]
         self.report(state, metrics, out, grads)
         if self.first_step_seconds is None:
             self.first_step_seconds = step_ms / 1000.0
@@ -301,8 +306,8 @@ class Trainer:
                                local_losses=out.local_losses, indexer=[float(x) for x in means[1 + na + nm:]])
 
     def grad_norm(self, grads: np.ndarray) -> float:
-        if self.sharded or getattr(self.dist, "model_parallel", False):  # TP/EP: summed over ranks
-            return self.dist.grad_norm(grads, self._norm_weights)
+        if self.dist is not None:  # each element counted once over the whole world
+            return self.dist.grad_norm(grads)
         return global_norm(grads)
 
     def nan_guard(self, state: TrainState, loss: float, norm: float) -> bool:
@@ -416,10 +421,6 @@ class Trainer:
         if self.checkpointer is not None:
             self.save(state, SaveReason.FINAL)
 
-    def model_tensors_to_save(self) -> dict[str, np.ndarray]:
-        """The model tensors this rank writes (all of them; a pipeline stage narrows this)."""
-        return model_tensors(self.model)
-
     def save(self, state: TrainState, reason: SaveReason) -> bool:
         """Ask the checkpointer to save this step for ``reason``; it decides whether one is due."""
         return self.checkpointer.save(state.global_step, reason, lambda: self.payload(state), self.sink)
@@ -435,11 +436,19 @@ class Trainer:
             from mftk.engine.state import low_precision
 
             opt = self.optimizer.state_dict(with_masters=low_precision(self.params))
-        model = self.model_tensors_to_save()
-        if self.sharded:  # this rank's rows of each sharded parameter; the rest whole
-            model = self.dist.sharding.cut(model)
+        model = model_tensors(self.model)
+        if self.dist is not None:  # the tensors this rank's stage saves: TP/EP blocks, FSDP rows
+            model = self.dist.saved_model(model)
+            opt = self.dist.saved_optimizer(opt) if opt is not None else None
         extra = extra_state(state, global_batch_size=gbs, dp=bs.dp, local_batch_size=bs.local_batch_size)
         return Payload(common=common, model=model, optimizer=opt, extra=extra, config=self.saved_config)
+
+
+def _collectives() -> tuple[float, int]:
+    """(seconds inside collectives, collectives called) of this process so far."""
+    from mftk.engine.parallel.comm import CLOCK
+
+    return CLOCK.seconds, CLOCK.calls
 
 
 def nan_policy_from(config: Any) -> NanPolicy:

@@ -77,7 +77,12 @@ class PlanInputs:
     reshard_policy: str = "default"     # FSDP reshard_after_forward_policy
     layers_per_stage: Any = "auto"
     cp_method: str = "colossal"
+    ulysses_degree: int | None = None   # parallelism.ulysses_degree_in_cp (hybrid CP)
     sequence_parallel: bool = False
+    rampup: tuple[int, ...] | None = None  # training.rampup_batch_size
+    track_max_logits: bool = False      # max attention logit tracking (refused with TP/CP/PP)
+    muon: bool = False                  # optimizer.type: Muon (refused with TP)
+    qk_clip: bool = False               # Muon's QK-clip is active (refused with FSDP)
 
 
 @attrs.frozen(kw_only=True)

@@ -10,13 +10,13 @@ import copy
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import attrs
 
-from mftk.config.load import LoadedConfig, build_config, load_data
+from mftk.config.load import LoadedConfig, apply_override, build_config, load_data
 from mftk.config.yamlio import parse_yaml, read_config_file
-from mftk.errors import InputError, PlanError
+from mftk.errors import ConfigError, InputError, PlanError
 from mftk.plan import search as S
 from mftk.derive import Layout, layout_from_config
 from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, human, parse_bytes, preset
@@ -93,12 +93,18 @@ def label(lay: Layout) -> str:
 
 # ----------------------------------------------------------------------------- loading
 
-def load_for_plan(path: str | Path, *, world: int, check: bool) -> tuple[LoadedConfig, Any]:
-    """The validated config (degrees reset for a search) and the YAML's own parallelism section."""
+def load_for_plan(path: str | Path, *, world: int, check: bool,
+                  overrides: Iterable[str] = ()) -> tuple[LoadedConfig, Any]:
+    """The validated config (degrees reset for a search) and the YAML's own parallelism section, both with the
+    ``--set`` overrides applied (as `validate-config` and `train` apply them)."""
     source = str(path)
     data, lines = parse_yaml(read_config_file(path), source)
     if not isinstance(data, dict):
         load_data(data, lines=lines, source=source)  # raises the loader's own error
+    problems = [p for item in overrides for p in apply_override(data, item)]
+    if problems:
+        raise ConfigError(message=f"{len(problems)} problem(s) in the --set overrides", source=source,
+                          problems=problems)
     original, _ = build_config(copy.deepcopy(data), lines)
     if check:
         loaded = load_data(data, lines=lines, source=source, world_size=world, check_files=False)
@@ -125,11 +131,19 @@ def plan_inputs(config, parallelism) -> PlanInputs:
     mode = str(config.recompute.mode).lower()
     recompute = {"full": "full", "select": "selective", "selective": "selective"}.get(mode, "none")
     schedule = (parallelism.pipeline_parallel_schedule or "1f1b").lower()
-    return PlanInputs(model=config.model, local_batch_size=config.training.local_batch_size,
-                      global_batch_size=config.training.global_batch_size, schedule=schedule,
+    from mftk.config.optimizer_muon import qk_clip_active
+    from mftk.config.sections import tracking_requested
+
+    t = config.training
+    return PlanInputs(model=config.model, local_batch_size=t.local_batch_size,
+                      global_batch_size=t.global_batch_size, schedule=schedule,
                       recompute=recompute, reshard_policy=parallelism.reshard_after_forward_policy,
                       layers_per_stage=parallelism.pipeline_parallel_layers_per_stage,
-                      cp_method=parallelism.context_parallel_method, sequence_parallel=parallelism.sequence_parallel)
+                      cp_method=parallelism.context_parallel_method, ulysses_degree=parallelism.ulysses_degree_in_cp,
+                      sequence_parallel=parallelism.sequence_parallel,
+                      rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
+                      track_max_logits=tracking_requested(config), muon=config.optimizer.type == "Muon",
+                      qk_clip=qk_clip_active(config))
 
 
 def _rate_ok(flag: str, value: float | None, what: str) -> None:
@@ -149,10 +163,12 @@ def _nodes_ok(world: int, nodes: int | None) -> None:
 
 def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None, device_memory: str = "64GiB",
                   check: bool = False, explain: str | None = None, device_tflops: float | None = None,
-                  link_gbps: float | None = None, assumptions: Assumptions | str = Assumptions()) -> PlanReport:
+                  link_gbps: float | None = None, assumptions: Assumptions | str = Assumptions(),
+                  overrides: Iterable[str] = ()) -> PlanReport:
     """Search (or, with check, evaluate the YAML's own) layouts for `world_size` devices.
 
-    ``assumptions`` may name a profile: "accelerator" (default accounting) or "mftk-cpu" (this engine on CPU).
+    ``assumptions`` may name a profile: "accelerator" (default accounting) or "mftk-cpu" (this engine on CPU);
+    ``overrides`` are ``section.key=value`` strings applied to the YAML first (``--set``).
     """
     if isinstance(assumptions, str):
         assumptions = preset(assumptions)
@@ -163,7 +179,7 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
     _nodes_ok(world_size, nodes)
     _rate_ok("--device-tflops", device_tflops, "sustained TFLOP/s of one device, e.g. 300")
     _rate_ok("--link-gbps", link_gbps, "link bandwidth in Gbit/s, e.g. 400")
-    loaded, parallelism = load_for_plan(path, world=world_size, check=check)
+    loaded, parallelism = load_for_plan(path, world=world_size, check=check, overrides=overrides)
     inputs = plan_inputs(loaded.config, parallelism)
     if not check:  # the plan's YAML block turns sequence_parallel on wherever tp > 1
         inputs = attrs.evolve(inputs, sequence_parallel=True)

@@ -11,25 +11,15 @@ from typing import Iterator
 
 import attrs
 
-from mftk.derive import Layout, stage_layers
+from mftk.config.runnable import RULES as RUNNABLE_RULES
+from mftk.config.runnable import LayoutSettings, layout_refusals
+from mftk.derive import Layout
 from mftk.plan.memory import PlanInputs
 
 MAX_CANDIDATES = 1_000_000  # layouts one search checks (~30 s here); a 98,304-device MoE job has 550,188
 
-# rule name -> (mesh dimension it constrains, what it says)
-RULES: dict[str, tuple[str, str]] = {
-    "tp_heads": ("tp", "num_attention_heads divisible by tp"),
-    "tp_kv_heads": ("tp", "num_key_value_heads divisible by tp (GQA)"),
-    "tp_needs_sp": ("tp", "tp > 1 needs parallelism.sequence_parallel: true"),
-    "tp_in_node": ("tp", "a tp group stays inside one node (--nodes)"),
-    "pp_layers": ("pp", "num_hidden_layers split over pp·interleave ('auto') or an explicit per-stage list"),
-    "ep_experts": ("ep", "n_routed_experts divisible by ep"),
-    "ep_dense": ("ep", "ep > 1 needs routed experts"),
-    "ep_domain": ("ep", "ep divides dp_shard·cp·tp"),
-    "cp_seq": ("cp", "seq_length divisible by cp (2·cp for colossal's load-balanced causal split)"),
-    "batch": ("dp", "global_batch_size divisible by local_batch_size·dp"),
-    "product": ("world", "dp_replicate·dp_shard·cp·tp·pp equals the world size"),
-}
+# rule name -> (mesh dimension it constrains, what it says): config.runnable's rules, plus the node topology
+RULES: dict[str, tuple[str, str]] = {**RUNNABLE_RULES, "tp_in_node": ("tp", "a tp group stays inside one node (--nodes)")}
 
 
 @attrs.frozen
@@ -178,57 +168,21 @@ def candidate_layouts(world: int, *, moe: bool, max_interleave: int = 1) -> Iter
 
 
 def check_layout(layout: Layout, inputs: PlanInputs, *, nodes: int | None = None) -> list[Rejection]:
-    """Every rule the layout breaks for this model and batch (empty: valid)."""
-    cfg, lay, out = inputs.model, layout, []
-
-    def reject(rule: str, message: str) -> None:
-        out.append(Rejection(rule, message))
-
-    if lay.product != lay.world:
-        reject("product", f"{lay.dp_replicate}·{lay.dp_shard}·{lay.cp}·{lay.tp}·{lay.pp} = {lay.product} ≠ {lay.world}")
-    nh = cfg.num_attention_heads
-    if nh % lay.tp:
-        reject("tp_heads", f"num_attention_heads % tp = {nh} % {lay.tp} = {nh % lay.tp}")
-    mla = bool(getattr(cfg, "multi_latent_attention", False)) and hasattr(cfg, "kv_lora_rank")
-    ng = cfg.num_query_groups()
-    if not mla and ng % lay.tp:
-        reject("tp_kv_heads", f"num_key_value_heads % tp = {ng} % {lay.tp} = {ng % lay.tp}")
-    if lay.tp > 1 and not inputs.sequence_parallel:
-        reject("tp_needs_sp", f"tp={lay.tp} but sequence_parallel is false")
+    """Every rule the layout breaks for this model and batch (empty: valid and runnable): the node topology,
+    then `config.runnable.layout_refusals` — the same function `validate-config` and `train` apply."""
+    out = []
     if nodes:
-        per_node = lay.world // nodes
-        if per_node % lay.tp:
-            reject("tp_in_node", f"{per_node} devices per node % tp = {per_node} % {lay.tp} = {per_node % lay.tp}: "
-                   "a tp group would span nodes")
-    L = cfg.num_hidden_layers
-    if lay.pp > 1 or lay.interleave > 1:
-        if stage_layers(L, lay.pp, lay.interleave, inputs.layers_per_stage) is None:
-            spec = inputs.layers_per_stage
-            if isinstance(spec, list) and len(spec) == lay.pp:
-                reject("pp_layers", f"pipeline_parallel_layers_per_stage {spec} does not cover layers 0..{L - 1} "
-                       f"in {lay.interleave} chunk(s) per stage")
-            else:
-                reject("pp_layers", f"num_hidden_layers % (pp·interleave) = {L} % ({lay.pp}·{lay.interleave}) = "
-                       f"{L % (lay.pp * lay.interleave)}")
-    experts = getattr(cfg, "n_routed_experts", 0) if cfg.is_moe() else 0
-    if lay.ep > 1 and not experts:
-        reject("ep_dense", f"ep={lay.ep} but the model has no routed experts")
-    elif lay.ep > 1 and experts % lay.ep:
-        reject("ep_experts", f"n_routed_experts % ep = {experts} % {lay.ep} = {experts % lay.ep}")
-    domain = lay.dp_shard * lay.cp * lay.tp
-    if domain % lay.ep:
-        reject("ep_domain", f"dp_shard·cp·tp % ep = {domain} % {lay.ep} = {domain % lay.ep}")
-    S = cfg.seq_length
-    if lay.cp > 1:
-        factor = 2 * lay.cp if inputs.cp_method.lower() == "colossal" else lay.cp
-        if S % factor:
-            what = f"2·cp = {factor}" if factor != lay.cp else f"cp = {factor}"
-            reject("cp_seq", f"seq_length % ({what}) = {S} % {factor} = {S % factor}")
-    base = inputs.local_batch_size * lay.dp
-    gbs = inputs.global_batch_size
-    if gbs % base or gbs < base:
-        reject("batch", f"global_batch_size % (local_batch_size·dp) = {gbs} % ({inputs.local_batch_size}·{lay.dp}) = "
-               f"{gbs % base}" + (f" (and {gbs} < {base})" if gbs < base else ""))
+        per_node = layout.world // nodes
+        if per_node % layout.tp:
+            out.append(Rejection("tp_in_node", f"{per_node} devices per node % tp = {per_node} % {layout.tp} = "
+                                 f"{per_node % layout.tp}: a tp group would span nodes"))
+    settings = LayoutSettings(sequence_parallel=inputs.sequence_parallel, cp_method=inputs.cp_method.lower(),
+                              ulysses_degree=inputs.ulysses_degree,
+                              layers_per_stage=inputs.layers_per_stage, schedule=inputs.schedule,
+                              global_batch_size=inputs.global_batch_size, local_batch_size=inputs.local_batch_size,
+                              rampup=inputs.rampup, track_max_logits=inputs.track_max_logits,
+                              muon=inputs.muon, qk_clip=inputs.qk_clip)
+    out += [Rejection(r.rule, r.message) for r in layout_refusals(inputs.model, layout, settings)]
     return out
 
 

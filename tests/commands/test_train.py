@@ -53,10 +53,9 @@ def test_missing_data_files(tmp_path, corpus):
 def test_model_parallel_degrees_are_refused_before_launch(tmp_path, corpus):
     cfg = write_config(tmp_path, corpus)
     r = runner.invoke(app, ["train", str(cfg), "--nproc", "2", "--output-dir", str(tmp_path / "out"),
-                            "--set", "parallelism.pipeline_parallel=2", "--set", "model.tie_word_embeddings=true"])
+                            "--set", "parallelism.pipeline_parallel=2", "--set", "model.hidden_dropout=0.1"])
     assert r.exit_code == 1, r.output
-    assert "parallelism.pipeline_parallel" in r.stderr and "tie_word_embeddings" in r.stderr
-    assert "not supported yet" in r.stderr
+    assert "model.hidden_dropout" in r.stderr and "hidden_dropout must be 0" in r.stderr
     assert not (tmp_path / "out").exists()  # no worker was started
 
 

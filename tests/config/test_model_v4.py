@@ -37,7 +37,12 @@ def errors(data: dict, world_size: int = 1) -> dict[str, str]:
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_shipped_deepseek_v4_yamls_validate(path):
+    """Every key validates; the one refusal is the layout train cannot run yet (expert parallel on V4's
+    hyper-connection layers), reported where train would, at load time with the world size."""
     data = yaml.safe_load(path.read_text())
+    assert set(errors(data, world_size=8)) == {"parallelism.expert_parallel"}
+    assert "not supported for model_type 'deepseek_v4'" in errors(data, world_size=8)["parallelism.expert_parallel"]
+    data["parallelism"]["expert_parallel"] = 1
     assert errors(data, world_size=8) == {}
     found = problems(data, world_size=8)
     assert found["optimizer.qk_clip_enabled"][0] == "note"  # no effect for V4, as in the reference
@@ -136,31 +141,33 @@ def test_qwen3_moe_pattern_and_hf_names():
 
 
 @pytest.mark.parametrize("template,parallel,fragment", [
-    ("deepseek_v4_tiny.yaml", {"expert_parallel": 2}, "hyper-connection layers"),
-    ("deepseek_v4_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True}, "not supported"),
-    ("deepseek_v4_tiny.yaml", {"pipeline_parallel": 3}, "MoE layers"),
+    ("deepseek_v4_tiny.yaml", {"expert_parallel": 2}, "hash-routed experts inside hyper-connection layers"),
+    ("deepseek_v4_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True}, "tensor parallel is not implemented"),
+    ("deepseek_v4_tiny.yaml", {"context_parallel": 2}, "context parallel is not implemented"),
+    ("deepseek_v4_tiny.yaml", {"pipeline_parallel": 3}, "hyper-connection residual streams"),
+    ("qwen3_moe_tiny.yaml", {"pipeline_parallel": 3}, "pipeline_parallel=3 is not supported for model_type"),
+    ("qwen3_moe_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True}, "tensor parallel is not implemented"),
     ("qwen3_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True, "_muon": True}, "Muon with tensor_parallel"),
 ])
 def test_unimplemented_layouts_are_refused(template, parallel, fragment):
-    from mftk.engine.runnable import check_supported_layout
-
+    """What the engine has no plan for is refused when the config is loaded at the world size (what
+    validate-config, plan-parallel and train all apply: `config.runnable`), at the key's YAML path."""
     data = _raw(f"templates/{template}")
     if parallel.pop("_muon", False):
         data["optimizer"] = {"type": "Muon", "qk_clip_enabled": False}
     data["parallelism"].update(parallel)
     world = max(2, parallel.get("pipeline_parallel", 1))
-    loaded = load_data(data, world_size=world, check_files=False)
     with pytest.raises(ConfigError) as e:
-        check_supported_layout(loaded, world)
-    assert any(fragment in p.message for p in e.value.problems), [p.message for p in e.value.problems]
+        load_data(data, world_size=world, check_files=False)
+    hits = [p for p in e.value.problems if fragment in p.message]
+    assert hits and all(p.path.startswith("parallelism.") for p in hits), [p.message for p in e.value.problems]
 
 
 def test_muon_qk_clip_with_fsdp_is_refused_but_plain_dp_runs():
-    from mftk.engine.runnable import check_supported_layout
+    from mftk.config.runnable import runnable_layout
 
     data = _raw("templates/deepseek_v3_tiny.yaml")
     data["optimizer"] = {"type": "Muon"}  # qk_clip_enabled defaults to true: active on MLA
-    with pytest.raises(ConfigError, match="QK-clip with FSDP"):
-        check_supported_layout(load_data(copy.deepcopy(data), world_size=2, check_files=False), 2)
+    assert "QK-clip with FSDP" in errors(data, world_size=2)["optimizer.qk_clip_enabled"]
     data["parallelism"]["data_parallel_shard"] = 1
-    assert check_supported_layout(load_data(data, world_size=2, check_files=False), 2).dp == 2
+    assert runnable_layout(load_data(data, world_size=2, check_files=False), 2).dp == 2

@@ -172,6 +172,10 @@ def test_model_head_loss_equals_plain_head_and_ce(rng, tiny_qwen3, tied):
     labels = rng.integers(0, vocab, (2, 5)).astype(np.int32)
     labels[0, 1] = -100
     mask = np.ones((2, 5), np.float32)
-    got = float(model.head_loss(h, labels, loss_weights(mask, labels)).asnumpy())
+    from mftk.engine.models.gpt import Targets
+
+    target = Targets(ids=None, labels=Tensor(np.maximum(labels, 0).reshape(-1)),
+                     weights=Tensor(loss_weights(mask, labels).reshape(-1)))
+    got = float(model.head_loss(h, target).asnumpy())
     want = float(masked_mean_ce(model.lm_head(h), Tensor(labels), Tensor(mask)).asnumpy())
     assert got == pytest.approx(want, rel=1e-5)

@@ -10,7 +10,9 @@ from tests.helpers.tiny import load
 
 # Every model-parallel degree back to 1: the layout the multi-process runs are compared against.
 SINGLE_PROCESS = {"tensor_parallel": 1, "pipeline_parallel": 1, "context_parallel": 1, "expert_parallel": 1,
-                  "sequence_parallel": False}
+                  "pipeline_parallel_interleave_num": 1, "pipeline_parallel_layers_per_stage": "auto",
+                  "pipeline_parallel_schedule": "1f1b", "data_parallel_shard": -1, "sequence_parallel": False,
+                  "context_parallel_method": "colossal", "ulysses_degree_in_cp": None}
 
 
 def metrics(out: Path, rank: int = 0) -> list[dict]:

@@ -73,48 +73,33 @@ class CoreAttention(nn.Cell):
 class SelfAttention(nn.Cell):
     """GQA attention; ``linear_qkv`` rows are group-interleaved ``[q_g0..q_g(r-1) | k_g | v_g]`` per group.
 
-    With a TP group (``tp``, size t > 1) ``linear_qkv`` is column-parallel and ``linear_proj``
-    row-parallel, both sequence-parallel: the input is this rank's ``S/t`` tokens, the sequence is
-    gathered before qkv and reduce-scattered after proj. Because the rows are group-major, a
-    contiguous row block of ``linear_qkv`` is exactly the q, k and v of ``ng/t`` whole groups, so
-    the plain row shard is the right one (no per-piece `shard_fused`).
+    The head counts are read from the projection's output, so the same forward runs on this rank's
+    heads when tensor parallel keeps a row block of ``linear_qkv`` (whole groups, because the rows are
+    group-major) and the matching column block of ``linear_proj`` (`parallel.parallelize`).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_groups: int, head_dim: int, *,
-                 eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False, tp=None,
+                 eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False,
                  track_max_logits: bool = False) -> None:
         super().__init__()
-        t = 1 if tp is None else tp.size
-        if num_groups % t:
-            raise ValueError(f"num_query_groups {num_groups} does not split over tensor_parallel={t}")
-        self.nh, self.ng, self.hd = num_heads // t, num_groups // t, head_dim
-        qkv_out = (num_heads + 2 * num_groups) * head_dim
-        if t > 1:
-            from mftk.engine.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-
-            self.linear_qkv = ColumnParallelLinear(hidden_size, qkv_out, tp, bias=bias, sequence_parallel=True)
-            self.linear_proj = RowParallelLinear(num_heads * head_dim, hidden_size, tp, sequence_parallel=True)
-        else:
-            self.linear_qkv = Linear(hidden_size, qkv_out, bias=bias)
-            self.linear_proj = Linear(num_heads * head_dim, hidden_size)
+        self.r, self.hd = num_heads // num_groups, head_dim  # query heads per group, head size
+        self.linear_qkv = Linear(hidden_size, (num_heads + 2 * num_groups) * head_dim, bias=bias)
+        self.linear_proj = Linear(num_heads * head_dim, hidden_size)
         self.q_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
         self.k_layernorm = RMSNorm(head_dim, eps) if qk_layernorm else None
         self.scale = head_dim ** -0.5
-        self.core_attention = CoreAttention(self.nh, self.scale, track_max_logits)
-        self.cp_gather = None  # context parallel: a comm.GatherFromGroup over the CP group (dim 2), set by CP
+        self.core_attention = CoreAttention(num_heads, self.scale, track_max_logits)
 
     def construct(self, x, rope, mask):
-        r, hd = self.nh // self.ng, self.hd
-        qkv = self.linear_qkv(x)  # under SP: the gathered full sequence
+        r, hd = self.r, self.hd
+        qkv = self.linear_qkv(x)
         b, s = qkv.shape[0], qkv.shape[1]
-        qkv = qkv.reshape(b, s, self.ng, (r + 2) * hd)  # (B, S, ng, (r+2)·hd)
+        qkv = qkv.reshape(b, s, -1, (r + 2) * hd)  # (B, S, ng, (r+2)·hd)
         q, k, v = split_last(qkv, (r * hd, hd, hd))
-        q = q.reshape(b, s, self.nh, hd)  # (B, S, nh, hd)
+        q = q.reshape(b, s, -1, hd)  # (B, S, nh, hd)
         if self.q_layernorm is not None:
             q, k = self.q_layernorm(q), self.k_layernorm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))  # (B, heads, S, hd)
-        if self.cp_gather is not None:  # KV of every CP rank's chunks; the mask is on global positions
-            k, v = self.cp_gather(k), self.cp_gather(v)
         return self.linear_proj(self.core_attention(q, k, v, mask))

@@ -15,18 +15,11 @@ class VocabEmbedding(nn.Cell):
 
 
 class LanguageModelEmbedding(nn.Cell):
-    """Holds ``word_embeddings`` so the checkpoint name is ``embedding.word_embeddings.weight``.
+    """Holds ``word_embeddings`` so the checkpoint name is ``embedding.word_embeddings.weight``."""
 
-    With a TP group the table is vocab-parallel and the output is this rank's sequence block (SP)."""
-
-    def __init__(self, vocab_size: int, hidden_size: int, dropout: float = 0.0, tp=None) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, dropout: float = 0.0) -> None:
         super().__init__()
-        if tp is not None and tp.size > 1:
-            from mftk.engine.parallel.tensor_parallel import VocabParallelEmbedding
-
-            self.word_embeddings = VocabParallelEmbedding(vocab_size, hidden_size, tp, sequence_parallel=True)
-        else:
-            self.word_embeddings = VocabEmbedding(vocab_size, hidden_size)
+        self.word_embeddings = VocabEmbedding(vocab_size, hidden_size)
         self.dropout = float(dropout)
 
     def construct(self, ids):

@@ -1,13 +1,13 @@
-"""Masked-mean cross-entropy over materialised logits (models.md §4), and ``IGNORE_INDEX``.
+"""Masked-mean cross-entropy (models.md §4), ``IGNORE_INDEX``, and `HeadLoss`, the training loss.
 
-Training does not call this: `GPTModel.head_loss` fuses the LM head with the loss
-(`kernels.HeadCrossEntropyFn`, or the vocab-parallel CE under TP). This is the plain formula those
-are tested against (``log_softmax`` + ``gather_elements``; ``mint`` CE has no CPU kernel,
+Training computes the LM head and the loss in one `HeadLoss` (`kernels.HeadCrossEntropyFn`; tensor
+parallel swaps in the vocabulary-parallel one). `masked_mean_ce` over materialised logits is the plain
+formula those are tested against (``log_softmax`` + ``gather_elements``; ``mint`` CE has no CPU kernel,
 mindspore-cpu.md §1.3).
 """
 from __future__ import annotations
 
-from mindspore import ops
+from mindspore import nn, ops
 
 IGNORE_INDEX = -100
 
@@ -28,3 +28,19 @@ def masked_mean_ce(logits, labels, loss_mask, eps: float = 1e-8):
     m = loss_mask.reshape(-1).astype(logits.dtype) * (labels != IGNORE_INDEX).astype(logits.dtype)
     ce = token_cross_entropy(logits.reshape(-1, logits.shape[-1]), labels)
     return (ce * m).sum() / (m.sum() + eps)
+
+
+class HeadLoss(nn.Cell):
+    """``Σᵢ wᵢ·CE(h·Wᵀ, yᵢ)``: the LM head and the weighted token losses in one kernel
+    (`kernels.HeadCrossEntropyFn`; ``softmax − one-hot`` is never built). ``h (..., H)``, ``weight (V, H)``,
+    ``labels (N,)`` int32 in range (ignored ones clamped, their weight 0), ``weights (N,)``.
+    Tensor parallel swaps in `parallel.tensor_parallel.VocabParallelHeadLoss`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .kernels import HeadCrossEntropyFn
+
+        self.fn = HeadCrossEntropyFn()
+
+    def construct(self, h, weight, labels, weights):
+        return self.fn(h.reshape(-1, h.shape[-1]), weight, labels, weights)[0]

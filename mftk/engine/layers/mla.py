@@ -3,6 +3,10 @@
 ``linear_qkv`` fuses HF's ``q_a_proj`` (or ``q_proj`` without Q LoRA) and ``kv_a_proj_with_mqa``:
 output lanes ``[q_a | compressed_kv | k_pe]``. The softmax scale follows the reference:
 ``g(rotary_scaling_factor, mscale)² / √(nope + rope)`` — it uses ``mscale`` (HF: ``mscale_all_dim``).
+
+The head count is read from the up-projections' outputs, so the same forward runs on this rank's heads
+when tensor parallel keeps a row block of ``linear_qb``/``linear_kvb`` and a column block of
+``linear_proj`` (the latent ``linear_qkv`` and its norms stay whole; `parallel.parallelize`).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ class MLASelfAttention(nn.Cell):
                  eps: float = 1e-6, qk_layernorm: bool = True, bias: bool = False,
                  track_max_logits: bool = False) -> None:
         super().__init__()
-        self.nh, self.nope, self.rope_dim, self.vd = num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+        self.nope, self.rope_dim, self.vd = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.dq = qk_nope_head_dim + qk_rope_head_dim
         self.q_rank = q_lora_rank if q_lora_rank else num_heads * self.dq
         self.kv_rank = kv_lora_rank
@@ -37,21 +41,22 @@ class MLASelfAttention(nn.Cell):
         self.core_attention = CoreAttention(num_heads, self.scale, track_max_logits)
 
     def construct(self, x, rope, mask):
-        b, s, _ = x.shape
         cos, sin = rope
-        q_a, ckv, k_pe = split_last(self.linear_qkv(x), (self.q_rank, self.kv_rank, self.rope_dim))
+        latent = self.linear_qkv(x)
+        b, s = latent.shape[0], latent.shape[1]  # the whole sequence (tensor parallel gathers it first)
+        q_a, ckv, k_pe = split_last(latent, (self.q_rank, self.kv_rank, self.rope_dim))
         if self.has_q_lora:
             if self.q_layernorm is not None:
                 q_a = self.q_layernorm(q_a)
             q_a = self.linear_qb(q_a)
-        q = q_a.reshape(b, s, self.nh, self.dq)  # (B, S, nh, nope+rope)
+        q = q_a.reshape(b, s, -1, self.dq)  # (B, S, nh, nope+rope)
         q_nope, q_pe = split_last(q, (self.nope, self.rope_dim))
         q = mint.cat((q_nope, apply_rope(q_pe, cos, sin, interleaved_input=True)), -1)
         if self.k_layernorm is not None:
             ckv = self.k_layernorm(ckv)
-        kv = self.linear_kvb(ckv).reshape(b, s, self.nh, self.nope + self.vd)  # (B, S, nh, nope+v)
+        kv = self.linear_kvb(ckv).reshape(b, s, -1, self.nope + self.vd)  # (B, S, nh, nope+v)
         k_nope, v = split_last(kv, (self.nope, self.vd))
         k_pe = apply_rope(k_pe.reshape(b, s, 1, self.rope_dim), cos, sin, interleaved_input=True)
-        k = mint.cat((k_nope, ops.broadcast_to(k_pe, (b, s, self.nh, self.rope_dim))), -1)
+        k = mint.cat((k_nope, ops.broadcast_to(k_pe, (b, s, kv.shape[2], self.rope_dim))), -1)
         q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))  # (B, nh, S, ·)
         return self.linear_proj(self.core_attention(q, k, v, mask))

@@ -17,37 +17,44 @@ def swiglu_interleaved(h, act: SiluMulFn | None = None):
     return (act or SiluMulFn())(gate, up).reshape(*h.shape[:-1], f)
 
 
-class MLP(nn.Cell):
-    """With a TP group: ``linear_fc1`` column-parallel, ``linear_fc2`` row-parallel, sequence-parallel.
-    The interleaved (gate, up) rows make a contiguous row block of fc1 hold whole pairs, matching the
-    column block of fc2.
+class GateUpLinear(Linear):
+    """``linear_fc1``: ``weight [2F, H]`` with interleaved (gate, up) rows; returns ``(gate, up)``, each ``(..., F)``.
 
-    Without TP the gate and up rows of ``linear_fc1.weight`` are gathered (cheap: weight-sized) and
-    multiplied separately, instead of de-interleaving the activations — a strided slice of the
-    ``(N, 2F)`` output and its backward cost ~5× the gather on CPU (bench/train_step.py).
+    The gate and up rows are gathered from the weight (cheap: weight-sized) and multiplied separately,
+    instead of de-interleaving the activations — a strided slice of the ``(N, 2F)`` output and its
+    backward cost ~5× the gather on CPU (bench/train_step.py). The row indices follow the weight's
+    size, so a contiguous row block (whole pairs, what tensor parallel keeps) works the same way.
     """
 
-    def __init__(self, hidden_size: int, ffn_hidden_size: int, tp=None) -> None:
-        super().__init__()
-        self.act = SiluMulFn()
-        self.tp = tp is not None and tp.size > 1
-        if self.tp:
-            from mftk.engine.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    def __init__(self, hidden_size: int, ffn_hidden_size: int) -> None:
+        super().__init__(hidden_size, 2 * ffn_hidden_size)
+        self._rows: dict[int, tuple[Tensor, Tensor]] = {}
 
-            self.linear_fc1 = ColumnParallelLinear(hidden_size, 2 * ffn_hidden_size, tp, sequence_parallel=True)
-            self.linear_fc2 = RowParallelLinear(ffn_hidden_size, hidden_size, tp, sequence_parallel=True)
-            return
-        self.linear_fc1 = Linear(hidden_size, 2 * ffn_hidden_size)
-        self.linear_fc2 = Linear(ffn_hidden_size, hidden_size)
-        lanes = np.arange(2 * ffn_hidden_size, dtype=np.int32)
-        self._gate_rows, self._up_rows = Tensor(lanes[0::2]), Tensor(lanes[1::2])
-        self._mm = ops.MatMul(transpose_b=True)
+    def rows(self, n: int) -> tuple[Tensor, Tensor]:
+        if n not in self._rows:
+            lanes = np.arange(n, dtype=np.int32)
+            self._rows[n] = (Tensor(lanes[0::2]), Tensor(lanes[1::2]))
+        return self._rows[n]
 
     def construct(self, x):
-        if self.tp:
-            return self.linear_fc2(swiglu_interleaved(self.linear_fc1(x), self.act))
+        w = self.weight
+        gate_rows, up_rows = self.rows(w.shape[0])
         x2 = x.reshape(-1, x.shape[-1])
-        w = self.linear_fc1.weight
-        gate = self._mm(x2, ops.gather(w, self._gate_rows, 0))
-        up = self._mm(x2, ops.gather(w, self._up_rows, 0))
-        return self.linear_fc2(self.act(gate, up).reshape(*x.shape[:-1], gate.shape[-1]))
+        gate = self._mm(x2, ops.gather(w, gate_rows, 0))
+        up = self._mm(x2, ops.gather(w, up_rows, 0))
+        lead = x.shape[:-1]
+        return gate.reshape(*lead, gate.shape[-1]), up.reshape(*lead, up.shape[-1])
+
+
+class MLP(nn.Cell):
+    """``linear_fc2(silu(gate) · up)`` with ``(gate, up) = linear_fc1(x)``."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int) -> None:
+        super().__init__()
+        self.act = SiluMulFn()
+        self.linear_fc1 = GateUpLinear(hidden_size, ffn_hidden_size)
+        self.linear_fc2 = Linear(ffn_hidden_size, hidden_size)
+
+    def construct(self, x):
+        gate, up = self.linear_fc1(x)
+        return self.linear_fc2(self.act(gate, up))

@@ -72,8 +72,32 @@ class TopKRouter(nn.Cell):
         return probs * self.scaling, idx, scores
 
 
-def aux_loss(scores, k: int, kind: str, batch: int, router: TopKRouter | None = None):
-    """α-free load-balancing loss from un-biased, un-grouped top-K statistics (reference §2.12)."""
+class LocalTokens(nn.Cell):
+    """Where the tokens of each sequence are: all on this rank, so the load-balancing sums are local.
+
+    Layouts that cut sequences over ranks (sequence parallel under TP, context parallel) swap in
+    `parallel.context_parallel.SequenceShards`, whose sums cover the whole sequences; ``shards`` is the
+    number of ranks holding a part of each sequence.
+    """
+
+    shards = 1
+
+    def construct(self, x):
+        """Differentiable sum over the ranks holding the other parts of the sequences."""
+        return x
+
+    def total(self, x):
+        """The same sum for statistics that carry no gradient (selection counts)."""
+        return x
+
+
+def aux_loss(scores, k: int, kind: str, batch: int, router: TopKRouter | None = None,
+             tokens: LocalTokens | None = None):
+    """α-free load-balancing loss from un-biased, un-grouped top-K statistics (reference §2.12).
+
+    ``scores (T, E)`` are this rank's tokens in (b, s) order; ``tokens`` sums the per-sequence (or per-batch)
+    statistics over the ranks holding the rest of the sequences, so the loss is that of the whole batch."""
+    tokens = tokens if tokens is not None else LocalTokens()
     t, e = scores.shape
     p = scores  # softmax scores already sum to 1; sigmoid/sqrtsoftplus are normalised per token
     if router is not None and router.score_function != "softmax":
@@ -81,42 +105,52 @@ def aux_loss(scores, k: int, kind: str, batch: int, router: TopKRouter | None = 
     sel = ops.stop_gradient(ops.one_hot(ops.topk(p, k)[1], e, Tensor(1.0, p.dtype), Tensor(0.0, p.dtype)).sum(1))
     if kind == "seq_aux_loss":
         s = t // batch
-        per_seq = (p.reshape(batch, s, e).sum(1) * sel.reshape(batch, s, e).sum(1)).sum(-1)  # (B,)
-        return (per_seq * (e / (k * s * s))).mean()
-    count = sel.sum(0)  # (E,)
+        n = s * tokens.shards  # whole sequence length
+        per_seq = (tokens(p.reshape(batch, s, e).sum(1)) * tokens.total(sel.reshape(batch, s, e).sum(1))).sum(-1)
+        return (per_seq * (e / (k * n * n))).mean()  # (B,) -> scalar
+    count = tokens.total(sel.sum(0))  # (E,) over the whole batch
+    n = t * tokens.shards
     if kind == "global_aux_loss" and router is not None:
         ops.assign_add(router.global_tokens_per_expert, count)
         ops.assign_add(router.ga_steps, Tensor(np.ones((1,), np.float32)))
         count = ops.stop_gradient(router.global_tokens_per_expert / router.ga_steps)
-    return (p.sum(0) * count).sum() * (e / (k * t * t))
+    return (tokens(p.sum(0)) * count).sum() * (e / (k * n * n))
+
+
+class LocalExperts(nn.Cell):
+    """Every expert is on this rank: the rows sorted by expert go to the experts as they are.
+
+    Expert parallel swaps in `parallel.expert_parallel.ExpertParallelDispatch`, which sends each owner its
+    rows and returns the results in the same sorted order."""
+
+    all_local = True  # every expert here: `GroupedMLP` runs them at once as padded batched matmuls
+
+    def dispatch(self, xs, counts: np.ndarray) -> tuple:
+        """``(rows, [(local expert, row count), ...])`` in row order."""
+        return xs, [(e, int(n)) for e, n in enumerate(counts)]
+
+    def combine(self, ys):
+        return ys
 
 
 class GroupedMLP(nn.Cell):
     """Routed experts: ``weight1 [E, H, 2Fm]`` = [gate | up] halves, ``weight2 [E, Fm, H]``.
 
-    Expert parallel (``ep`` group of size p > 1): this rank holds experts ``[r·E/p, (r+1)·E/p)``
-    (``weight1 [E/p, H, 2Fm]``). Tokens sorted by expert are already grouped by owner, so one uneven
-    all-to-all sends each owner its rows (dispatch), the owner runs its experts on the rows of every
-    sender, and a second all-to-all returns the results in the original sorted order (combine).
+    The experts run are those of ``weight1`` (all of them, or this rank's block under expert parallel);
+    ``dispatcher`` says where the rows of each expert are computed (`LocalExperts`: here, all experts at
+    once; expert parallel: each owner loops over the rows it receives).
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, ep=None) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
         super().__init__()
-        p = 1 if ep is None else ep.size
-        if num_experts % p:
-            raise ValueError(f"num_experts {num_experts} does not split over expert_parallel={p}")
-        self.e, self.f, self.ep = num_experts, ffn_hidden_size, ep if p > 1 else None
-        self.e_local = num_experts // p
+        self.e, self.f = num_experts, ffn_hidden_size
         self.act = SiluMulFn()
         self.grouped = GroupedExpertsFn(self.act, ffn_hidden_size)
-        w1 = np.zeros((self.e_local, hidden_size, 2 * ffn_hidden_size), np.float32)
+        w1 = np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)
         self.weight1 = Parameter(Tensor(w1), name="weight1")
-        self.weight2 = Parameter(Tensor(np.zeros((self.e_local, ffn_hidden_size, hidden_size), np.float32)),
+        self.weight2 = Parameter(Tensor(np.zeros((num_experts, ffn_hidden_size, hidden_size), np.float32)),
                                  name="weight2")
-        if self.ep is not None:
-            from mftk.engine.parallel.comm import AllToAllUneven
-
-            self.dispatch, self.combine = AllToAllUneven(self.ep), AllToAllUneven(self.ep)
+        self.dispatcher = LocalExperts()
 
     def expert(self, e: int, x):
         gate, up = split_last(mint.matmul(x, self.weight1[e]), (self.f, self.f))  # (n, Fm) each
@@ -126,12 +160,19 @@ class GroupedMLP(nn.Cell):
         """Dropless dispatch: ``x (T, H)``, ``probs/idx (T, K)`` → ``(T, H)`` and the per-expert counts."""
         t, k = idx.shape
         flat = idx.asnumpy().reshape(-1)
-        if self.ep is None:
-            return self._padded(x, probs, flat, k), np.bincount(flat, minlength=self.e)
-        order = np.argsort(flat, kind="stable")  # (T·K,) grouped by expert, token order kept
         counts = np.bincount(flat, minlength=self.e)
+        if self.dispatcher.all_local:
+            return self._padded(x, probs, flat, k), counts
+        order = np.argsort(flat, kind="stable")  # (T·K,) grouped by expert, token order kept
         token = Tensor((order // k).astype(np.int32))
-        ys = self._expert_parallel(ops.gather(x, token, 0), counts)  # rows sorted by expert
+        xs = ops.gather(x, token, 0)  # (T·K, H) sorted by expert
+        rows, segments = self.dispatcher.dispatch(xs, counts)
+        outs, start = [], 0
+        for e, n in segments:
+            if n:
+                outs.append(self.expert(e, rows[start:start + n]))
+            start += n
+        ys = self.dispatcher.combine(mint.cat(outs, 0) if outs else rows)
         ys = ys * ops.gather(probs.reshape(-1), Tensor(order.astype(np.int32)), 0).reshape(-1, 1)
         return ops.unsorted_segment_sum(ys, token, t), counts
 
@@ -145,24 +186,6 @@ class GroupedMLP(nn.Cell):
         w = w * Tensor((slot_pair >= 0).astype(np.float32))
         ys = self.grouped(xs, self.weight1, self.weight2)[0].reshape(-1, h) * w.reshape(-1, 1)
         return ops.unsorted_segment_sum(ys, token, t)
-
-    def _expert_parallel(self, xs, counts: np.ndarray):
-        from mftk.engine.parallel.comm import all_gather
-
-        p, el = self.ep.size, self.e_local
-        send = counts.reshape(p, el).sum(1).astype(np.int32)
-        every = all_gather(Tensor(counts.astype(np.int32)).reshape(1, -1), self.ep, 0).asnumpy()  # (sender, E)
-        mine = every[:, self.ep.rank * el:(self.ep.rank + 1) * el]  # (sender, local expert)
-        rows = self.dispatch(xs, Tensor(send))
-        outs, start = [], 0
-        for sender in range(p):
-            for j in range(el):
-                n = int(mine[sender, j])
-                if n:
-                    outs.append(self.expert(j, rows[start:start + n]))
-                start += n
-        local = mint.cat(outs, 0) if outs else rows
-        return self.combine(local, Tensor(mine.sum(1).astype(np.int32)))
 
 
 class SharedExpertMLP(MLP):
@@ -185,19 +208,19 @@ class MoELayer(nn.Cell):
     def __init__(self, hidden_size: int, *, num_experts: int, topk: int, ffn_hidden_size: int,
                  shared_ffn_hidden_size: int = 0, shared_gate: bool = False, score_function: str = "sigmoid",
                  n_group: int = 0, topk_group: int = 0, norm_topk_prob: bool = True, scaling_factor: float = 1.0,
-                 enable_expert_bias: bool = False, aux_loss_type: str = "", aux_loss_coeff: float = 0.0,
-                 ep=None) -> None:
+                 enable_expert_bias: bool = False, aux_loss_type: str = "", aux_loss_coeff: float = 0.0) -> None:
         super().__init__()
         self.e, self.k = num_experts, topk
         self.aux_type = aux_loss_type if aux_loss_coeff > 0 else ""
         self.router = TopKRouter(hidden_size, num_experts, topk, score_function=score_function, n_group=n_group,
                                  topk_group=topk_group, norm_topk_prob=norm_topk_prob, scaling_factor=scaling_factor,
                                  global_aux=self.aux_type == "global_aux_loss")
-        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, ep=ep)
+        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size)
         self.shared_experts = (SharedExpertMLP(hidden_size, shared_ffn_hidden_size, gated=shared_gate)
                                if shared_ffn_hidden_size else None)
         self.expert_bias = _buffer((num_experts,), "expert_bias") if enable_expert_bias else None
         self.tokens_per_expert = _buffer((num_experts,), "tokens_per_expert")
+        self.tokens = LocalTokens()  # where the rest of each sequence is (sequence / context parallel)
 
     def route(self, flat, input_ids=None):
         """(probs ``(T, K)``, expert ids ``(T, K)``, scores ``(T, E)``); learned top-k here (hash routing: moe_v4)."""
@@ -213,7 +236,7 @@ class MoELayer(nn.Cell):
         out = routed.reshape(b, s, h)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        aux = aux_loss(scores, self.k, self.aux_type, b, self.router) if self.aux_type else None
+        aux = aux_loss(scores, self.k, self.aux_type, b, self.router, self.tokens) if self.aux_type else None
         return out, aux, counts_t
 
     def update_expert_bias(self, counts: np.ndarray, rate: float) -> None:

@@ -10,10 +10,11 @@ lm_loss + α·Σ aux + Σ mtp`` (the terms whose gradients the reference injects
 α-free per MoE layer, ``mtp_losses`` are already ×λ/D (as logged), ``tokens_per_expert`` one (E,) per
 MoE layer. ``ModelOutput.from_tuple`` turns it into numpy.
 
-Tensor parallel (``spec.tp``, built by `parallel.model_parallel`): vocab-parallel embedding whose
-output is this rank's sequence block (sequence parallel), column/row-parallel layers, a
-column-parallel output layer that gathers the sequence, and the vocab-parallel cross-entropy; the
-loss is the same on every TP rank.
+The model holds no parallel code: `parallel.parallelize` cuts the built model's weights and swaps in
+communicating parts (torchtitan's ``parallelize_*`` idea). Two of its parts exist to be swapped:
+``seq`` (which positions of each sequence this rank holds: all of them, or context parallel's chunks)
+and ``loss`` (the fused LM-head loss, or the vocabulary-parallel one). The forward is built from pieces
+(`prepare`, the layers, `finish`) so a pipeline stage runs the same code on its share of the layers.
 """
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ from mindspore import Tensor, nn, ops
 
 from mftk.engine.layers.embedding import LanguageModelEmbedding
 from mftk.engine.layers.linear import Linear
-from mftk.engine.layers.kernels import HeadCrossEntropyFn
-from mftk.engine.layers.loss import IGNORE_INDEX
+from mftk.engine.layers.loss import IGNORE_INDEX, HeadLoss
 from mftk.engine.layers.mtp import MultiTokenPredictionLayer
 from mftk.engine.spec import LayerSpec, ModelSpec
 
@@ -140,47 +140,75 @@ def _roll_left(a: np.ndarray, fill) -> np.ndarray:
     return out
 
 
+class WholeSequence:
+    """This rank holds every position of each sequence. Context parallel swaps in
+    `parallel.context_parallel.ColossalSequence`, which keeps this rank's chunks (same methods)."""
+
+    scale = 1.0  # multiplies the loss weights (context parallel: cp, undone by the average over cp)
+
+    def local(self, a: np.ndarray) -> np.ndarray:
+        """A ``(B, S, ...)`` host array restricted to this rank's positions."""
+        return a
+
+    def rope(self, cos, sin):
+        """The ``(1, S, 1, D)`` tables at this rank's positions."""
+        return cos, sin
+
+    def mask(self, mask: np.ndarray) -> np.ndarray:
+        """``(B, 1, S, S)`` (True = masked) → this rank's queries × the keys its attention sees."""
+        return mask
+
+
+@attrs.frozen
+class Targets:
+    """One prediction target on this rank's positions: inputs, labels (ignored ones clamped) and loss weights."""
+
+    ids: Tensor  # (B, S_local) int32
+    labels: Tensor  # (B·S_local,) int32, ≥ 0
+    weights: Tensor  # (B·S_local,) fp32: the masked-mean weights (`loss_weights`) of the whole batch
+
+
+@attrs.frozen
+class Batch:
+    """A micro-batch prepared on the host: the main target, one per MTP depth, RoPE tables and the mask."""
+
+    main: Targets
+    mtp: tuple[Targets, ...]
+    rope: tuple[Tensor, Tensor]
+    mask: Tensor
+
+
 class GPTModel(nn.Cell):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        tp = spec.tp if spec.tp is not None and spec.tp.size > 1 else None
-        self.embedding = LanguageModelEmbedding(spec.vocab_size, spec.hidden_size, spec.hidden_dropout, tp=tp)
+        self.embedding = LanguageModelEmbedding(spec.vocab_size, spec.hidden_size, spec.hidden_dropout)
         self.decoder = TransformerBlock(spec)
-        self._tp_ce = self._tp_enter = None
-        if tp is None:
-            self.output_layer = None if spec.tie_word_embeddings else Linear(spec.hidden_size, spec.vocab_size)
-        else:
-            from mftk.engine.parallel.comm import GatherFromGroup
-            from mftk.engine.parallel.tensor_parallel import ColumnParallelLinear, VocabParallelCrossEntropy
-
-            self.output_layer = None if spec.tie_word_embeddings else ColumnParallelLinear(
-                spec.hidden_size, spec.vocab_size, tp, sequence_parallel=True)
-            self._tp_enter = GatherFromGroup(tp, 1) if spec.tie_word_embeddings else None
-            self._tp_ce = VocabParallelCrossEntropy(tp)
+        self.output_layer = None if spec.tie_word_embeddings else Linear(spec.hidden_size, spec.vocab_size)
         self.mtp = MultiTokenPrediction(spec) if spec.mtp_layers else None
         self.rope = spec.rope()
+        self.loss = HeadLoss()
+        self.seq = WholeSequence()
         self._tied_mm = ops.MatMul(transpose_b=True)
-        self._head_ce = HeadCrossEntropyFn()
         self._indexer_cells = None  # found on first use (`indexer_losses`)
         self.last_indexer_loss = None  # the last training forward's logged indexer loss (DeepSeek-V4)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def attention_mask(self, ids: np.ndarray) -> Tensor:
+    def attention_mask(self, ids: np.ndarray) -> np.ndarray:
         """Causal mask plus the reference's key-padding rule: keys equal to ``pad_token_id`` are masked
         for every query (models.md §2.2; packed data containing that id is affected — gotcha #11)."""
         s = ids.shape[1]
         pad = (ids == self.spec.pad_token_id)[:, None, None, :]  # (B, 1, 1, S)
-        return Tensor(np.triu(np.ones((s, s), bool), 1)[None, None] | pad)
+        return np.triu(np.ones((s, s), bool), 1)[None, None] | pad
+
+    def head_weight(self):
+        """``[V, H]`` of the LM head: the output layer's, or the embedding's when tied."""
+        return self.embedding.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
 
     def lm_head(self, h):
-        """Logits ``(B, S, V)``; under TP this rank's vocabulary block ``(B, S, V/tp)`` of the full sequence."""
-        if self._tp_enter is not None:
-            h = self._tp_enter(h)
-        if self.output_layer is None:
-            b, s, hd = h.shape
-            return self._tied_mm(h.reshape(b * s, hd), self.embedding.word_embeddings.weight).reshape(b, s, -1)
-        return self.output_layer(h)
+        """Logits ``(B, S, V)`` (evaluation and parity tests; training uses `head_loss`)."""
+        b, s, hd = h.shape
+        return self._tied_mm(h.reshape(b * s, hd), self.head_weight()).reshape(b, s, -1)
 
     def hidden_states(self, ids: Tensor, rope, mask):
         """Decoder output after the final norm, plus per-MoE-layer (aux, counts)."""
@@ -199,7 +227,7 @@ class GPTModel(nn.Cell):
     def logits(self, input_ids, attention_mask=None):
         """Main logits ``(B, S, V)`` and MTP logits (one per depth) — for parity tests and eval."""
         ids = _np(input_ids).astype(np.int32)
-        mask = self._mask(ids, attention_mask)
+        mask = Tensor(self._mask(ids, attention_mask))
         rope = self.rope(ids.shape[1])
         h, _ = self.hidden_states(Tensor(ids), rope, mask)
         mtp_logits, cur, hk = [], ids, h
@@ -209,43 +237,67 @@ class GPTModel(nn.Cell):
             mtp_logits.append(self.lm_head(hk))
         return self.lm_head(h), mtp_logits
 
-    def head_loss(self, h, labels, weights):
-        """``Σ wᵢ·CE(lm_head(h)ᵢ, labelsᵢ)`` over the tokens of ``h (B, S, H)``; ``labels``/``weights``
-        (host arrays or tensors, ``(B, S)``) come from `loss_weights`. Without TP the head and the
-        loss are one `kernels.HeadCrossEntropyFn` (``softmax − one-hot`` is never built); under
-        TP the logits are this rank's vocabulary block and the CE is vocab-parallel."""
-        lab = np.maximum(_np(labels).reshape(-1), 0).astype(np.int32)  # ignored labels carry weight 0
-        w = Tensor(np.ascontiguousarray(_np(weights), np.float32).reshape(-1))
-        if self._tp_ce is not None:
-            logits = self.lm_head(h)
-            return (self._tp_ce(logits.reshape(-1, logits.shape[-1]), Tensor(_np(labels).reshape(-1))) * w).sum()
-        weight = self.embedding.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
-        return self._head_ce(h.reshape(-1, h.shape[-1]), weight, Tensor(lab), w)[0]
+    def head_loss(self, h, target: Targets):
+        """``Σ wᵢ·CE(lm_head(h)ᵢ, labelsᵢ)`` over the tokens of ``h`` (`loss`: fused, or vocabulary-parallel)."""
+        return self.loss(h, self.head_weight(), target.labels, target.weights)
 
-    def _mask(self, ids: np.ndarray, attention_mask) -> Tensor:
+    def _mask(self, ids: np.ndarray, attention_mask) -> np.ndarray:
         if attention_mask is None:
             return self.attention_mask(ids)
-        return Tensor(_np(attention_mask).astype(bool).reshape(ids.shape[0], 1, ids.shape[1], ids.shape[1]))
+        return _np(attention_mask).astype(bool).reshape(ids.shape[0], 1, ids.shape[1], ids.shape[1])
+
+    def targets(self, ids: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> Targets:
+        seq = self.seq
+        w = np.ascontiguousarray(seq.local(weights), np.float32).reshape(-1) * np.float32(seq.scale)
+        lab = np.ascontiguousarray(np.maximum(seq.local(labels), 0), np.int32).reshape(-1)  # ignored: weight 0
+        return Targets(Tensor(np.ascontiguousarray(seq.local(ids), np.int32)), Tensor(lab), Tensor(w))
 
     # -- training forward -----------------------------------------------------------------------
-    def construct(self, input_ids, labels, loss_mask=None, position_ids=None, attention_mask=None):
+    def prepare(self, input_ids, labels, loss_mask=None, attention_mask=None) -> Batch:
+        """The host side of a training forward: every target (main and MTP shifts, computed on the whole
+        sequence, then cut to this rank's positions), the RoPE tables and the mask."""
         ids, lab = _np(input_ids).astype(np.int32), _np(labels).astype(np.int32)
         lm = (ids != self.spec.pad_token_id) if loss_mask is None else _np(loss_mask)
         lm = lm.astype(np.float32) * (lab != IGNORE_INDEX)
-        rope, mask = self.rope(ids.shape[1]), self._mask(ids, attention_mask)
+        cos, sin = self.rope(ids.shape[1])
+        mask = Tensor(np.ascontiguousarray(self.seq.mask(self._mask(ids, attention_mask))))
+        main = self.targets(ids, lab, loss_weights(lm, lab))
+        mtp, cur, cur_lab, cur_mask = [], ids, lab, lm
+        for _ in range(len(self.spec.mtp_layers)):
+            cur, cur_lab, cur_mask = _roll_left(cur, 0), _roll_left(cur_lab, IGNORE_INDEX), _roll_left(cur_mask, 0.0)
+            mtp.append(self.targets(cur, cur_lab, loss_weights(cur_mask, cur_lab, eps=0.0)))
+        return Batch(main=main, mtp=tuple(mtp), rope=self.seq.rope(cos, sin), mask=mask)
 
-        h, moe = self.hidden_states(Tensor(ids), rope, mask)
-        lm_loss = self.head_loss(h, lab, loss_weights(lm, lab))
+    def embed(self, ids: Tensor):
+        """The first layer's input: the embedding, expanded to the residual streams with ``hc_head``."""
+        h = self.embedding(ids)
+        return self.decoder.hc_head.expand(h) if self.decoder.hc_head is not None else h  # (B, S, n, H)
+
+    def run_layers(self, layers, h, batch: Batch, moe: list):
+        """``h`` through ``layers`` (decoder layers), appending each MoE layer's (aux, counts) to ``moe``;
+        the layers see this rank's input ids (DeepSeek-V4's hash-routed experts)."""
+        for layer in layers:
+            h, aux, counts = layer(h, batch.rope, batch.mask, batch.main.ids)
+            if counts is not None:
+                moe.append((aux, counts))
+        return h
+
+    def finish(self, h, batch: Batch, moe: list):
+        """Final norm, LM loss and MTP on the decoder output; the ``construct`` tuple (objective, lm loss,
+        aux losses, MTP losses, tokens per expert) of the MoE layers in ``moe`` and the MTP layers."""
+        if self.decoder.hc_head is not None:
+            h = self.decoder.hc_head(h)  # the residual streams collapsed
+        h = self.decoder.final_layernorm(h)
+        lm_loss = self.head_loss(h, batch.main)
         objective = lm_loss
-        mtp_losses, cur, cur_lab, cur_mask, hk = [], ids, lab, lm, h
+        mtp_losses, hk = [], h
         if self.mtp is not None:
             lam = self.spec.mtp_loss_scaling_factor / len(self.mtp.layers)
-            for layer in self.mtp.layers:
-                cur, cur_lab, cur_mask = _roll_left(cur, 0), _roll_left(cur_lab, IGNORE_INDEX), _roll_left(cur_mask, 0.0)
-                hk, aux, counts = layer(self.embedding(Tensor(cur)), hk, rope, mask)
+            for layer, target in zip(self.mtp.layers, batch.mtp):
+                hk, aux, counts = layer(self.embedding(target.ids), hk, batch.rope, batch.mask)
                 if counts is not None:
                     moe.append((aux, counts))
-                ce = self.head_loss(hk, cur_lab, loss_weights(cur_mask, cur_lab, eps=0.0)) * lam
+                ce = self.head_loss(hk, target) * lam
                 mtp_losses.append(ce)
                 objective = objective + ce
         aux_losses = tuple(a for a, _ in moe if a is not None)
@@ -258,6 +310,12 @@ class GPTModel(nn.Cell):
         self.last_indexer_loss = (float(np.mean([a.asnumpy() for a in indexer])) * self.spec.indexer_loss_coeff
                                   if indexer else None)
         return objective, lm_loss, aux_losses, tuple(mtp_losses), tuple(c for _, c in moe)
+
+    def construct(self, input_ids, labels, loss_mask=None, position_ids=None, attention_mask=None):
+        batch = self.prepare(input_ids, labels, loss_mask, attention_mask)
+        moe: list = []
+        h = self.run_layers(self.decoder.layers, self.embed(batch.main.ids), batch, moe)
+        return self.finish(h, batch, moe)
 
     def indexer_losses(self) -> list:
         """This forward's indexer KL losses (DeepSeek-V4 CSA layers in training; α-free), layer order."""

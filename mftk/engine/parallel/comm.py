@@ -13,11 +13,16 @@ Chosen from what was measured to work on CPU (mindspore-cpu.md §4, §10):
 | barrier         | 1-element all_reduce + `.asnumpy()` (`barrier()` is a no-op)    |
 
 Every function is the identity on a size-1 group, so single-process code paths need no branches.
+`CLOCK` adds up the wall time spent inside the collectives of this process (they are synchronous
+under ``launch_blocking``, so it includes waiting for the other ranks) and counts them: the trainer
+reports both per step (``time_collectives_ms``, ``collectives``), wherever the collective ran (model
+forward/backward or gradient sync).
 The plain functions do not take part in autograd; the `*Cell` classes at the bottom do (custom
 `bprop`, the Megatron f/g pattern), for use inside model forwards.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 from mindspore import Tensor, nn, ops
@@ -28,6 +33,24 @@ from mftk.engine.parallel.groups import AxisGroup
 _OPS = ("sum", "avg", "max", "min")
 
 
+class _Clock:
+    """Seconds spent in collectives by this process, and how many were called (both only grow)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+
+    def run(self, fn, *args, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.seconds += time.perf_counter() - t
+            self.calls += 1
+
+
+CLOCK = _Clock()
+
+
 def all_reduce(t: Tensor, group: AxisGroup, op: str = "sum") -> Tensor:
     """Element-wise reduction over the group; returns a new tensor."""
     if op not in _OPS:
@@ -35,7 +58,7 @@ def all_reduce(t: Tensor, group: AxisGroup, op: str = "sum") -> Tensor:
     if group.is_trivial:
         return t
     out = ops.zeros_like(t) + t  # a fresh buffer: the collective writes in place
-    dist.all_reduce(out, op=op, group=group.name)
+    CLOCK.run(dist.all_reduce, out, op=op, group=group.name)
     return out
 
 
@@ -49,7 +72,7 @@ def all_gather_list(t: Tensor, group: AxisGroup) -> list[Tensor]:
     if group.is_trivial:
         return [t]
     parts = [ops.zeros(t.shape, t.dtype) for _ in range(group.size)]
-    dist.all_gather(parts, t, group=group.name)
+    CLOCK.run(dist.all_gather, parts, t, group=group.name)
     return parts
 
 
@@ -76,7 +99,7 @@ def broadcast(t: Tensor, group: AxisGroup, src_index: int = 0) -> Tensor:
     if group.is_trivial:
         return t
     out = ops.zeros_like(t) + t
-    dist.broadcast(out, src=group.ranks[src_index], group=group.name)
+    CLOCK.run(dist.broadcast, out, src=group.ranks[src_index], group=group.name)
     return out
 
 
@@ -123,13 +146,13 @@ def all_to_all_uneven(t: Tensor, send_counts: Sequence[int], group: AxisGroup) -
 
 def send(t: Tensor, dst_index: int, group: AxisGroup, tag: int = 0) -> None:
     """Point-to-point send to group member `dst_index` (pipeline stages)."""
-    dist.send(t, dst=group.ranks[dst_index], group=group.name, tag=tag)
+    CLOCK.run(dist.send, t, dst=group.ranks[dst_index], group=group.name, tag=tag)
 
 
 def recv(shape: Sequence[int], dtype, src_index: int, group: AxisGroup, tag: int = 0) -> Tensor:
     """Receive a tensor of a pre-agreed shape from group member `src_index`."""
     buf = ops.zeros(tuple(shape), dtype)
-    dist.recv(buf, src=group.ranks[src_index], group=group.name, tag=tag)
+    CLOCK.run(dist.recv, buf, src=group.ranks[src_index], group=group.name, tag=tag)
     return buf
 
 

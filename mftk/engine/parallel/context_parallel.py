@@ -1,23 +1,30 @@
-"""Context parallel (the reference's ``colossal`` method): load-balanced sequence split, KV all-gathered.
+"""Context parallel: each CP rank holds part of every sequence; attention sees the keys of the whole sequence.
 
-The sequence is cut into ``2·cp`` chunks; CP rank ``i`` holds chunks ``i`` and ``2cp−1−i``, so under the
-causal mask every rank has the same amount of attention work. Each rank embeds its own tokens, applies
-RoPE at their global positions, and attends with its queries to the keys and values of the whole
-sequence (all-gathered over the CP group; the gradient travels back as a reduce-scatter, `comm.GatherFromGroup`).
-The mask is built on global positions, so the gathered key order does not matter.
+The three methods of the reference, as one attention with two sub-groups of the CP group (ulysses degree
+``u``; CP index ``c`` is ring ``c // u`` and ulysses ``c % u``):
+- ``colossal`` (u = 1): the sequence is cut into ``2·cp`` chunks and CP rank ``i`` holds chunks ``i`` and
+  ``2cp−1−i``, so under the causal mask every rank has the same attention work; each rank attends with its
+  queries to the keys and values of the whole sequence, all-gathered over the CP group (the ring group);
+- ``ulysses`` (u = cp): rank ``i`` holds the ``i``-th contiguous ``S/cp`` positions; an all-to-all swaps the
+  sequence split for a head split (each rank attends over the whole sequence with ``1/cp`` of the heads)
+  and a second all-to-all swaps back;
+- ``hybrid`` (1 < u < cp): colossal's chunks; the all-to-all within each ulysses group, then the keys and
+  values all-gathered over the ring group.
+Each rank embeds its own tokens and applies RoPE at their global positions (`ContextSequence`, the model's
+``seq`` part); the mask is built on global positions and cut to (the queries × the keys attention sees).
 
-The loss: rank ``i`` returns ``cp · Σ_local ce·m / Σ_global m`` (every rank holds the whole batch, so the
+The loss: rank ``i`` weights its tokens by ``cp / Σ_global m`` (every rank holds the whole batch, so the
 global count needs no message); the trainer's average over dp×cp then gives exactly the single-process
-masked mean, for the logged loss and for the gradients.
+masked mean, for the logged loss and for the gradients. Sums over the tokens of a sequence (MoE
+load-balancing statistics) cover the ranks holding its other parts (`SequenceShards`).
 """
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 from mindspore import Tensor, nn
 
-from mftk.engine.layers.loss import IGNORE_INDEX
+from mftk.engine.parallel import comm
+from mftk.engine.parallel.groups import AxisGroup
 
 
 def colossal_positions(seq_length: int, cp: int, rank: int) -> np.ndarray:
@@ -29,63 +36,113 @@ def colossal_positions(seq_length: int, cp: int, rank: int) -> np.ndarray:
     return np.concatenate([np.arange(a * c, (a + 1) * c), np.arange(b * c, (b + 1) * c)])
 
 
-def context_parallel_problems(spec: Any, cp: int, seq_length: int) -> list[str]:
-    """Why this model cannot run with context_parallel=cp (empty when it can)."""
-    from mftk.engine.layers.attention import SelfAttention
-    from mftk.engine.layers.mlp import MLP
-
-    out = []
-    if any(ls.attention.module is not SelfAttention for ls in spec.layers):
-        out.append("context parallel supports GQA attention (Qwen3) only")
-    if any(ls.is_moe or ls.mlp.module is not MLP for ls in spec.layers) or spec.mtp_layers:
-        out.append("context parallel does not support MoE or MTP layers yet")
-    if seq_length % (2 * cp):
-        out.append(f"seq_length={seq_length} does not divide into 2·context_parallel = {2 * cp} chunks (colossal)")
-    return out
+def context_positions(seq_length: int, cp: int, rank: int, ulysses: int) -> np.ndarray:
+    """Global positions CP rank ``rank`` holds between blocks: contiguous under pure ulysses, colossal's chunks
+    otherwise."""
+    if ulysses == cp:
+        if seq_length % cp:
+            raise ValueError(f"seq_length {seq_length} does not split over cp = {cp}")
+        n = seq_length // cp
+        return np.arange(rank * n, (rank + 1) * n)
+    return colossal_positions(seq_length, cp, rank)
 
 
-class ContextParallelModel(nn.Cell):
-    """Wraps a `GPTModel` (same parameters, same names) to run this CP rank's share of each sequence."""
+class ContextSequence:
+    """The model's ``seq`` part under context parallel (same methods as `models.gpt.WholeSequence`).
 
-    def __init__(self, model: Any, group: Any) -> None:
-        super().__init__(auto_prefix=False)  # parameter names stay the model's own
-        from mftk.engine.parallel.comm import GatherFromGroup
+    ``queries``: the positions of this rank's ulysses group in member order (what attention sees after the
+    all-to-all); ``keys``: those of every ulysses group of its ring, in ring order (after the all-gather)."""
 
-        self.model, self.group, self.spec = model, group, model.spec
-        self.gather = GatherFromGroup(group, 2)  # (B, heads, S, hd): the sequence is dim 2
-        for layer in model.decoder.layers:
-            layer.self_attention.cp_gather = self.gather
-        self._positions: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    def __init__(self, cp_group: AxisGroup, ulysses: int = 1) -> None:
+        self.group, self.ulysses = cp_group, int(ulysses)
+        self.scale = float(cp_group.size)  # undone by the trainer's average over dp×cp
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def positions(self, seq: int) -> tuple[np.ndarray, np.ndarray]:
-        """(this rank's positions, the gathered key order: every rank's positions in group-rank order)."""
-        if seq not in self._positions:
-            cp = self.group.size
-            mine = colossal_positions(seq, cp, self.group.rank)
-            keys = np.concatenate([colossal_positions(seq, cp, r) for r in range(cp)])
-            self._positions[seq] = (mine, keys)
-        return self._positions[seq]
+    def positions(self, seq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(this rank's positions, the query order, the key order)."""
+        if seq not in self._cache:
+            cp, u, c = self.group.size, self.ulysses, self.group.rank
+            pos = [context_positions(seq, cp, r, u) for r in range(cp)]
+            group_of = [np.concatenate(pos[ring * u:(ring + 1) * u]) for ring in range(cp // u)]
+            self._cache[seq] = (pos[c], group_of[c // u], np.concatenate(group_of))
+        return self._cache[seq]
 
-    def construct(self, input_ids, labels, loss_mask=None, position_ids=None, attention_mask=None):
-        from mftk.engine.models.gpt import _np
+    def local(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a[:, self.positions(a.shape[1])[0]])
 
-        m = self.model
-        ids, lab = _np(input_ids).astype(np.int32), _np(labels).astype(np.int32)
-        lm = (ids != m.spec.pad_token_id) if loss_mask is None else _np(loss_mask)
-        lm = lm.astype(np.float32) * (lab != IGNORE_INDEX)
-        seq = ids.shape[1]
-        mine, keys = self.positions(seq)
-        cos, sin = m.rope(seq)
-        rope = (cos[:, Tensor(mine)], sin[:, Tensor(mine)])  # (1, S_local, 1, D) at the global positions
-        full_mask = m._mask(ids, attention_mask).asnumpy()
-        mask = Tensor(np.ascontiguousarray(full_mask[:, :, mine][:, :, :, keys]))
-        h = m.embedding(Tensor(np.ascontiguousarray(ids[:, mine])))
-        for layer in m.decoder.layers:
-            h, _, _ = layer(h, rope, mask)
-        total = float(lm.sum()) + 1e-8  # the single-process denominator (Σ m + eps)
-        weight = lm[:, mine] * np.float32(self.group.size / total)
-        loss = m.head_loss(m.decoder.final_layernorm(h), lab[:, mine], weight)
-        return loss, loss, (), (), ()
+    def rope(self, cos, sin):
+        mine = Tensor(self.positions(cos.shape[1])[0])
+        return cos[:, mine], sin[:, mine]  # (1, S_local, 1, D) at the global positions
 
-    def update_expert_bias(self, tokens_per_expert=None) -> None:
-        self.model.update_expert_bias(tokens_per_expert)
+    def mask(self, mask: np.ndarray) -> np.ndarray:
+        _, queries, keys = self.positions(mask.shape[-1])
+        return mask[:, :, queries][:, :, :, keys]
+
+
+class AllToAll(nn.Cell):
+    """`comm.all_to_all` with autograd: the gradient goes back by the inverse exchange."""
+
+    def __init__(self, group: AxisGroup, split_dim: int, concat_dim: int) -> None:
+        super().__init__()
+        self.group, self.split_dim, self.concat_dim = group, split_dim, concat_dim
+
+    def construct(self, x):
+        return comm.all_to_all(x, self.group, self.split_dim, self.concat_dim)
+
+    def bprop(self, x, out, dout):
+        return (comm.all_to_all(dout, self.group, self.concat_dim, self.split_dim),)
+
+
+class ContextAttention(nn.Cell):
+    """A core-attention cell under context parallel: ``q, k, v (B, heads, S_local, d)`` trade the sequence split
+    for a head split over the ulysses group, the keys and values are all-gathered over the ring group, and the
+    output ``(B, S, heads·dv)`` trades back. The plain cell's parameters (tracked max logits, if any) are adopted
+    under their names."""
+
+    def __init__(self, plain: nn.Cell, ulysses: AxisGroup, ring: AxisGroup) -> None:
+        super().__init__()
+        for name, p in plain.parameters_and_names(expand=False):
+            setattr(self, name.rsplit(".", 1)[-1], p)
+        self._attend = plain.construct
+        self.scatter_heads = None if ulysses.is_trivial else AllToAll(ulysses, 1, 2)
+        self.gather_heads = None if ulysses.is_trivial else AllToAll(ulysses, 1, 2)
+        self.gather = None if ring.is_trivial else comm.GatherFromGroup(ring, 2)
+
+    def construct(self, q, k, v, mask):
+        if self.scatter_heads is not None:
+            q, k, v = self.scatter_heads(q), self.scatter_heads(k), self.scatter_heads(v)
+        if self.gather is not None:
+            k, v = self.gather(k), self.gather(v)
+        out = self._attend(q, k, v, mask)  # (B, S_queries, heads·dv)
+        return out if self.gather_heads is None else self.gather_heads(out)
+
+
+class SumOverShards(nn.Cell):
+    """All-reduce (sum) over the ranks holding parts of the same sequences; the backward passes the gradient
+    through, times ``grad_scale`` (the CP degree: gradients are averaged over CP but summed over TP)."""
+
+    def __init__(self, group: AxisGroup, grad_scale: float) -> None:
+        super().__init__()
+        self.group, self.grad_scale = group, float(grad_scale)
+
+    def construct(self, x):
+        return comm.all_reduce(x, self.group)
+
+    def bprop(self, x, out, dout):
+        return (dout * self.grad_scale,)
+
+
+class SequenceShards(nn.Cell):
+    """`layers.moe.LocalTokens` when each sequence is spread over the ``group`` (TP with sequence parallel,
+    CP, or both): sums cover the whole sequences."""
+
+    def __init__(self, group: AxisGroup, cp: int) -> None:
+        super().__init__()
+        self.group, self.shards = group, group.size
+        self.sum = SumOverShards(group, cp)
+
+    def construct(self, x):
+        return self.sum(x)
+
+    def total(self, x):
+        return comm.all_reduce(x, self.group)

@@ -65,20 +65,6 @@ def mean_over(value: float, group: AxisGroup) -> float:
     return float(comm.all_reduce(Tensor(np.array([value], np.float32)), group, "avg").asnumpy()[0])
 
 
-def sync_sequence_parallel_grads(grads: Sequence[Tensor], names: Sequence[str], sp_names: Sequence[str],
-                                 groups: ParallelGroups) -> tuple[Tensor, ...]:
-    """Sum over TP the gradients of replicated parameters that saw only this rank's tokens (SP)."""
-    wanted = set(sp_names)
-    idx = [i for i, n in enumerate(names) if n in wanted]
-    if groups.tp.is_trivial or not idx:
-        return tuple(grads)
-    summed = all_reduce_flat([grads[i] for i in idx], groups.tp, "sum")
-    out = list(grads)
-    for i, g in zip(idx, summed):
-        out[i] = g
-    return tuple(out)
-
-
 # ---------------------------------------------------------------- FSDP / HSDP
 
 

@@ -3,7 +3,8 @@
 The dense mesh is C-order (pp, dp_replicate, dp_shard, cp, tp), TP innermost (reference §2.2).
 A group "over axes A" holds the ranks that differ from this rank only in the coordinates of A.
 The sparse (MoE) mesh flattens (dp_shard, cp, tp) and splits it as (edp, ep) with EP innermost,
-so an EP group is `ep` consecutive ranks.
+so an EP group is `ep` consecutive ranks. Each rank also has an ``embedding`` group: the first and
+last stage of its pipeline, which both hold the embedding of a tied output layer or of MTP.
 
 `mesh_groups` is pure (rank lists only) so it is testable without processes; `create_groups`
 registers the groups this rank belongs to with MindSpore (size-1 groups are never created: every
@@ -116,6 +117,15 @@ def expert_group_ranks(layout: Layout, rank: int) -> tuple[tuple[int, ...], tupl
     return ep_ranks, edp_ranks
 
 
+def embedding_group_ranks(layout: Layout, rank: int) -> tuple[int, ...]:
+    """The first- and last-stage ranks of `rank`'s pipeline (same other coordinates), which both hold the
+    embedding when the output layer is tied or MTP embeds; just `rank` on the stages in between."""
+    coords = list(coords_of(layout, rank))
+    if layout.pp == 1 or coords[0] not in (0, layout.pp - 1):
+        return (rank,)
+    return tuple(rank_of(layout, tuple([stage] + coords[1:])) for stage in (0, layout.pp - 1))
+
+
 def check_layout(layout: Layout) -> None:
     """Reject a layout whose mesh does not cover the world exactly (callers validate configs earlier)."""
     from mftk.errors import PlanError
@@ -172,8 +182,19 @@ def group_name(ranks: tuple[int, ...]) -> str:
     return "mftk_" + "_".join(str(r) for r in ranks)
 
 
-def mesh_groups(layout: Layout, rank: int, *, world_name: str = "world") -> ParallelGroups:
-    """The groups of `rank` without creating anything (pure; names are what `create_groups` uses)."""
+def context_group_ranks(layout: Layout, rank: int, ulysses: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ulysses ranks, ring ranks) of `rank` inside its CP group: CP index c is ring c // u, ulysses c % u, so
+    a ulysses group is `u` consecutive CP ranks (u = cp: the CP group; u = 1: each rank alone)."""
+    cp = dense_group_ranks(layout, rank, ("cp",))
+    u = max(1, ulysses)
+    c = cp.index(rank)
+    ring, uly = divmod(c, u)
+    return cp[ring * u:(ring + 1) * u], tuple(cp[i * u + uly] for i in range(len(cp) // u))
+
+
+def mesh_groups(layout: Layout, rank: int, *, world_name: str = "world", ulysses: int = 1) -> ParallelGroups:
+    """The groups of `rank` without creating anything (pure; names are what `create_groups` uses).
+    ``ulysses``: the all-to-all degree inside CP (`context_parallel`'s ulysses / hybrid methods)."""
     check_layout(layout)
     world = tuple(range(layout.world))
     by_name: dict[str, AxisGroup] = {}
@@ -193,10 +214,14 @@ def mesh_groups(layout: Layout, rank: int, *, world_name: str = "world") -> Para
     ep_ranks, edp_ranks = expert_group_ranks(layout, rank)
     add("ep", ep_ranks)
     add("edp", edp_ranks)
+    add("embedding", embedding_group_ranks(layout, rank))
+    uly, ring = context_group_ranks(layout, rank, ulysses)
+    add("cp_ulysses", uly)
+    add("cp_ring", ring)
     return ParallelGroups(layout=layout, rank=rank, by_name=by_name)
 
 
-def create_groups(layout: Layout) -> ParallelGroups:
+def create_groups(layout: Layout, *, ulysses: int = 1) -> ParallelGroups:
     """Build and register (with MindSpore) every group of this process's rank; call once after init."""
     from mindspore import communication
     from mindspore.communication.management import GlobalComm
@@ -207,7 +232,7 @@ def create_groups(layout: Layout) -> ParallelGroups:
 
         raise PlanError(message=f"the layout is for {layout.world} ranks but this job has {world} workers",
                         rule="world_size", values={"layout": layout.world, "world": world})
-    groups = mesh_groups(layout, rank, world_name=GlobalComm.WORLD_COMM_GROUP)
+    groups = mesh_groups(layout, rank, world_name=GlobalComm.WORLD_COMM_GROUP, ulysses=ulysses)
     todo = {g.ranks: g.name for g in groups.by_name.values()
             if not g.is_trivial and g.name != GlobalComm.WORLD_COMM_GROUP}
     # one global order (sorted member lists) on every rank, so no two ranks wait on each other in a cycle

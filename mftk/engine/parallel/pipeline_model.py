@@ -1,34 +1,38 @@
-"""One pipeline stage of a `GPTModel`: which layers and parameters it holds, and its stage function.
+"""One pipeline rank of a `GPTModel`: which layers and tensors it holds, and the forward of each of its chunks.
 
 Why the full model stays on every rank: it is built (or loaded) from one seed with global shapes, so
-every stage starts from the very numbers of the single-process run. Parameters of other stages are
-frozen (``requires_grad = False``), which keeps them out of the optimizer, the gradient sync, the
-norm and the checkpoint; they cost memory only (tiny on the models this runs on CPU).
+every stage starts from the very numbers of the single-process run. Tensors of other stages are frozen
+(``requires_grad = False``), which keeps them out of the optimizer, the gradient sync, the norm and the
+checkpoint; they cost memory only (tiny on the models this runs on CPU).
 
-Stage contents (reference §1.3): the first stage holds the embedding, the last the final norm and
-the output layer; decoder layer ``i`` is on the stage `derive.stage_layers` gives it
-('auto' or the explicit per-stage strings). Tied embeddings and MTP would share the embedding
-between the first and last stage; they are refused (`pipeline_problems`) rather than half-handled.
+Stage contents (reference §1.3): decoder layer ``i`` is on the rank whose chunk holds it
+(`derive.stage_chunks`: chunk ``c`` of rank ``r`` is virtual stage ``c·pp + r``); the first virtual stage
+embeds, the last one holds the final norm, the output layer and the MTP layers. When the last stage needs
+the embedding too (tied output layer, or MTP's embedding of the shifted tokens) it keeps a trainable copy:
+both copies start equal, their gradients are summed over the first and last stage (`DistContext.sync_grads`)
+and the first stage's is the one saved.
+
+The chunk forward is `GPTModel`'s own pieces (`prepare`, `run_layers`, `finish`); MoE aux losses of a chunk
+are added to its objective (their gradient reaches the earlier stages through the activation gradient),
+and the logged values (LM loss, per-layer aux losses, MTP losses, tokens per expert) are recorded per
+micro-batch for the trainer.
 """
 from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import numpy as np
 from mindspore import Tensor
 
-from mftk.ckpt.names import ADAMW_STATES, STEP, state_name
-from mftk.engine.models.gpt import loss_weights
 from mftk.engine.parallel.groups import StagePosition
 
 
-def stage_layers_of(config: Any) -> list[list[int]]:
-    """Decoder layer ids per stage from ``parallelism.pipeline_parallel_layers_per_stage``."""
-    from mftk.derive import stage_layers
+def stage_chunks_of(config: Any) -> list[list[list[int]]]:
+    """Decoder layer ids per rank and chunk from ``parallelism.pipeline_parallel_layers_per_stage``."""
+    from mftk.derive import stage_chunks
 
     p, m = config.parallelism, config.model
-    out = stage_layers(int(m.num_hidden_layers), int(p.pipeline_parallel), 1,
+    out = stage_chunks(int(m.num_hidden_layers), int(p.pipeline_parallel), int(p.pipeline_parallel_interleave_num),
                        p.pipeline_parallel_layers_per_stage or "auto")
     if out is None:  # the config rules reject this earlier; a guard, not a user path
         raise ValueError(f"cannot split {m.num_hidden_layers} layers into {p.pipeline_parallel} stages "
@@ -36,108 +40,126 @@ def stage_layers_of(config: Any) -> list[list[int]]:
     return out
 
 
-def stage_of_name(name: str, layers: list[list[int]]) -> int:
-    """The stage holding a model tensor (also ``adam_m.<name>``-style optimizer names)."""
-    from mftk.ckpt.names import param_of
-
-    name = param_of(name)
-    last = len(layers) - 1
+def stages_of(name: str, chunks: list[list[list[int]]], *, shared_embedding: bool) -> tuple[int, ...]:
+    """The pipeline ranks holding a model tensor, the saving one first."""
+    last = len(chunks) - 1
     if name.startswith("embedding."):
-        return 0
+        return (0, last) if shared_embedding and last > 0 else (0,)
     if name.startswith("decoder.layers."):
         i = int(name.split(".")[2])
-        return next(s for s, ids in enumerate(layers) if i in ids)
-    return last  # final norm, output layer
+        return (next(r for r, rank in enumerate(chunks) if any(i in c for c in rank)),)
+    return (last,)  # final norm, output layer, MTP layers
 
 
-def pipeline_problems(spec: Any, pp: int) -> list[str]:
-    """Why this model cannot run with pipeline_parallel=pp (empty when it can)."""
-    out = []
-    if spec.tie_word_embeddings:
-        out.append("pipeline parallel with tie_word_embeddings (embedding shared by first and last stage) "
-                   "is not supported yet")
-    if spec.mtp_layers:
-        out.append("pipeline parallel with MTP layers is not supported yet")
-    if any(ls.is_moe for ls in spec.layers):
-        out.append("pipeline parallel with MoE layers is not supported yet")
-    if spec.hidden_dropout:
-        out.append("pipeline parallel recomputes each stage in backward, so hidden_dropout must be 0")
-    return out
-
-
-@attrs.frozen
-class PipelineTable:
-    """Every stage's tensors (name → shape, numpy dtype) so rank 0 can write the whole metadata.json."""
-
-    layers: list
-    model: dict  # name -> (shape, dtype) of every parameter and buffer
-    trainable: tuple  # names that have optimizer states (adam_m / adam_v)
-
-    def stage_of(self, key: str) -> int | None:
-        return None if key == STEP else stage_of_name(key, self.layers)
-
-    def placeholders(self, with_optimizer: bool) -> tuple[dict, dict | None]:
-        """Zero-memory arrays of the right shapes and dtypes (`metadata_specs` reads only those)."""
-        def empty(shape, dtype):
-            return np.broadcast_to(np.zeros((), dtype), shape)
-
-        model = {n: empty(s, d) for n, (s, d) in self.model.items()}
-        if not with_optimizer:
-            return model, None
-        opt = {state_name(k, n): empty(*self.model[n]) for k in ADAMW_STATES for n in self.trainable}
-        opt[STEP] = empty((1,), np.int64)
-        return model, opt
+def shares_embedding(model: Any) -> bool:
+    """The last stage needs the embedding table too: a tied output layer, or MTP layers."""
+    return model.output_layer is None or model.mtp is not None
 
 
 class StageModel(StagePosition):
-    """This rank's stage: freezes other stages' parameters and provides the `PipelineStage` function."""
+    """This rank's chunks: freezes what other stages hold and provides the `PipelineStage` function."""
 
-    def __init__(self, model: Any, layers: list[list[int]], stage: int) -> None:
-        self.model, self.layers, self.stage, self.pp = model, layers, stage, len(layers)
-        self.my_layers = list(layers[stage])
-        params = list(model.get_parameters())
-        self.table = PipelineTable(layers=layers, model={p.name: (tuple(p.shape), p.asnumpy().dtype) for p in params},
-                                   trainable=tuple(p.name for p in params if p.requires_grad))
+    def __init__(self, model: Any, chunks: list[list[list[int]]], stage: int, table: Any) -> None:
+        self.model, self.stage, self.pp = model, stage, len(chunks)
+        self.chunks = [list(c) for c in chunks[stage]]
+        shared = shares_embedding(model)
         for p in model.get_parameters():
-            if stage_of_name(p.name, layers) != stage and p.requires_grad:
+            table.place(p.name, stages_of(p.name, chunks, shared_embedding=shared))
+            if stage not in table[p.name].stages and p.requires_grad:
                 p.requires_grad = False
+        moe = model.moe_layers()
+        self.moe_index = {id(m): i for i, m in enumerate(moe)}
+        self.n_moe, self.n_mtp = len(moe), len(model.mtp.layers) if model.mtp is not None else 0
+        self.n_experts = moe[0].e if moe else 0
+        self.has_aux = any(m.aux_type for m in moe)
+        self.batches: list = []
+        self.scale = 1.0
+        self.records: dict[int, dict] = {}
 
-    def owns(self, name: str) -> bool:
-        return stage_of_name(name, self.layers) == self.stage
+    @property
+    def my_layers(self) -> list[int]:
+        return sorted(i for c in self.chunks for i in c)
 
-    def owned_tensors(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in tensors.items() if k == STEP or self.owns(k)}
+    def first_chunk(self, chunk: int) -> bool:
+        return self.is_first and chunk == 0
 
-    def micro_inputs(self, batch: dict, scale: float) -> tuple:
-        """The `PipelineStage.step` inputs of one micro-batch: ``(x, *extra)`` on the first stage."""
+    def last_chunk(self, chunk: int) -> bool:
+        return self.is_last and chunk == len(self.chunks) - 1
+
+    def chunk_params(self, chunk: int) -> list:
+        """The trainable parameters chunk ``chunk`` uses (its vjp weights)."""
         m = self.model
-        ids = np.ascontiguousarray(batch["input_ids"]).astype(np.int32)
-        rope, mask = m.rope(ids.shape[1]), m._mask(ids, batch.get("attention_mask"))
-        extra: tuple = (rope, mask)
-        if self.is_last:
-            lab = np.ascontiguousarray(batch["labels"]).astype(np.int32)
-            lm = batch.get("loss_mask")
-            lm = (ids != m.spec.pad_token_id) if lm is None else np.asarray(lm)
-            extra += (Tensor(lab), Tensor(loss_weights(lm, lab)), scale)
-        if self.is_first:
-            return (Tensor(np.zeros((), np.float32)), Tensor(ids)) + extra
-        return extra
+        cells = [m.decoder.layers[i] for i in self.chunks[chunk]]
+        if self.first_chunk(chunk):
+            cells.insert(0, m.embedding)
+        if self.last_chunk(chunk):
+            cells += [m.decoder.final_layernorm, *(c for c in (m.output_layer, m.mtp) if c is not None)]
+            if m.output_layer is None or m.mtp is not None:
+                cells.append(m.embedding)
+        seen, out = set(), []
+        for cell in cells:
+            for p in cell.trainable_params():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
 
-    def fn(self, x, *extra):
-        """Stage forward: embedding (first) → this stage's layers → norm, head, loss × scale (last)."""
+    def set_micro_batches(self, batches: list[dict], scale: float) -> None:
+        """The step's micro-batches (loader dicts), prepared on the host once; ``scale`` = 1 / their count."""
         m = self.model
-        if self.is_first:
-            ids, extra = extra[0], extra[1:]
-            h = m.embedding(ids) + x  # x: a float zero, so the stage has a differentiable input
-        else:
-            h = x
-        rope, mask = extra[0], extra[1]
-        for i in self.my_layers:
-            h, _, _ = m.decoder.layers[i](h, rope, mask)
-        if not self.is_last:
-            return h
-        lab, weights, scale = extra[2], extra[3], extra[4]
-        return m.head_loss(m.decoder.final_layernorm(h), lab, weights) * scale
+        self.batches = [m.prepare(b["input_ids"], b["labels"], b.get("loss_mask"), b.get("attention_mask"))
+                        for b in batches]
+        self.scale, self.records = float(scale), {}
 
-    def act_shape(self, local_batch_size: int, seq_length: int) -> tuple[int, int, int]:
-        return (local_batch_size, seq_length, int(self.model.spec.hidden_size))
+    def fn(self, chunk: int, x, micro: int):
+        """Chunk forward on micro-batch ``micro``: ``(activation, aux objective)``, or the scaled objective on
+        the last virtual stage (`pipeline.PipelineStage`)."""
+        m, batch = self.model, self.batches[micro]
+        layers = [m.decoder.layers[i] for i in self.chunks[chunk]]
+        h = m.embed(batch.main.ids) + x if self.first_chunk(chunk) else x  # x: a float zero on the first
+        moe: list = []
+        h = m.run_layers(layers, h, batch, moe)
+        owners = [self.moe_index[id(layer.mlp)] for layer in layers if layer.is_moe]
+        if self.last_chunk(chunk):
+            objective, lm, aux, mtp, counts = m.finish(h, batch, moe)
+            owners += [self.moe_index[id(layer.transformer_layer.mlp)] for layer in (m.mtp.layers if m.mtp else ())
+                       if layer.transformer_layer.is_moe]
+            self._record(micro, owners, aux, counts, lm=lm, mtp=mtp)
+            return objective * self.scale
+        aux = tuple(a for a, _ in moe if a is not None)
+        self._record(micro, owners, aux, tuple(c for _, c in moe))
+        extra = Tensor(0.0, h.dtype)
+        for a in aux:
+            extra = extra + a * m.spec.aux_loss_coeff
+        return h, extra * self.scale
+
+    def _record(self, micro: int, owners: list[int], aux: tuple, counts: tuple, lm=None, mtp: tuple = ()) -> None:
+        rec = self.records.setdefault(micro, {"aux": {}, "counts": {}})
+        for i, a in zip(owners, aux):
+            rec["aux"][i] = float(a.asnumpy())
+        for i, c in zip(owners, counts):
+            rec["counts"][i] = c.asnumpy().astype(np.float64)
+        if lm is not None:
+            rec["lm"] = float(lm.asnumpy())
+            rec["mtp"] = [float(t.asnumpy()) for t in mtp]
+
+    def step_values(self) -> tuple[list[float], np.ndarray, np.ndarray, np.ndarray | None]:
+        """This stage's part of the step's logged values: the LM losses (last stage), per-MoE-layer aux
+        losses and MTP losses (means over micro-batches; zero where another stage holds the layer), and
+        tokens per expert (summed; zero rows for other stages' layers)."""
+        n = max(len(self.records), 1)
+        losses = [r["lm"] for _, r in sorted(self.records.items()) if "lm" in r]
+        aux = np.zeros(self.n_moe if self.has_aux else 0, np.float64)
+        mtp = np.zeros(self.n_mtp, np.float64)
+        counts = np.zeros((self.n_moe, self.n_experts), np.float64) if self.n_moe else None  # every rank reduces
+        for r in self.records.values():
+            for i, a in r["aux"].items():
+                aux[i] += a / n
+            for i, c in r["counts"].items():
+                counts[i] += c
+            mtp += np.asarray(r.get("mtp") or np.zeros(self.n_mtp), np.float64) / n
+        return losses, aux, mtp, counts
+
+    def act_shape(self, local_batch_size: int, seq_length: int, seq_shards: int) -> tuple[int, int, int]:
+        """Activations between stages: this rank's positions (``seq_length / (cp·tp)`` under CP and SP)."""
+        return (local_batch_size, seq_length // seq_shards, int(self.model.spec.hidden_size))

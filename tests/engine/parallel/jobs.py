@@ -95,28 +95,37 @@ def _collectives(g) -> dict:
 
 
 def _tp_mlp(g, *, sequence_parallel: bool) -> dict:
+    """fc1 column-wise, fc2 row-wise (plain `Linear`s cut by the TP styles); without SP, Megatron's f/g: the
+    input is whole, its gradient and the row-wise output are summed over the group."""
     import mindspore as ms
     from mindspore import Tensor, nn, ops
 
+    from mftk.engine.layers.linear import Linear
     from mftk.engine.parallel import comm
-    from mftk.engine.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, shard
+    from mftk.engine.parallel.tensor_parallel import Sharded, block, columnwise, rowwise
 
     d = tp_data()
 
     class Mlp(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.fc1 = ColumnParallelLinear(H, F, g, sequence_parallel=sequence_parallel)
-            self.fc2 = RowParallelLinear(F, H, g, sequence_parallel=sequence_parallel)
+            fc1, fc2 = Linear(H, F), Linear(F, H)
+            fc1.weight.set_data(Tensor(d["w1"]))
+            fc2.weight.set_data(Tensor(d["w2"]))
+            if sequence_parallel:
+                self.fc1, self.fc2 = columnwise(fc1, g, gather_input=True), rowwise(fc2, g)
+            else:
+                fc1.weight.set_data(Tensor(block(d["w1"], g, 0)))
+                fc2.weight.set_data(Tensor(block(d["w2"], g, 1)))
+                self.fc1 = Sharded(fc1, enter=comm.CopyToGroup(g))
+                self.fc2 = Sharded(fc2, leave=comm.ReduceFromGroup(g))
 
         def construct(self, x, r):
             return (self.fc2(ops.tanh(self.fc1(x))) * r).sum()
 
     net = Mlp()
-    net.fc1.weight.set_data(Tensor(shard(d["w1"], g, 0)))
-    net.fc2.weight.set_data(Tensor(shard(d["w2"], g, 1)))
     if sequence_parallel:  # activations and the loss weights split along the sequence
-        x, r = Tensor(shard(d["x"], g, 1)), Tensor(shard(d["r"], g, 1))
+        x, r = Tensor(block(d["x"], g, 1)), Tensor(block(d["r"], g, 1))
     else:
         x, r = Tensor(d["x"]), Tensor(d["r"])
     params = net.trainable_params()
@@ -130,24 +139,27 @@ def _vocab(g) -> dict:
     import mindspore as ms
     from mindspore import Tensor, nn
 
-    from mftk.engine.parallel.tensor_parallel import (ColumnParallelLinear, VocabParallelCrossEntropy,
-                                                      VocabParallelEmbedding, shard, vocab_parallel_masked_mean_ce)
+    from mftk.engine.layers.embedding import VocabEmbedding
+    from mftk.engine.layers.linear import Linear
+    from mftk.engine.parallel.tensor_parallel import (VocabParallelCrossEntropy, VocabParallelEmbedding, columnwise,
+                                                      vocab_parallel_masked_mean_ce)
 
     d = vocab_data()
 
     class Lm(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.emb = VocabParallelEmbedding(V, H, g, sequence_parallel=True)
-            self.head = ColumnParallelLinear(H, V, g, sequence_parallel=True)
+            emb, head = VocabEmbedding(V, H), Linear(H, V)
+            emb.weight.set_data(Tensor(d["emb"]))
+            head.weight.set_data(Tensor(d["head"]))
+            self.emb = VocabParallelEmbedding(emb, g)
+            self.head = columnwise(head, g, gather_input=True)
             self.ce = VocabParallelCrossEntropy(g)
 
         def construct(self, ids, labels, mask):
             return vocab_parallel_masked_mean_ce(self.head(self.emb(ids)), labels, mask, self.ce)
 
     net = Lm()
-    net.emb.weight.set_data(Tensor(shard(d["emb"], g, 0)))
-    net.head.weight.set_data(Tensor(shard(d["head"], g, 0)))
     loss, grads = ms.value_and_grad(net, None, net.trainable_params())(
         Tensor(d["ids"]), Tensor(d["labels"]), Tensor(d["mask"]))
     return {"loss": float(loss.asnumpy()), "demb": _l(grads[0]), "dhead": _l(grads[1])}
@@ -212,17 +224,25 @@ def _pipeline(g, schedule: str) -> dict:
     from mftk.engine.parallel.pipeline import PipelineStage, make_schedule, split_micro_batches
 
     d, m = tp_data(), 4
+    losses = []
     if g.rank == 0:
         w = Parameter(Tensor(d["w1"]), name="w1")
-        fn = lambda x: ops.tanh(ops.matmul(x, w.T))  # noqa: E731
-        inputs = [(x,) for x in split_micro_batches(Tensor(d["x"]), m, 1)]
+        xs = split_micro_batches(Tensor(d["x"]), m, 1)
+
+        def fn(chunk, x, i):  # x: the float zero of the first stage
+            return ops.tanh(ops.matmul(xs[i] + x, w.T)), Tensor(0.0, ms.float32)
     else:
         w = Parameter(Tensor(d["w2"]), name="w2")
-        fn = lambda a, r: (ops.matmul(a, w.T) * r).sum()  # noqa: E731
-        inputs = [(r,) for r in split_micro_batches(Tensor(d["r"]), m, 1)]
-    stage = PipelineStage(fn, [w], g, act_shape=(B, S // m, F), act_dtype=ms.float32)
-    losses, grads = stage.step(inputs, make_schedule(schedule, m, g.size, g.rank))
-    return {"losses": losses, "grad": _l(grads[0])}
+        rs = split_micro_batches(Tensor(d["r"]), m, 1)
+
+        def fn(chunk, a, i):
+            loss = (ops.matmul(a, w.T) * rs[i]).sum()
+            losses.append((i, float(loss.asnumpy())))
+            return loss
+    stage = PipelineStage(fn, [[w]], g, act_shape=(B, S // m, F), act_dtype=ms.float32)
+    grads = stage.step(m, lambda rank: make_schedule(schedule, m, g.size, rank))
+    per_micro = dict(losses)  # the recomputed forward records the same value again
+    return {"losses": [per_micro[i] for i in sorted(per_micro)], "grad": _l(grads[id(w)])}
 
 
 # ---------------------------------------------------------------- 4-rank job

@@ -1,0 +1,189 @@
+"""Parallelize a built model, torchtitan-style: one function applies TP (+SP), EP, CP, PP and FSDP to the
+`GPTModel` that `models.build.build_model` built with plain layers and global shapes, unit by unit
+(a transformer layer; the embedding and the head), from one `ParallelDims`.
+
+Why from the full model: it is initialised from one seed with global shapes, and a resumed checkpoint is
+assembled into global tensors too; cutting those gives every layout the very numbers of the
+single-process run (the basis of the equality tests), and any checkpoint loads into any layout.
+
+Order (the reference's, §2.1 step 8): tensor parallel → expert parallel → context parallel → pipeline
+stages → FSDP rows. Each step records in the `placement.PlacementTable` which dims it split over which
+mesh axis; the gradient sync, the optimizer sharding, the norm and ``metadata.json`` read only that table.
+Parameter names are the reference's throughout (`rename_parameters`).
+
+Tensor parallel per layer (Megatron's layouts; weights ``[out, in]``):
+- GQA attention: ``linear_qkv`` column-wise (rows are group-major: a row block is whole groups),
+  ``linear_proj`` row-wise;
+- MLA: the latent down-projection ``linear_qkv`` and its norms whole (the sequence is gathered before it),
+  ``linear_qb``/``linear_kvb`` column-wise by heads, ``linear_proj`` row-wise; RoPE parts unchanged;
+- dense MLP and shared experts: ``linear_fc1`` column-wise (interleaved gate/up rows: a row block is
+  whole pairs), ``linear_fc2`` row-wise; router and shared-expert gate whole;
+- routed experts: expert parallel over the EP group (the reference's sparse mesh carves EP out of
+  dp_shard·cp·tp, so with ``ep = tp`` the EP group is the TP group); otherwise whole, data-parallel over
+  TP like every other whole parameter;
+- embedding vocabulary-parallel, output layer by vocabulary rows, the vocabulary-parallel loss;
+- MTP layers: their transformer layer as above, ``eh_proj`` and norms whole.
+Every activation between those cells is split along the sequence (sequence parallel). Context parallel
+(colossal, ulysses, hybrid) swaps the model's ``seq`` part and each core attention (`context_parallel`);
+expert parallel each MoE layer's dispatcher (`expert_parallel`); pipeline parallel freezes what other
+stages hold (`pipeline_model`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from mftk.derive import Layout
+from mftk.engine.parallel.placement import PlacementTable, axis_sizes
+
+
+@attrs.frozen
+class ParallelDims:
+    """One rank's view of the mesh (torchtitan's ``ParallelDims``): the layout, this rank's groups, and the
+    settings that pick how a dimension is applied."""
+
+    layout: Layout
+    groups: Any  # groups.ParallelGroups
+    ulysses: int = 1  # the all-to-all degree inside CP: 1 colossal, cp ulysses, in between hybrid
+    stage_chunks: Any = None  # [rank][chunk] -> decoder layer ids, under PP (`derive.stage_chunks`)
+
+
+@attrs.frozen
+class Parallelized:
+    model: Any
+    table: PlacementTable
+    stage: Any = None  # pipeline_model.StageModel under PP
+
+
+def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
+    """Apply every parallel dimension of ``dims`` to ``model`` in place; returns it with its placement table."""
+    g, lay = dims.groups, dims.layout
+    table = PlacementTable.of_model(model)
+    if lay.tp > 1:
+        apply_tensor_parallel(model, g.tp, table)
+    if lay.ep > 1:
+        apply_expert_parallel(model, g.ep, table)
+    if lay.cp > 1:
+        apply_context_parallel(model, g, dims.ulysses)
+    if lay.tp > 1 or lay.cp > 1:
+        apply_sequence_shards(model, g.tp_cp, lay.cp)
+    rename_parameters(model)
+    stage = None
+    if lay.pp > 1:
+        from mftk.engine.parallel.pipeline_model import StageModel
+
+        stage = StageModel(model, dims.stage_chunks, g.pp.rank, table)
+    table.add_fsdp_rows(g.fsdp.size, axis_sizes(g))
+    return Parallelized(model=model, table=table, stage=stage)
+
+
+def rename_parameters(model: Any) -> None:
+    """Every parameter named by its path in the model (the reference's checkpoint names): swapping a cell
+    renames its parameters relative to the new parent (MindSpore prefixes on assignment)."""
+    for name, p in model.parameters_and_names():
+        p.name = name
+
+
+# ------------------------------------------------------------------------------------ tensor parallel
+def apply_tensor_parallel(model: Any, group: Any, table: PlacementTable) -> None:
+    from mftk.engine.parallel import tensor_parallel as T
+
+    _split(table, model.embedding.word_embeddings.weight, 0, "tp")
+    model.embedding.word_embeddings = T.VocabParallelEmbedding(model.embedding.word_embeddings, group)
+    if model.output_layer is not None:
+        _split(table, model.output_layer.weight, 0, "tp")
+        T.cut_parameter(model.output_layer.weight, group, 0)
+    model.loss = T.VocabParallelHeadLoss(group)
+    for layer in model.transformer_layers():
+        tensor_parallel_layer(layer, group, table)
+
+
+def tensor_parallel_layer(layer: Any, group: Any, table: PlacementTable) -> None:
+    """One transformer layer (a unit): its attention and its MLP or MoE."""
+    from mftk.engine.layers.attention import SelfAttention
+    from mftk.engine.layers.mla import MLASelfAttention
+    from mftk.engine.layers.mlp import MLP
+    from mftk.engine.layers.moe import MoELayer
+    from mftk.engine.parallel import tensor_parallel as T
+
+    att = layer.self_attention
+    if isinstance(att, SelfAttention):
+        _columnwise(att, "linear_qkv", group, table, gather_input=True)
+    elif isinstance(att, MLASelfAttention):
+        if not att.has_q_lora:  # refused by config.runnable: q is projected with the latent in one weight
+            raise ValueError("tensor parallel MLA needs q_lora_rank")
+        att.linear_qkv = T.replicated(att.linear_qkv, group)
+        _columnwise(att, "linear_qb", group, table, gather_input=False)
+        _columnwise(att, "linear_kvb", group, table, gather_input=False)
+    else:
+        raise ValueError(f"tensor parallel does not know {type(att).__name__}")  # refused by config.runnable
+    _rowwise(att, "linear_proj", group, table)
+    mlp = layer.mlp
+    if isinstance(mlp, MoELayer):
+        if mlp.shared_experts is not None:
+            _mlp(mlp.shared_experts, group, table)
+    elif isinstance(mlp, MLP):
+        _mlp(mlp, group, table)
+    else:
+        raise ValueError(f"tensor parallel does not know {type(mlp).__name__}")
+
+
+def _mlp(mlp: Any, group: Any, table: PlacementTable) -> None:
+    _columnwise(mlp, "linear_fc1", group, table, gather_input=True)
+    _rowwise(mlp, "linear_fc2", group, table)
+
+
+def _split(table: PlacementTable, p: Any, dim: int, axis: str) -> None:
+    if p is not None:
+        table.split(p.name, dim, axis)
+
+
+def _columnwise(parent: Any, attr: str, group: Any, table: PlacementTable, *, gather_input: bool) -> None:
+    from mftk.engine.parallel import tensor_parallel as T
+
+    cell = getattr(parent, attr)
+    _split(table, cell.weight, 0, "tp")
+    _split(table, getattr(cell, "bias", None), 0, "tp")
+    setattr(parent, attr, T.columnwise(cell, group, gather_input=gather_input))
+
+
+def _rowwise(parent: Any, attr: str, group: Any, table: PlacementTable) -> None:
+    from mftk.engine.parallel import tensor_parallel as T
+
+    cell = getattr(parent, attr)
+    _split(table, cell.weight, 1, "tp")
+    setattr(parent, attr, T.rowwise(cell, group))
+
+
+# ------------------------------------------------------------------------------------ expert parallel
+def apply_expert_parallel(model: Any, group: Any, table: PlacementTable) -> None:
+    """Each MoE layer's routed experts: this rank's block of ``weight1``/``weight2``, tokens by all-to-all."""
+    from mftk.engine.parallel.expert_parallel import ExpertParallelDispatch
+    from mftk.engine.parallel.tensor_parallel import cut_parameter
+
+    for moe in model.moe_layers():
+        experts = moe.experts
+        for p in (experts.weight1, experts.weight2):
+            _split(table, p, 0, "ep")
+            cut_parameter(p, group, 0)
+        experts.dispatcher = ExpertParallelDispatch(group, experts.e)
+
+
+# ------------------------------------------------------------------------------------ context parallel
+def apply_context_parallel(model: Any, groups: Any, ulysses: int) -> None:
+    """This rank's positions of every sequence (the model's ``seq``); attention over the whole sequence."""
+    from mftk.engine.parallel import context_parallel as C
+
+    model.seq = C.ContextSequence(groups.cp, ulysses)
+    for layer in model.transformer_layers():
+        att = layer.self_attention
+        att.core_attention = C.ContextAttention(att.core_attention, groups.cp_ulysses, groups.cp_ring)
+
+
+def apply_sequence_shards(model: Any, group: Any, cp: int) -> None:
+    """MoE load-balancing sums over the ranks holding the other parts of each sequence (SP and CP)."""
+    from mftk.engine.parallel.context_parallel import SequenceShards
+
+    for moe in model.moe_layers():
+        moe.tokens = SequenceShards(group, cp)

@@ -1,0 +1,107 @@
+"""`config.runnable.layout_refusals`, the one decision on whether a layout runs, rule by rule on hand-picked
+layouts (the arithmetic in each message checked by hand); what it accepts is run by the msrun layout tests."""
+from __future__ import annotations
+
+import pytest
+
+from mftk.config.model import DeepseekV3ModelConfig
+from mftk.config.runnable import RULES, LayoutSettings, layout_refusals, ulysses_degree
+from mftk.derive import Layout
+from tests.helpers.config import small_qwen3
+
+
+qwen = small_qwen3
+
+
+def dsv3(**kw):
+    base = dict(vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=4,
+                num_nextn_predict_layers=1, mtp_loss_scaling_factor=0.3, num_attention_heads=4, n_shared_experts=1,
+                n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+                q_lora_rank=8, kv_lora_rank=4, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4,
+                moe_grouped_gemm=True, seq_length=16, moe_aux_loss_coeff=0.01,
+                moe_router_load_balancing_type="seq_aux_loss")
+    return DeepseekV3ModelConfig(**{**base, **kw})
+
+
+def _template_model(name: str):
+    from tests.helpers.config import load_dict, template_dict
+
+    return load_dict(template_dict(name)).config.model
+
+
+def v4():
+    return _template_model("deepseek_v4_tiny")
+
+
+def qwen3_moe():
+    return _template_model("qwen3_moe_tiny")
+
+
+def test_muon_plain_dp_and_expert_parallel_run():
+    """Muon's refusals are TP and QK-clip on FSDP rows only; Qwen3-MoE runs expert parallel."""
+    assert refused(dsv3(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=2), muon=True) == {}
+    assert refused(dsv3(), Layout(world=2, dp_replicate=2), muon=True, qk_clip=True) == {}
+    assert refused(qwen3_moe(), Layout(world=2, dp_shard=2, ep=2), global_batch_size=4) == {}
+
+
+def refused(model, layout, **settings) -> dict[str, str]:
+    s = LayoutSettings(**{"global_batch_size": 16, **settings})
+    found = layout_refusals(model, layout, s)
+    assert all(r.rule in RULES for r in found)
+    return {r.rule: r.message for r in found}
+
+
+def test_every_dimension_composes_on_both_families():
+    assert refused(qwen(), Layout(world=16, dp_shard=2, cp=2, tp=2, pp=2)) == {}
+    assert refused(dsv3(), Layout(world=16, dp_shard=2, cp=2, tp=2, pp=2, ep=4)) == {}  # MLA, MoE, MTP
+    assert refused(qwen(num_hidden_layers=8), Layout(world=4, dp_shard=2, pp=2, interleave=2)) == {}
+    assert refused(qwen(tie_word_embeddings=True), Layout(world=4, pp=2, tp=2)) == {}
+
+
+@pytest.mark.parametrize("model,layout,settings,rule,text", [
+    (qwen(), Layout(world=2, tp=2), {"sequence_parallel": False}, "tp_needs_sp", "requires sequence_parallel"),
+    (qwen(num_attention_heads=6, num_key_value_heads=6, head_dim=4), Layout(world=4, tp=4), {}, "tp_heads",
+     "num_attention_heads % tp = 6 % 4 = 2"),
+    (qwen(), Layout(world=4, tp=4), {}, "tp_kv_heads", "num_key_value_heads % tp = 2 % 4 = 2"),
+    (dsv3(q_lora_rank=None), Layout(world=2, tp=2), {}, "tp_mla_q", "needs q_lora_rank"),
+    (qwen(intermediate_size=30), Layout(world=4, tp=4, pp=1), {}, "tp_ffn", "30 % 4 = 2"),
+    (dsv3(moe_shared_expert_intermediate_size=6), Layout(world=4, tp=4), {}, "tp_ffn", "6 % 4 = 2"),
+    (qwen(vocab_size=65), Layout(world=2, tp=2), {}, "tp_vocab", "vocab_size % tp = 65 % 2 = 1"),
+    (qwen(seq_length=12), Layout(world=8, cp=2, tp=4), {}, "tp_seq", "seq_length % (cp·tp) = 12 % 8 = 4"),
+    (qwen(), Layout(world=2, dp_shard=2, ep=2), {}, "ep_dense", "no routed experts"),
+    (dsv3(), Layout(world=8, dp_shard=8, ep=8), {}, "ep_experts", "n_routed_experts % ep = 4 % 8 = 4"),
+    (dsv3(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=4), {}, "ep_domain", "dp_shard·cp·tp = 2·1·1 = 2"),
+    (qwen(seq_length=20), Layout(world=4, cp=4), {}, "cp_seq", "seq_length % 2·cp (load-balanced causal split) = 20 % 8"),
+    (qwen(), Layout(world=4, cp=4), {"cp_method": "ulysses"}, "cp_heads", "num_key_value_heads % (tp·4) = 2 % 4"),
+    (qwen(), Layout(world=2, pp=2), {"layers_per_stage": ["2-3", "0-1"]}, "pp_order", "after those of stage k−1"),
+    (qwen(), Layout(world=2, pp=2), {"layers_per_stage": ["0-1", "3"]}, "pp_layers", "exactly once"),
+    (qwen(hidden_dropout=0.1), Layout(world=2, pp=2), {}, "pp_dropout", "hidden_dropout must be 0"),
+    (dsv3(moe_router_load_balancing_type="global_aux_loss"), Layout(world=2, pp=2), {}, "pp_global_aux", "twice"),
+    (qwen(), Layout(world=2, pp=2, interleave=2), {"schedule": "gpipe"}, "pp_interleave", "gpipe does not"),
+    (qwen(), Layout(world=4, dp_shard=2, pp=2, interleave=2), {"global_batch_size": 2}, "pp_interleave",
+     "(dp·local_batch_size) = 1) to be a multiple of pipeline_parallel=2"),
+    (qwen(), Layout(world=1, interleave=2), {}, "pp_interleave", "needs pipeline_parallel > 1"),
+    (qwen(), Layout(world=2, tp=2), {"track_max_logits": True}, "track_logits", "would be split over ranks"),
+    (qwen(), Layout(world=3, dp_shard=3), {}, "batch", "16 / (3·1)"),
+    (qwen(), Layout(world=4, dp_shard=2, tp=1), {}, "product", "= 2 ≠ world size 4"),
+    (qwen(), Layout(world=2, tp=2), {"muon": True}, "muon_tp", "Muon with tensor_parallel=2"),
+    (dsv3(), Layout(world=2, dp_shard=2), {"muon": True, "qk_clip": True}, "muon_qk_clip", "data_parallel_shard = 2"),
+    (v4(), Layout(world=2, dp_shard=2, ep=2), {}, "family_dims", "expert_parallel=2 is not supported for model_type"),
+    (v4(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
+    (v4(), Layout(world=2, tp=2), {}, "tp_family", "not implemented for model_type 'deepseek_v4'"),
+    (qwen3_moe(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
+    (qwen3_moe(), Layout(world=2, cp=2), {}, "cp_family", "not implemented for model_type 'qwen3_moe'"),
+])
+def test_each_refusal_names_its_rule_and_arithmetic(model, layout, settings, rule, text):
+    got = refused(model, layout, **settings)
+    assert rule in got, got
+    assert text in got[rule], got[rule]
+
+
+def test_ulysses_degree_of_each_method():
+    assert [ulysses_degree(m, 4, 2) for m in ("colossal", "Ulysses", "hybrid")] == [1, 4, 2]
+
+
+def test_rampup_levels_are_checked():
+    got = refused(qwen(), Layout(world=4, dp_shard=4), rampup=(2, 2, 100))
+    assert "start 2 is not divisible by dp·local_batch_size = 4·1 = 4" in got["batch"]
