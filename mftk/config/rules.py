@@ -59,6 +59,10 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_profiler_monitor(config, r)
     _check_lora(config, r)
     _check_run_mode(config, r)
+    from mftk.config.status import check_statuses
+
+    reported = frozenset(p.path for p in r.problems if p.severity == "error")
+    r.problems += check_statuses(config, world_size=world_size, reported=reported)
     if config.model is not None:
         from mftk.config.model import model_problems
         from mftk.config.support import unsupported_model_settings

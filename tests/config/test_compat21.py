@@ -93,7 +93,7 @@ def test_exclude_op_mapping_is_the_2_1_form():
                          "exclude_op": {"*self_attention.linear_proj": ["0-1"], "*mlp": [1]}}
     loaded = load(data)
     assert loaded.config.recompute.exclude_op == {"*self_attention.linear_proj": ["0-1"], "*mlp": [1]}
-    assert not [p for p in loaded.notes if p.path.startswith("recompute")]
+    assert not [p for p in loaded.notes if p.path.startswith("recompute.exclude_op")]
 
 
 def test_exclude_op_mapping_values_are_checked_against_the_layers():
