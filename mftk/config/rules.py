@@ -539,8 +539,7 @@ def _check_profiler_monitor(c: Config, r: _Rules) -> None:
 # ------------------------------------------------------------------ LoRA, run mode, inference
 
 def _check_lora(c: Config, r: _Rules) -> None:
-    """2.1.0's own LoRA checks (2.1 §1.2), then the refusal: mftk has no adapters yet, and accepting the section
-    would silently train every weight."""
+    """2.1.0's own LoRA checks (2.1 §1.2); the adapters themselves are `engine.lora`."""
     lora = c.lora_config
     if lora is None:
         return
@@ -552,13 +551,20 @@ def _check_lora(c: Config, r: _Rules) -> None:
             re.compile(lora.target_modules)
         except re.error as exc:
             r.error("lora_config.target_modules", f"not a valid regular expression ({exc})", lora.target_modules)
+    if lora.exclude_layers:
+        try:
+            re.compile(lora.exclude_layers)
+        except re.error as exc:
+            r.error("lora_config.exclude_layers", f"not a valid regular expression ({exc})", lora.exclude_layers,
+                    "MindSpore Transformers would raise re.error only when it builds the adapters")
     for name in ("lora_rank", "lora_alpha"):
         if getattr(lora, name) <= 0:
             r.error(f"lora_config.{name}", f"must be > 0, got {getattr(lora, name)}", getattr(lora, name))
     if not 0 <= lora.lora_dropout < 1:
         r.error("lora_config.lora_dropout", f"must be in [0, 1), got {lora.lora_dropout}", lora.lora_dropout)
-    r.error("lora_config", LORA_PENDING, hint="remove lora_config to train every weight, or train this run with "
-            "MindSpore Transformers")
+    if c.parallelism.pipeline_parallel > 1:
+        r.error("lora_config", "LoRA with pipeline parallel is not supported by mftk yet", hint="set "
+                "parallelism.pipeline_parallel: 1 (DP, FSDP, TP, EP and CP work with LoRA)")
 
 
 def _check_run_mode(c: Config, r: _Rules) -> None:

@@ -190,9 +190,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "op_swap": _inert(RECOMPUTE_SUB),
     },
     "callbacks": _same("tests/engine/test_max_logits.py", "type step_interval"),
-    "lora_config": {n: _refused("", rule=True, example=v) for n, v in (
-        ("target_modules", "linear_qkv"), ("exclude_layers", "x"), ("lora_rank", 4), ("lora_alpha", 8),
-        ("lora_dropout", 0.1), ("lora_a_std", 0.02), ("lora_b_std", 0.01))},
+    "lora_config": _same(_LORA, "target_modules exclude_layers lora_rank lora_alpha lora_dropout lora_a_std "
+                                "lora_b_std"),
     "inference": {n: _inert("read by the reference only with run_mode: predict; mftk trains", rule=True)
                   for n in ("max_new_tokens", "batch_size", "output", "input_data")},
     "mftk": {"low_priority_dispatch": _impl("tests/engine/test_dispatch.py")},

@@ -33,9 +33,18 @@ def build_model(config: Any, *, lazy: bool = False) -> Any:
     from mftk.engine.spec import build_spec
 
     cfg = model_config(config)
+    model = GPTModel(build_spec(cfg)) if lazy else build(cfg, seed=config.training.seed)
+    if config.lora_config is not None:  # adapters on the built model, base frozen (`engine.lora`)
+        from mftk.engine.lora import apply_lora
+
+        report = apply_lora(model, config.lora_config, seed=config.training.seed, init=not lazy)
+        if not lazy:
+            log.info("LoRA: adapters on %d modules (rank %d, alpha %s, scaling %s); trainable parameters: %d of %d",
+                     len(report.modules), config.lora_config.lora_rank, config.lora_config.lora_alpha,
+                     config.lora_config.lora_alpha / config.lora_config.lora_rank, report.trainable_params,
+                     report.total_params)
     if lazy:
-        return GPTModel(build_spec(cfg))
-    model = build(cfg, seed=config.training.seed)
+        return model
     total = sum(int(np.prod(p.shape)) for p in model.get_parameters())
     train = sum(int(np.prod(p.shape)) for p in model.trainable_params())
     log.info("Got total parameters: %sM, trainable parameters: %sM", total // 1e6, train // 1e6)

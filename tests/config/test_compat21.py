@@ -147,14 +147,23 @@ def test_base_load_path_is_refused_until_lora():
     assert "expected str, got null" in errors_of(data)["checkpoint.base_load_path"]
 
 
-def test_lora_config_is_validated_as_2_1_does_then_refused():
+def test_lora_config_is_validated_as_2_1_does():
     data = tiny()
     data["lora_config"] = {"target_modules": "(", "lora_rank": 0, "lora_alpha": 16, "lora_dropout": 1.0}
     found = errors_of(data)
     assert "not a valid regular expression" in found["lora_config.target_modules"]
     assert "must be > 0" in found["lora_config.lora_rank"]
     assert "[0, 1)" in found["lora_config.lora_dropout"]
-    assert "LoRA support is pending" in found["lora_config"]
+    data["lora_config"] = {"target_modules": "linear_qkv", "lora_rank": 4}
+    assert load(data).config.lora_config.lora_rank == 4  # accepted: mftk trains the adapters (tests/engine/test_lora.py)
+
+
+def test_lora_with_pipeline_parallel_is_refused():
+    data = tiny()
+    data["lora_config"] = {"target_modules": "linear_qkv"}
+    data["parallelism"]["pipeline_parallel"] = 2
+    data["training"]["global_batch_size"] = 2
+    assert "pipeline parallel" in errors_of(data, world_size=2)["lora_config"]
 
 
 # ------------------------------------------------------------------ balance_enabled (§1.6)
