@@ -139,3 +139,94 @@ def peft_config(modules: list[str], lora: Mapping[str, Any], base_model: str) ->
         "target_modules": sorted(modules), "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
         "use_rslora": False, "use_dora": False, "modules_to_save": None, "init_lora_weights": True,
     }
+
+
+# ------------------------------------------------------------------------------------ checkpoints (2.1 §2.7-2.8)
+MANIFEST = "mindformers_adapter_config.json"
+MANIFEST_FORMAT = "mindformers_pynative_lora_adapter_v1"
+_FINGERPRINT_CONTENT = ("config.json", "model.safetensors.index.json", "metadata.json", "common.json")
+
+
+def optional_names(params: Any, names: Any) -> tuple[set[str], str | None]:
+    """Model tensors a checkpoint may lack, and why (the reference's LoRA-aware load):
+
+    - it holds no LoRA tensor at all (a base checkpoint): the fresh adapters are kept;
+    - it holds LoRA tensors only (an adapter-only save): the base comes from ``checkpoint.base_load_path``.
+    """
+    params, names = set(params), set(names)
+    model_lora = {n for n in params if is_lora_name(n)}
+    saved_lora = {n for n in names if is_lora_name(n)}
+    if model_lora and not saved_lora:
+        return model_lora, (f"Base checkpoint contains no LoRA tensors; retaining {len(model_lora)} freshly "
+                            "initialized adapters.")
+    if saved_lora and saved_lora == names:
+        return params - model_lora, "adapter-only checkpoint: the base weights come from checkpoint.base_load_path"
+    return set(), None
+
+
+def is_adapter_only(names: Any) -> bool:
+    names = set(names)
+    return bool(names) and all(is_lora_name(n) for n in names)
+
+
+def fingerprint(path: str | Any) -> str | None:
+    """The reference's base fingerprint: SHA-256 over a sorted walk (small JSON files by content, safetensors by
+    relative path, size and mtime); None for a missing path."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        return None
+    h = hashlib.sha256()
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    for f in files:
+        rel = f.name if f == p else f.relative_to(p).as_posix()
+        if f.name in _FINGERPRINT_CONTENT:
+            h.update(rel.encode() + b"\0" + f.read_bytes())
+        elif f.suffix == ".safetensors" or f == p:
+            st = os.stat(f)
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def manifest(base_load_path: str, lora: Mapping[str, Any], *, global_step: int, consumed_samples: int,
+             base_fingerprint: str | None) -> dict[str, Any]:
+    import os
+
+    return {"format": MANIFEST_FORMAT, "base_load_path": os.path.abspath(base_load_path),
+            "base_fingerprint": base_fingerprint, "lora_config": dict(lora), "global_step": int(global_step),
+            "consumed_samples": int(consumed_samples)}
+
+
+def write_manifest(dirs: Any, content: Mapping[str, Any]) -> None:
+    """The manifest, atomically, in each of ``dirs`` (the save root and the iteration dir, as the reference)."""
+    import json
+    import os
+    from pathlib import Path
+
+    text = json.dumps(content, indent=2) + "\n"
+    for d in dirs:
+        target = Path(d) / MANIFEST
+        tmp = target.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+
+
+def read_manifest(step_dir: Any) -> dict[str, Any] | None:
+    """The manifest next to an iteration dir's tensors, or in its save root; None when there is none."""
+    import json
+    from pathlib import Path
+
+    for d in (Path(step_dir), Path(step_dir).parent):
+        f = d / MANIFEST
+        if f.is_file():
+            try:
+                data = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(message=f"{f}: unreadable ({exc})", path=str(f)) from None
+            if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+                raise CheckpointError(message=f"{f}: not a {MANIFEST_FORMAT} manifest", path=str(f))
+            return data
+    return None

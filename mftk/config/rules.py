@@ -25,7 +25,6 @@ LOADER_TYPES = {"BlendedMegatronDatasetDataLoader", "MindDataset"}
 LOADER_TYPES_REFERENCE_ONLY = {"HFDataLoader", "OrderedIndexDataLoader"}
 BALANCE_LOADERS = {"BlendedMegatronDatasetDataLoader", "HFDataLoader", "OrderedIndexDataLoader"}
 INFERENCE_SUFFIXES = (".jsonl", ".json", ".txt", "")
-LORA_PENDING = "LoRA support is pending in mftk (it would train every weight instead)"
 
 
 class _Rules:
@@ -242,12 +241,13 @@ def _check_checkpoint(c: Config, r: _Rules) -> None:
     if ck.save_trainable_only and not ck.base_load_path.strip():
         r.error("checkpoint.base_load_path", "checkpoint.base_load_path is required when save_trainable_only is True.",
                 ck.base_load_path)
-    if ck.save_trainable_only:
-        r.error("checkpoint.save_trainable_only", f"true saves LoRA adapters only; {LORA_PENDING}", True,
-                "set save_trainable_only: false")
-    if ck.base_load_path.strip():
-        r.error("checkpoint.base_load_path", f"names the frozen base checkpoint of a LoRA run; {LORA_PENDING}",
-                ck.base_load_path, "remove it; to start from a checkpoint, set checkpoint.load_path (--weights-only)")
+    if ck.save_trainable_only and c.lora_config is None:
+        r.error("checkpoint.save_trainable_only", "save_trainable_only=True but no LoRA parameters exist in the "
+                "model.", True, "add a lora_config section, or set save_trainable_only: false")
+    if ck.base_load_path.strip() and c.lora_config is None:
+        r.error("checkpoint.base_load_path", "names the frozen base of a LoRA run, but there is no lora_config",
+                ck.base_load_path, "add a lora_config section; to fine-tune every weight from a checkpoint, set "
+                "checkpoint.load_path with no_load_optim: true")
 
 
 def _check_optimizer(c: Config, r: _Rules) -> None:

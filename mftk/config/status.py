@@ -85,8 +85,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "save_global_layout_cache": _inert("metadata is computed from the placement table on every save, "
                                            "at no cost to cache"),
         "reshard_worker_num": _inert("HF checkpoints are read in one process: the same tensors"),
-        "save_trainable_only": _refused("", rule=True),
-        "base_load_path": _refused("", rule=True, example="base"),
+        "save_trainable_only": _impl(_LORA),
+        "base_load_path": _impl(_LORA),
     },
     "training": {
         **_same(_T, "steps local_batch_size global_batch_size max_norm seed rampup_batch_size"),

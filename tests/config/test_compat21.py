@@ -131,18 +131,21 @@ def test_lora_checkpoint_keys_with_their_defaults_are_accepted():
     assert ck.save_trainable_only is False and ck.base_load_path == ""
 
 
-def test_save_trainable_only_needs_base_load_path_and_is_refused_until_lora():
+def test_save_trainable_only_needs_base_load_path_and_lora():
     data = tiny()
     data["checkpoint"]["save_trainable_only"] = True
     found = errors_of(data)
     assert "checkpoint.base_load_path is required when save_trainable_only is True." in found["checkpoint.base_load_path"]
-    assert "LoRA support is pending" in found["checkpoint.save_trainable_only"]
+    assert "no LoRA parameters exist in the model" in found["checkpoint.save_trainable_only"]
+    data["checkpoint"]["base_load_path"] = "/models/base"
+    data["lora_config"] = {"target_modules": "linear_qkv"}
+    assert load(data).config.checkpoint.save_trainable_only is True
 
 
-def test_base_load_path_is_refused_until_lora():
+def test_base_load_path_needs_lora():
     data = tiny()
     data["checkpoint"]["base_load_path"] = "/models/base"
-    assert "LoRA support is pending" in errors_of(data)["checkpoint.base_load_path"]
+    assert "there is no lora_config" in errors_of(data)["checkpoint.base_load_path"]
     data["checkpoint"]["base_load_path"] = None  # the reference: a str field cannot be None
     assert "expected str, got null" in errors_of(data)["checkpoint.base_load_path"]
 

@@ -257,3 +257,76 @@ def test_a_config_with_a_bad_exclude_regex_exits_1_naming_it(tmp_path, corpus):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
     r = runner.invoke(app, ["validate-config", str(tmp_path / "c.yaml")])
     assert r.exit_code == 1 and "lora_config.exclude_layers" in r.output
+
+
+# ------------------------------------------------------------------------------------ save_trainable_only, base_load_path
+@pytest.fixture(scope="module")
+def hf_base(tmp_path_factory, corpus):
+    """A pretrained base as a Hugging Face dir: a plain (no LoRA) run, exported."""
+    d = tmp_path_factory.mktemp("base")
+    raw = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt", steps=2, gbs=2)
+    _train(raw, d / "out")
+    r = runner.invoke(app, ["inspect-ckpt", str(d / "ckpt"), "--export-hf", str(d / "hf")])
+    assert r.exit_code == 0, r.output
+    return d / "hf", _final(d / "ckpt" / "iteration_00000002")
+
+
+def _adapter_raw(corpus, d, base, **ck) -> dict:
+    raw = _raw("qwen3_tiny.yaml", corpus, d, target=DENSE, steps=4)
+    raw["checkpoint"].update({"save_trainable_only": True, "base_load_path": str(base), **ck})
+    return raw
+
+
+def test_adapter_only_saves_start_from_the_base_and_resume_bit_exactly(tmp_path, corpus, hf_base):
+    base_dir, _ = hf_base
+    full = _train(_adapter_raw(corpus, tmp_path / "a", base_dir), tmp_path / "a" / "out")
+    step = tmp_path / "a" / "ckpt" / "iteration_00000004"
+    saved = _final(step)
+    assert saved and all(n.endswith(("lora_a", "lora_b")) for n in saved)  # adapters only
+    for where in (tmp_path / "a" / "ckpt", step):
+        manifest = json.loads((where / "mindformers_adapter_config.json").read_text())
+        assert manifest["format"] == "mindformers_pynative_lora_adapter_v1" and manifest["global_step"] == 4
+        assert manifest["base_fingerprint"] and manifest["lora_config"]["lora_rank"] == 4
+    log = open(full.log_file).read()
+    assert "retaining" in log and "freshly initialized adapters" in log
+    raw = _adapter_raw(corpus, tmp_path / "b", base_dir)
+    _train(raw, tmp_path / "b" / "out", "training.steps=2")
+    resumed = _train(raw, tmp_path / "b" / "out2", resume_from=tmp_path / "b" / "ckpt" / "iteration_00000002")
+    assert list(resumed.losses) == list(full.losses[2:])
+    b = _final(tmp_path / "b" / "ckpt" / "iteration_00000004")
+    assert all(np.array_equal(saved[n], b[n]) for n in saved)
+
+
+def test_the_base_is_what_the_run_trains_on(tmp_path, corpus, hf_base):
+    """Loss of step 1 with B = 0 is the base model's loss: the base checkpoint's, not the seed's init."""
+    base_dir, _ = hf_base
+    raw = _adapter_raw(corpus, tmp_path, base_dir)
+    raw["lora_config"]["lora_b_std"] = 0.0
+    on_base = _train(raw, tmp_path / "out", "training.steps=1")
+    raw2 = tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "plain", steps=1, gbs=2)
+    raw2["checkpoint"]["load_path"] = str(base_dir)
+    raw2["checkpoint"]["no_load_optim"] = True
+    plain = _train(raw2, tmp_path / "plain_out")
+    assert on_base.losses[0] == pytest.approx(plain.losses[0], rel=1e-6)
+
+
+def test_an_adapter_only_checkpoint_needs_its_base(tmp_path, corpus, hf_base):
+    from mftk.errors import CheckpointError
+
+    import shutil
+
+    base_dir = tmp_path / "base"
+    shutil.copytree(hf_base[0], base_dir)  # this test changes the base
+    raw = _adapter_raw(corpus, tmp_path, base_dir)
+    _train(raw, tmp_path / "out", "training.steps=2")
+    plain = dict(raw, checkpoint={**raw["checkpoint"], "save_trainable_only": False, "base_load_path": ""})
+    with pytest.raises(CheckpointError) as info:
+        _train(plain, tmp_path / "out2", resume_from=tmp_path / "ckpt" / "iteration_00000002")
+    assert "requires checkpoint.base_load_path" in info.value.message
+    import os
+
+    f = next(base_dir.glob("*.safetensors"))
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))  # another base (the fingerprint changes)
+    with pytest.raises(CheckpointError) as info:
+        _train(raw, tmp_path / "out3", resume_from=tmp_path / "ckpt" / "iteration_00000002")
+    assert "fingerprint does not match" in info.value.message
