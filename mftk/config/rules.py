@@ -530,10 +530,27 @@ def _check_profiler_monitor(c: Config, r: _Rules) -> None:
     for name in ("log_interval", "queue_size"):
         if getattr(tb, name) <= 0:
             r.warn(f"monitor.tensorboard.{name}", f"must be positive; 1 is used instead of {getattr(tb, name)}")
-    mm = c.monitor.moe_monitor
-    if mm.save_tokens_per_expert_interval is not None and mm.save_tokens_per_expert_interval <= 0:
-        r.error("monitor.moe_monitor.save_tokens_per_expert_interval", "must be a positive integer",
-                mm.save_tokens_per_expert_interval)
+    _check_moe_monitor(c, r)
+
+
+def _check_moe_monitor(c: Config, r: _Rules) -> None:
+    """The reference's own checks (2.0 §1.3), then what there is to monitor."""
+    mm, base = c.monitor.moe_monitor, "monitor.moe_monitor"
+    n = mm.save_tokens_per_expert_interval
+    if n is not None and (isinstance(n, bool) or n <= 0):
+        r.error(f"{base}.save_tokens_per_expert_interval", "must be a positive integer", n)
+    t = mm.target_layers
+    layers = (getattr(c.model, "num_hidden_layers", 0) or 0) + (getattr(c.model, "num_nextn_predict_layers", 0) or 0)
+    if isinstance(t, bool) or (isinstance(t, int) and t <= 0):
+        r.error(f"{base}.target_layers", "an int N (the layers 0..N-1) must be > 0", t)
+    elif isinstance(t, list):
+        bad = [x for x in t if isinstance(x, bool) or not isinstance(x, int) or x < 0]
+        if bad:
+            r.error(f"{base}.target_layers", f"a list of non-negative layer ids, got {bad}", t)
+        elif layers and max(t, default=-1) >= layers:
+            r.error(f"{base}.target_layers", f"layer {max(t)} does not exist (layers and MTP layers: 0..{layers - 1})", t)
+    if n and c.model is not None and hasattr(c.model, "is_moe") and not c.model.is_moe():
+        r.note(f"{base}.save_tokens_per_expert_interval", "the model has no MoE layer: nothing to monitor", n)
 
 
 # ------------------------------------------------------------------ LoRA, run mode, inference

@@ -224,8 +224,11 @@ class TensorboardConfig:
 
 @section
 class MoeMonitorConfig:
-    save_tokens_per_expert_interval: Optional[int] = field(None, "Record tokens per expert every N steps.")
-    target_layers: Optional[Union[int, list[int]]] = field(None, "Layers to monitor: N (first N) or a list.")
+    save_tokens_per_expert_interval: Optional[int] = field(None, "Every N steps: tokens per expert and imbalance "
+                                                            "(max/mean) of each MoE layer, logged, in metrics.jsonl "
+                                                            "and TensorBoard (the reference writes nothing).")
+    target_layers: Optional[Union[int, list[int]]] = field(None, "Layers to monitor: N (layers 0..N-1) or a list "
+                                                           "of layer ids (null: every MoE layer).")
 
 
 @section

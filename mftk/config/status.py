@@ -162,12 +162,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
     },
     "monitor.train_state": _same(_MON, "local_norm local_loss device_norm device_loss"),
     "monitor.tensorboard": _same("tests/engine/test_monitor_run.py", "output_dir log_interval queue_size"),
-    "monitor.moe_monitor": {
-        "save_tokens_per_expert_interval": _refused(
-            "the per-expert token monitor is not implemented by mftk yet: remove it (tokens per expert are in "
-            "metrics.jsonl as tokens_per_expert)", example=10),
-        "target_layers": _inert("read only by save_tokens_per_expert_interval, which is refused"),
-    },
+    "monitor.moe_monitor": _same("tests/engine/test_moe_monitor.py", "save_tokens_per_expert_interval target_layers"),
     "context": {
         "mode": _inert("PyNative is always used (the reference ignores the section too)"),
         "max_device_memory": _inert("the reference ignores the section too"),
