@@ -132,6 +132,9 @@ def _lora(mf: dict, cfg: Any, family: Any, merge: bool, step_dir: Path, world: i
     from mftk.ckpt.lora import merge_lora, peft_adapter, peft_config, split_lora
 
     base, adapters = split_lora(mf)
+    if adapters and not base:  # a save_trainable_only checkpoint: the base named by its manifest
+        base = _manifest_base(step_dir, cfg, family, notes)
+        mf = {**base, **adapters}
     if not adapters:
         if merge:
             raise CheckpointError(message=f"{step_dir} holds no LoRA tensors: nothing to merge", path=str(step_dir),
@@ -155,6 +158,28 @@ def _lora(mf: dict, cfg: Any, family: Any, merge: bool, step_dir: Path, world: i
     notes.append(f"LoRA: base weights in {out.name}/, adapters on {len(kept)} modules in {out.name}/{ADAPTER_DIR}/ "
                  f"(PEFT: PeftModel.from_pretrained(model, '{out.name}/{ADAPTER_DIR}'))")
     return base, (tensors, peft_config(kept, lora, os.path.abspath(out)))
+
+
+def _manifest_base(step_dir: Path, cfg: Any, family: Any, notes: list[str]) -> dict:
+    """The base weights of an adapter-only checkpoint, from the ``base_load_path`` its manifest records
+    (refused when the base's fingerprint changed since the adapters were saved)."""
+    from mftk.ckpt.layout import locate as find
+    from mftk.ckpt.lora import fingerprint, read_manifest
+    from mftk.ckpt.names import is_optimizer_name
+
+    manifest = read_manifest(step_dir)
+    base_path = (manifest or {}).get("base_load_path")
+    if not base_path or not Path(base_path).exists():
+        raise CheckpointError(message=f"{step_dir} holds LoRA adapters only and its base cannot be found",
+                              path=str(step_dir), hint="the manifest (mindformers_adapter_config.json) must name "
+                              "an existing base_load_path")
+    saved, now = manifest.get("base_fingerprint"), fingerprint(base_path)
+    if saved and now and saved != now:
+        raise CheckpointError(message="base_load_path fingerprint does not match the adapter checkpoint.",
+                              path=base_path, hint="export from the base the adapters were trained on")
+    tensors = {n: a for n, a in iter_global(base_path, kinds=("model",)) if not is_optimizer_name(n)}
+    notes.append(f"LoRA: adapter-only checkpoint; base weights from {base_path}")
+    return family.hf_to_mf(tensors, cfg) if find(base_path).kind == "hf" else tensors
 
 
 def _hf_has(module: str, cfg: Any) -> bool:

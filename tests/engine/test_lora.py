@@ -330,3 +330,26 @@ def test_an_adapter_only_checkpoint_needs_its_base(tmp_path, corpus, hf_base):
     with pytest.raises(CheckpointError) as info:
         _train(raw, tmp_path / "out3", resume_from=tmp_path / "ckpt" / "iteration_00000002")
     assert "fingerprint does not match" in info.value.message
+
+
+@pytest.mark.torch
+def test_an_adapter_only_checkpoint_exports_merged_with_its_base(tmp_path, corpus, hf_base):
+    torch = pytest.importorskip("torch")
+    raw = _adapter_raw(corpus, tmp_path, hf_base[0])
+    _train(raw, tmp_path / "out", "training.steps=2")
+    out = tmp_path / "merged"
+    r = runner.invoke(app, ["inspect-ckpt", str(tmp_path / "ckpt"), "--export-hf", str(out), "--merge-lora"])
+    assert r.exit_code == 0, r.output
+    ids = np.random.default_rng(2).integers(1, 256, (2, 16))
+    from mftk.ckpt.resume import plan_resume
+    from mftk.engine.builders import build_model, param_shapes
+    from mftk.engine.restore import load_checkpoint
+
+    config = load(raw, "training.seed=7").config
+    model = build_model(config)
+    for path in (hf_base[0], tmp_path / "ckpt"):  # the base, then the adapters on top (as a resume does)
+        load_checkpoint(plan_resume(config, str(path), weights_only=True, params=param_shapes(model)), model, config)
+    ours = model.logits(ids)[0].asnumpy()
+    with torch.no_grad():
+        ref = _hf(out)(torch.tensor(ids)).logits.numpy()
+    assert np.abs(ours - ref).max() <= TOL
