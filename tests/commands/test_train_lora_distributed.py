@@ -11,10 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from tests.helpers.cli import runner
-
-from commands.app import app
-from tests.helpers.msrun import column, metrics, single
+from tests.helpers.msrun import column, metrics, single, train_msrun
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -35,12 +32,6 @@ def work(tmp_path_factory):
     ds["lora_config"] = dict(LORA)
     (d / "ds.yaml").write_text(yaml.safe_dump(ds))
     return {"dir": d, "q": q, "ds": ds}
-
-
-def _train(cfg: Path, out: Path):
-    r = runner.invoke(app, ["train", str(cfg), "--nproc", "2", "--output-dir", str(out)])
-    assert r.exit_code == 0, r.output
-    return r
 
 
 def _same_as_single(work, name: str, out: str) -> None:
@@ -67,11 +58,11 @@ def _same_as_single(work, name: str, out: str) -> None:
 
 
 def test_lora_under_fsdp2_equals_one_process(work):
-    r = _train(work["dir"] / "q.yaml", work["dir"] / "out_dp")
+    r = train_msrun(work["dir"] / "q.yaml", work["dir"] / "out_dp")
     assert "FSDP:" in r.stdout or "dp_shard[2]" in r.stdout
     _same_as_single(work, "q", "out_dp")
 
 
 def test_lora_under_tp2_ep2_equals_one_process(work):
-    _train(work["dir"] / "ds.yaml", work["dir"] / "out_tp")
+    train_msrun(work["dir"] / "ds.yaml", work["dir"] / "out_tp")
     _same_as_single(work, "ds", "out_tp")

@@ -147,3 +147,18 @@ def test_readme_reference_has_a_status_column():
     assert "| `checkpoint` key | type | default | status | meaning |" in md
     row = next(l for l in md.splitlines() if l.startswith("| `amsgrad` |"))
     assert "refused" in row
+
+
+def test_validate_config_exits_1_naming_a_refused_key(tmp_path):
+    from tests.helpers.cli import runner
+
+    from commands.app import app
+
+    data = _template()
+    data["optimizer"]["amsgrad"] = True
+    data["train_dataset"]["dataloader"]["config"]["mock"] = True
+    data["train_dataset"]["dataloader"]["config"].pop("data_path", None)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    r = runner.invoke(app, ["validate-config", str(tmp_path / "c.yaml"), "--no-check-files"])
+    assert r.exit_code == 1
+    assert "optimizer.amsgrad" in r.output and "AMSGrad is not implemented" in r.output

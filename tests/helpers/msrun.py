@@ -31,3 +31,14 @@ def single(raw: dict, out: Path, resume_from=None):
     one = dict(raw, parallelism={**raw["parallelism"], **SINGLE_PROCESS})
     return train(load(one, f"checkpoint.save_path={out}_ckpt"), output_dir=out, resume_from=resume_from,
                  install_signals=False)
+
+
+def train_msrun(cfg: Path, out: Path, nproc: int = 2):
+    """`mftk train CFG --nproc N` through msrun; asserts it succeeded and returns the CLI result."""
+    from tests.helpers.cli import runner
+
+    from commands.app import app
+
+    r = runner.invoke(app, ["train", str(cfg), "--nproc", str(nproc), "--output-dir", str(out)])
+    assert r.exit_code == 0, r.output
+    return r
