@@ -169,6 +169,25 @@ def is_adapter_only(names: Any) -> bool:
     return bool(names) and all(is_lora_name(n) for n in names)
 
 
+def is_adapter_checkpoint(path: Any) -> bool:
+    """Whether the mftk / MindSpore Transformers checkpoint at ``path`` holds LoRA adapters only (a
+    ``save_trainable_only`` save); False for HF dirs. Reads headers and metadata.json only."""
+    from mftk.ckpt.layout import locate, scan_step_dir
+    from mftk.ckpt.metadata import read_metadata
+    from mftk.ckpt.names import is_optimizer_name
+    from mftk.ckpt.safetensors_io import read_header
+
+    loc = locate(path)
+    if loc.kind != "mf":
+        return False
+    files = scan_step_dir(loc.step_dir)
+    if files.world > 1:
+        names = [n for n in (read_metadata(loc.step_dir) or {}) if not is_optimizer_name(n)]
+    else:
+        names = list(read_header(files.model[0]).tensors) if files.model else []
+    return is_adapter_only(names)
+
+
 def fingerprint(path: str | Any) -> str | None:
     """The reference's base fingerprint: SHA-256 over a sorted walk (small JSON files by content, safetensors by
     relative path, size and mtime); None for a missing path."""

@@ -207,10 +207,10 @@ class _Run:
         """``checkpoint.base_load_path`` when it is to be loaded: the run starts from it (no load_path) or
         load_path is an adapter-only checkpoint (whose manifest must name the same base)."""
         from mftk.ckpt.layout import locate
-        from mftk.ckpt.lora import fingerprint, read_manifest
+        from mftk.ckpt.lora import fingerprint, is_adapter_checkpoint, read_manifest
 
         base = self.config.checkpoint.base_load_path.strip()
-        adapter_only = bool(load_path) and _adapter_only(load_path)
+        adapter_only = bool(load_path) and is_adapter_checkpoint(load_path)
         if adapter_only and not base:
             raise CheckpointError(message="An adapter-only checkpoint requires checkpoint.base_load_path.",
                                   path=load_path, hint="set checkpoint.base_load_path to the base it was trained on")
@@ -316,25 +316,6 @@ class _Run:
                                    dist=dist, layout=self.layout, checkpointer=checkpointer,
                                    sinks=[metrics, *self.sinks, *monitor_sinks],
                                    monitor=monitor if monitor.enabled else None, stop=stop)
-
-
-def _adapter_only(load_path: str) -> bool:
-    """Whether the checkpoint at ``load_path`` holds LoRA adapters only (a ``save_trainable_only`` save)."""
-    from mftk.ckpt.layout import locate, scan_step_dir
-    from mftk.ckpt.lora import is_adapter_only
-    from mftk.ckpt.metadata import read_metadata
-    from mftk.ckpt.names import is_optimizer_name
-    from mftk.ckpt.safetensors_io import read_header
-
-    loc = locate(load_path)
-    if loc.kind != "mf":
-        return False
-    files = scan_step_dir(loc.step_dir)
-    if files.world > 1:
-        names = [n for n in (read_metadata(loc.step_dir) or {}) if not is_optimizer_name(n)]
-    else:
-        names = list(read_header(files.model[0]).tensors) if files.model else []
-    return is_adapter_only(names)
 
 
 def _saved_architecture(plan: ResumePlan, current: Any) -> tuple[Any, list[str]]:

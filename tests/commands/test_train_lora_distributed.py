@@ -1,8 +1,9 @@
 """LoRA under `mftk train --nproc 2`: the same losses and grad norms as one process, the base still frozen.
 
-Two msrun jobs (~30 s each): Qwen3 with FSDP over 2 data-parallel ranks (adapters sharded, base whole and
-frozen), and DeepSeek-V3 with tensor parallel 2 and expert parallel 2 (each adapter cut with its base:
-column-parallel lora_b by rows, row-parallel lora_a by columns, expert adapters by expert).
+Three msrun jobs (~30-60 s each): Qwen3 with FSDP over 2 data-parallel ranks (adapters sharded, base whole
+and frozen), DeepSeek-V3 with tensor parallel 2 and expert parallel 2 (each adapter cut with its base:
+column-parallel lora_b by rows, row-parallel lora_a by columns, expert adapters by expert), and Qwen3 with
+context parallel 2.
 """
 from __future__ import annotations
 
@@ -31,7 +32,11 @@ def work(tmp_path_factory):
     ds["parallelism"].update({"tensor_parallel": 2, "sequence_parallel": True, "expert_parallel": 2})
     ds["lora_config"] = dict(LORA)
     (d / "ds.yaml").write_text(yaml.safe_dump(ds))
-    return {"dir": d, "q": q, "ds": ds}
+    cp = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt_cp", steps=3, gbs=4)
+    cp["parallelism"]["context_parallel"] = 2
+    cp["lora_config"] = dict(LORA)
+    (d / "cp.yaml").write_text(yaml.safe_dump(cp))
+    return {"dir": d, "q": q, "ds": ds, "cp": cp}
 
 
 def _same_as_single(work, name: str, out: str) -> None:
@@ -66,3 +71,8 @@ def test_lora_under_fsdp2_equals_one_process(work):
 def test_lora_under_tp2_ep2_equals_one_process(work):
     train_msrun(work["dir"] / "ds.yaml", work["dir"] / "out_tp")
     _same_as_single(work, "ds", "out_tp")
+
+
+def test_lora_under_cp2_equals_one_process(work):
+    train_msrun(work["dir"] / "cp.yaml", work["dir"] / "out_cp")
+    _same_as_single(work, "cp", "out_cp")
