@@ -579,9 +579,6 @@ def _check_lora(c: Config, r: _Rules) -> None:
             r.error(f"lora_config.{name}", f"must be > 0, got {getattr(lora, name)}", getattr(lora, name))
     if not 0 <= lora.lora_dropout < 1:
         r.error("lora_config.lora_dropout", f"must be in [0, 1), got {lora.lora_dropout}", lora.lora_dropout)
-    if c.parallelism.pipeline_parallel > 1:
-        r.error("lora_config", "LoRA with pipeline parallel is not supported by mftk yet", hint="set "
-                "parallelism.pipeline_parallel: 1 (DP, FSDP, TP, EP and CP work with LoRA)")
 
 
 def _check_run_mode(c: Config, r: _Rules) -> None:

@@ -1,9 +1,9 @@
 """LoRA under `mftk train --nproc 2`: the same losses and grad norms as one process, the base still frozen.
 
-Three msrun jobs (~30-60 s each): Qwen3 with FSDP over 2 data-parallel ranks (adapters sharded, base whole
+Four msrun jobs (~30-60 s each): Qwen3 with FSDP over 2 data-parallel ranks (adapters sharded, base whole
 and frozen), DeepSeek-V3 with tensor parallel 2 and expert parallel 2 (each adapter cut with its base:
-column-parallel lora_b by rows, row-parallel lora_a by columns, expert adapters by expert), and Qwen3 with
-context parallel 2.
+column-parallel lora_b by rows, row-parallel lora_a by columns, expert adapters by expert), Qwen3 with
+context parallel 2, and DeepSeek-V3 with pipeline parallel 2.
 """
 from __future__ import annotations
 
@@ -36,13 +36,18 @@ def work(tmp_path_factory):
     cp["parallelism"]["context_parallel"] = 2
     cp["lora_config"] = dict(LORA)
     (d / "cp.yaml").write_text(yaml.safe_dump(cp))
-    return {"dir": d, "q": q, "ds": ds, "cp": cp}
+    pp = tiny_raw("deepseek_v3_tiny.yaml", corpus, d / "ckpt_pp", steps=3, gbs=4)
+    pp["parallelism"]["pipeline_parallel"] = 2
+    pp["lora_config"] = dict(LORA)
+    (d / "pp.yaml").write_text(yaml.safe_dump(pp))
+    return {"dir": d, "q": q, "ds": ds, "cp": cp, "pp": pp}
 
 
-def _same_as_single(work, name: str, out: str) -> None:
+def _same_as_single(work, name: str, out: str, rank: int = 0) -> None:
+    """``rank``: the rank whose metrics hold the loss (the last stage under PP)."""
     d = work["dir"]
     one = single(work[name], d / f"single_{name}")
-    m = metrics(d / out)
+    m = metrics(d / out, rank)
     assert [r["step"] for r in m] == [1, 2, 3]
     np.testing.assert_allclose(column(m, "loss"), one.losses, rtol=REL)
     np.testing.assert_allclose(column(m, "grad_norm"), one.grad_norms, rtol=REL)
@@ -76,3 +81,8 @@ def test_lora_under_tp2_ep2_equals_one_process(work):
 def test_lora_under_cp2_equals_one_process(work):
     train_msrun(work["dir"] / "cp.yaml", work["dir"] / "out_cp")
     _same_as_single(work, "cp", "out_cp")
+
+
+def test_lora_under_pp2_equals_one_process(work):
+    train_msrun(work["dir"] / "pp.yaml", work["dir"] / "out_pp")
+    _same_as_single(work, "pp", "out_pp", rank=1)

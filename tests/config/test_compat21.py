@@ -161,14 +161,6 @@ def test_lora_config_is_validated_as_2_1_does():
     assert load(data).config.lora_config.lora_rank == 4  # accepted: mftk trains the adapters (tests/engine/test_lora.py)
 
 
-def test_lora_with_pipeline_parallel_is_refused():
-    data = tiny()
-    data["lora_config"] = {"target_modules": "linear_qkv"}
-    data["parallelism"]["pipeline_parallel"] = 2
-    data["training"]["global_batch_size"] = 2
-    assert "pipeline parallel" in errors_of(data, world_size=2)["lora_config"]
-
-
 # ------------------------------------------------------------------ balance_enabled (§1.6)
 
 def _balanced(eod_mask: bool = True) -> dict:
