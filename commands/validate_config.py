@@ -66,7 +66,7 @@ def validate_config(
         colour = "yellow" if p.severity == "warning" else "cyan"
         err_console.print(f"[{colour}]{p.severity}:[/] {p.render()}", highlight=False)
     if print_resolved:
-        console.print(resolved_yaml(loaded), markup=False, highlight=False)
+        console.print(resolved_yaml(loaded), markup=False, highlight=False, soft_wrap=True)  # YAML: never wrapped
         return
     _render_summary(console, str(config), summary)
 

@@ -162,3 +162,15 @@ def test_validate_config_exits_1_naming_a_refused_key(tmp_path):
     r = runner.invoke(app, ["validate-config", str(tmp_path / "c.yaml"), "--no-check-files"])
     assert r.exit_code == 1
     assert "optimizer.amsgrad" in r.output and "AMSGrad is not implemented" in r.output
+
+
+def test_print_resolved_output_is_yaml_with_long_status_comments(tmp_path):
+    from tests.helpers.cli import runner
+
+    from commands.app import app
+
+    r = runner.invoke(app, ["validate-config", str(ROOT / "templates" / "qwen3_tiny.yaml"), "--print-resolved",
+                            "--no-check-files"], env={"COLUMNS": "60"})
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(r.stdout)["checkpoint"]["load_worker_number"] == 1  # no comment wrapped onto a line
+    assert "# no effect: the reference ignores it too (2.0 §1.5)" in r.stdout
