@@ -5,8 +5,8 @@
 model root with the reference's ``model.`` prefix (``model.decoder.layers.3.self_attention.linear_qkv``),
 so a ``target_modules`` / ``exclude_layers`` regex written for MindSpore Transformers matches the same
 cells here: ``exclude_layers`` (re.search) skips a whole subtree, ``target_modules`` (re.search) picks
-each `Linear` (attention projections, MLP and shared-expert fc1/fc2, the MTP ``eh_proj``) and each
-`GroupedMLP` (routed experts). A picked cell is swapped for a wrapper that adopts the base cell's
+each `Linear` (attention projections, MLP and shared-expert fc1/fc2, the MTP ``eh_proj``, the LM head
+``output_layer``) and each `GroupedMLP` (routed experts). A picked cell is swapped for a wrapper that adopts the base cell's
 parameters under their own names and runs its forward as a bound function (as `tensor_parallel.Sharded`
 does), then adds the low-rank update:
 
@@ -43,8 +43,7 @@ from mftk.engine.layers.ops_cpu import split_last
 from mftk.errors import ConfigError, Problem
 
 ROOT = "model"  # the reference's module paths start at its ForCausalLM root
-# Cells whose forward the model never calls: the LM head's weight goes straight into the fused loss.
-_NOT_CALLED = ("output_layer",)
+HEAD = "output_layer"  # its forward is never called: the LM head's weight goes straight into the fused loss
 # Tensor-parallel split of each adapter tensor, by the base's role: {role: ((attribute, dim), ...)}.
 TP_SPLITS = {"column": (("lora_b", 0),), "row": (("lora_a", 1),)}
 
@@ -117,6 +116,15 @@ class LoRALinear(nn.Cell):
             return y[0] + dg.reshape(*lead, dg.shape[-1]), y[1] + du.reshape(*lead, du.shape[-1])
         d = self._mm(xa, self.lora_b) * self.scaling
         return y + d.reshape(*lead, d.shape[-1])
+
+
+class LoRAHead(LoRALinear):
+    """The LM head: the model feeds its weight to the fused head loss (`GPTModel.head_weight`), so the adapter
+    is folded into that weight, ``W + s·B·A`` — the same logits as ``h·Wᵀ + s·(h·Aᵀ)·Bᵀ``. Dropout on the
+    head's input cannot be folded in (refused in `apply_lora`)."""
+
+    def merged_weight(self):
+        return self.weight + self._mm(self.lora_b, ops.transpose(self.lora_a, (1, 0))) * self.scaling
 
 
 class LoRAGroupedMLP(nn.Cell):
@@ -200,16 +208,27 @@ def _walk(cell: nn.Cell, path: str, target, exclude, s: LoraSettings, wrapped: l
             wrapped.append(sub)
             continue
         hit = target is not None and target.search(sub) is not None
-        if hit and isinstance(child, (Linear, GroupedMLP)):
-            if name in _NOT_CALLED and path == ROOT:
-                raise ConfigError(message=f"LoRA on {sub} is not supported by mftk", problems=[Problem(
-                    path="lora_config.target_modules", value=s.target_modules,
-                    message=f"matches {sub}, the LM head, whose weight mftk feeds straight into the fused loss",
-                    hint="narrow target_modules, or add output_layer to lora_config.exclude_layers")])
+        if hit and name == HEAD and path == ROOT and isinstance(child, Linear):
+            _wrap_head(cell, child, s, sub)
+            wrapped.append(sub)
+        elif hit and isinstance(child, (Linear, GroupedMLP)):
             setattr(cell, name, LoRALinear(child, s) if isinstance(child, Linear) else LoRAGroupedMLP(child, s))
             wrapped.append(sub)
         else:
             _walk(child, sub, target, exclude, s, wrapped)
+
+
+def _wrap_head(model: Any, head: Linear, s: LoraSettings, path: str) -> None:
+    """The LM head with an adapter: the model's ``head_weight`` (what the fused loss, the logits and MTP read)
+    becomes the merged weight, swapped on the model object as parallelism swaps its parts."""
+    if s.dropout > 0:
+        raise ConfigError(message=f"LoRA on {path} with lora_dropout > 0 is not supported by mftk", problems=[Problem(
+            path="lora_config.lora_dropout", value=s.dropout,
+            message=f"the adapter of {path} is folded into the head weight the fused loss reads, so dropout on "
+                    "its input cannot be applied", hint="set lora_dropout: 0, or add output_layer to "
+                    "lora_config.exclude_layers")])
+    model.output_layer = LoRAHead(head, s)
+    model.head_weight = model.output_layer.merged_weight
 
 
 def init_adapters(model: Any, s: LoraSettings, seed: int) -> None:

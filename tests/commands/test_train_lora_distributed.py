@@ -17,7 +17,7 @@ from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 REL = 1e-5
-LORA = {"target_modules": r"(linear_qkv|linear_proj|linear_fc1|linear_fc2|linear_qb|linear_kvb|experts)$",
+LORA = {"target_modules": r"(linear_qkv|linear_proj|linear_fc1|linear_fc2|linear_qb|linear_kvb|experts|output_layer)$",
         "lora_rank": 4, "lora_alpha": 8, "lora_a_std": 0.05, "lora_b_std": 0.02}
 
 

@@ -173,7 +173,7 @@ def dense_run(request, tmp_path_factory, corpus):
     d = tmp_path_factory.mktemp("peft_" + request.param.split("_tiny")[0])
     # peft (0.21, transformers 5) turns every gate_proj/up_proj/down_proj target of a deepseek_v3 model into
     # its fused experts, so the DeepSeek adapter stays on the attention (the export notes this)
-    target = DENSE if request.param.startswith("qwen3") else ATTENTION
+    target = DENSE + "|output_layer$" if request.param.startswith("qwen3") else ATTENTION
     raw = _raw(request.param, corpus, d, target=target, steps=2)
     _train(raw, d / "out")
     return d, raw
@@ -236,12 +236,34 @@ def test_a_pattern_matching_nothing_is_an_error(tmp_path, corpus):
     assert info.value.problems[0].path == "lora_config.target_modules"
 
 
-def test_the_lm_head_is_refused_not_ignored(tmp_path, corpus):
+def test_lm_head_dropout_is_refused_not_ignored(tmp_path, corpus):
     from mftk.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
-        _train(_raw_only(corpus, tmp_path, target=".*"), tmp_path / "out")
-    assert "output_layer" in info.value.problems[0].hint
+        _train(_raw_only(corpus, tmp_path, target="output_layer", lora_dropout=0.1), tmp_path / "out")
+    assert info.value.problems[0].path == "lora_config.lora_dropout" and "output_layer" in info.value.problems[0].hint
+
+
+@pytest.mark.torch
+def test_an_adapter_on_the_lm_head_trains_and_exports_merged(tmp_path, corpus):
+    torch = pytest.importorskip("torch")
+    raw = _raw_only(corpus, tmp_path, target=r"^model\.output_layer$")
+    result = _train(raw, tmp_path / "out")
+    start, weights = _initial(raw)
+    end = _final(tmp_path / "ckpt" / "iteration_00000003")
+    assert sorted(n for n in end if "lora" in n) == ["output_layer.lora_a", "output_layer.lora_b"]
+    assert all(np.array_equal(end[n], start[n]) for n in weights)
+    assert not np.array_equal(end["output_layer.lora_b"], start["output_layer.lora_b"])
+    m = raw["model"]
+    assert f"trainable parameters: {4 * (m['hidden_size'] + m['vocab_size'])} of" in open(result.log_file).read()
+    out = tmp_path / "merged"
+    r = runner.invoke(app, ["inspect-ckpt", str(tmp_path / "ckpt"), "--export-hf", str(out), "--merge-lora"])
+    assert r.exit_code == 0, r.output
+    ids = np.random.default_rng(3).integers(1, 256, (2, 16))
+    ours = _mftk_logits(raw, tmp_path / "ckpt" / "iteration_00000003", ids)
+    with torch.no_grad():
+        ref = _hf(out)(torch.tensor(ids)).logits.numpy()
+    assert np.abs(ours - ref).max() <= TOL
 
 
 def test_exclude_layers_skips_a_subtree(tmp_path, corpus):

@@ -94,6 +94,7 @@ def apply_tensor_parallel(model: Any, group: Any, table: PlacementTable) -> None
     if model.output_layer is not None:
         _split(table, model.output_layer.weight, 0, "tp")
         T.cut_parameter(model.output_layer.weight, group, 0)
+        _split_adapters(model.output_layer, "column", group, table)  # a LoRA head: lora_b by vocabulary rows
     model.loss = T.VocabParallelHeadLoss(group)
     for layer in model.transformer_layers():
         tensor_parallel_layer(layer, group, table)
