@@ -188,7 +188,8 @@ def _hf_has(module: str, cfg: Any) -> bool:
 
 
 def _lora_section(step_dir: Path, world: int, model_config: Any) -> dict:
-    """The run's ``lora_config`` (rank and alpha give the scaling): from the saved config, or the YAML given."""
+    """The run's ``lora_config`` (rank and alpha give the scaling): from the YAML given, mftk's saved config, or
+    the adapter manifest MindSpore Transformers writes with ``save_trainable_only``."""
     from mftk.ckpt.run_config import read_run_config
 
     section = None
@@ -198,7 +199,9 @@ def _lora_section(step_dir: Path, world: int, model_config: Any) -> dict:
         data, _ = parse_yaml(read_config_file(model_config), str(model_config))
         section = data.get("lora_config") if isinstance(data, dict) else None
     else:
-        saved = read_run_config(step_dir)
+        from mftk.ckpt.lora import read_manifest
+
+        saved = read_run_config(step_dir) or read_manifest(step_dir)  # mftk's saved config, or the reference's manifest
         section = saved.get("lora_config") if saved else None
     if not isinstance(section, dict) or "lora_rank" not in section or "lora_alpha" not in section:
         raise CheckpointError(message=f"{step_dir} holds LoRA tensors but no lora_config says their scaling",
