@@ -123,6 +123,14 @@ SECTIONS: dict[str, dict[str, Status]] = {
     "optimizer": {
         **_same("tests/engine/test_optim.py", "type betas eps weight_decay weight_decay_include weight_decay_exclude "
                                               "enable_fused_opt use_fused"),
+        **_same("tests/engine/test_muon.py", "matched_adamw_rms momentum nesterov ns_steps ns_coefficients "
+                                             "adamw_betas adamw_eps adamw_include qk_clip_enabled qk_clip_threshold"),
+        "comm_strategy": _inert("allgather_deredundency is a communication variant of the same Muon update; "
+                                "mftk has one implementation"),
+        "use_fused_adamw": _inert(ASCEND),
+        **{n: _inert("a memory batching budget of allgather_deredundency: the same update")
+           for n in ("phase0_batch_memory_gb", "ns_batch_memory_gb", "phase4_batch_memory_gb")},
+        "swap": _inert("AdamW ignores it, as the reference's does (Muon refuses true)"),
         "amsgrad": _refused("AMSGrad is not implemented by mftk's AdamW: set amsgrad: false"),
         "maximize": _refused("maximising is not implemented by mftk's AdamW: set maximize: false"),
         "enable_cpu_offload": _refused("", rule=True),
@@ -138,7 +146,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "num_parallel_workers": _inert(PERF), "prefetch_size": _inert(PERF), "numa_enable": _inert(PERF),
         "use_distribute_dataset": _inert("every rank reads its own micro-batches: the same samples the "
                                          "broadcast would deliver"),
-        "balance_enabled": _impl("tests/config/test_compat21.py", rule=True, only="at data parallel 1"),
+        "balance_enabled": _impl("tests/config/test_compat21.py", rule=True),
     },
     "train_dataset.dataloader": {
         **_same(_LOAD, "type datasets_type sizes shuffle column_names"),
@@ -231,6 +239,19 @@ MODEL: dict[str, Status] = {
     "use_flash_attention": _inert(ASCEND), "use_attn_mask_compression": _inert(ASCEND),
     "is_dynamic": _inert("every batch has seq_length tokens: the mask is never sliced"),
     "chunk_loss_num": _inert("the chunked cross-entropy gives the same value; mftk computes it in one piece"),
+    # DeepSeek-V4 and Qwen3-MoE
+    **_same("tests/engine/test_deepseek_v4.py", "o_groups o_lora_rank compress_ratios csa_window_size "
+            "compress_rope_theta csa_dense_mode index_n_heads index_head_dim index_topk dsa_indexer_loss_coeff "
+            "num_residual_streams mhc_sinkhorn_iterations mhc_init_gating_factor hc_eps num_hash_layers "
+            "original_max_position_embeddings"),
+    "experimental_attention_variant": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="dsv4_hybrid",
+                                            example="mla"),
+    "enable_hyper_connections": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="true"),
+    "use_fused_mhc": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="false"),
+    "apply_dsa_kernel_fusion": _inert(ASCEND),
+    "dsa_indexer_use_sparse_loss": _inert("the reference's CSA indexer loss does not read it either"),
+    **_same("tests/engine/test_train_families.py", "num_experts decoder_sparse_step mlp_only_layers"),
+    "use_sliding_window": _impl("tests/engine/test_train_families.py", rule=True, only="false"),
     "bos_token_id": _inert("not used in training (the reference's neither)"),
     "eos_token_id": _inert("not used in training (the reference's neither)"),
 }

@@ -128,15 +128,19 @@ class LoRAHead(LoRALinear):
 
 
 class LoRAGroupedMLP(nn.Cell):
-    """Routed experts with per-expert adapters on ``weight1`` and ``weight2``; dispatch is the base's."""
+    """Routed experts with per-expert adapters on ``weight1`` and ``weight2``; dispatch is the base's: all
+    experts at once on the padded ``(E, n, H)`` rows (``grouped``), or expert by expert (``expert``) under
+    expert parallel."""
 
-    construct = GroupedMLP.construct  # the dropless sort/gather/scatter, calling `expert` below
+    construct = GroupedMLP.construct  # the dropless dispatch, calling `grouped` or `expert` below
+    _padded = GroupedMLP._padded
 
     def __init__(self, base: GroupedMLP, s: LoraSettings) -> None:
         super().__init__()
         self.e, self.f, self.act = base.e, base.f, base.act
         self.weight1, self.weight2 = base.weight1, base.weight2
         self.dispatcher = base.dispatcher
+        self.grouped = self._grouped  # a bound method in the base's `GroupedExpertsFn` slot
         e, h, f2 = base.weight1.shape
         f = base.weight2.shape[1]
         self.weight1_lora_a = _param(np.zeros((e, h, s.rank)), "weight1_lora_a")
@@ -149,14 +153,21 @@ class LoRAGroupedMLP(nn.Cell):
     def _in(self, x):
         return self.drop(x) if self.drop is not None else x
 
-    def expert(self, e: int, x):
+    def _ffn(self, x, w1, a1, b1, w2, a2, b2):
+        """``act(x·W1 + s·(x·A1)·B1)·W2 + s·(h·A2)·B2`` for one expert (2-D) or all of them (batched 3-D)."""
         s = self.scaling
-        h = mint.matmul(x, self.weight1[e]) + mint.matmul(mint.matmul(self._in(x), self.weight1_lora_a[e]),
-                                                          self.weight1_lora_b[e]) * s
+        h = mint.matmul(x, w1) + mint.matmul(mint.matmul(self._in(x), a1), b1) * s
         gate, up = split_last(h, (self.f, self.f))
         a = self.act(gate, up)
-        return mint.matmul(a, self.weight2[e]) + mint.matmul(mint.matmul(self._in(a), self.weight2_lora_a[e]),
-                                                             self.weight2_lora_b[e]) * s
+        return mint.matmul(a, w2) + mint.matmul(mint.matmul(self._in(a), a2), b2) * s
+
+    def expert(self, e: int, x):
+        return self._ffn(x, self.weight1[e], self.weight1_lora_a[e], self.weight1_lora_b[e], self.weight2[e],
+                         self.weight2_lora_a[e], self.weight2_lora_b[e])
+
+    def _grouped(self, xs, w1, w2):
+        return (self._ffn(xs, w1, self.weight1_lora_a, self.weight1_lora_b, w2, self.weight2_lora_a,
+                          self.weight2_lora_b),)
 
 
 ADAPTED = (LoRALinear, LoRAGroupedMLP)

@@ -42,3 +42,9 @@ def train_msrun(cfg: Path, out: Path, nproc: int = 2):
     r = runner.invoke(app, ["train", str(cfg), "--nproc", str(nproc), "--output-dir", str(out)])
     assert r.exit_code == 0, r.output
     return r
+
+
+def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
+    from mftk.engine.run import train
+
+    return train(load(raw, *overrides), output_dir=out, resume_from=resume_from, install_signals=False)
