@@ -39,6 +39,7 @@ def build_model(config: Any, *, lazy: bool = False) -> Any:
         from mftk.engine.lora import apply_lora
 
         report = apply_lora(model, config.lora_config, seed=config.training.seed, init=not lazy)
+        _check_muon_adapters(config, model)
         if not lazy:
             log.info("LoRA: adapters on %d modules (rank %d, alpha %s, scaling %s); trainable parameters: %d of %d",
                      len(report.modules), config.lora_config.lora_rank, config.lora_config.lora_alpha,
@@ -50,6 +51,29 @@ def build_model(config: Any, *, lazy: bool = False) -> Any:
     train = sum(int(np.prod(p.shape)) for p in model.trainable_params())
     log.info("Got total parameters: %s, trainable parameters: %s", count_exact(total), count_exact(train))
     return model
+
+
+def _check_muon_adapters(config: Any, model: Any) -> None:
+    """Muon orthogonalises 2-D weights and the experts' 3-D ``weight1``/``weight2`` only: the experts' 3-D
+    adapters must go to its AdamW fallback (``optimizer.adamw_include``), or the first update would fail
+    (the reference raises the same ValueError there, 2.1 §3)."""
+    import fnmatch
+
+    from mftk.config.optimizer_muon import adamw_globs
+
+    o = config.optimizer
+    if o.type != "Muon":
+        return
+    include = adamw_globs(o.adamw_include)
+    bad = [p.name for p in model.trainable_params()
+           if len(p.shape) == 3 and not any(fnmatch.fnmatchcase(p.name, g) for g in include)]
+    if bad:
+        raise ConfigError(message=f"Muon only supports 3-D weights of grouped experts, got {bad[0]}",
+                          problems=[Problem(path="optimizer.adamw_include", value=o.adamw_include,
+                                            message=f"{len(bad)} expert LoRA tensors would be orthogonalised by Muon "
+                                            f"({bad[0]}, …)", hint="add '*_lora_*' to optimizer.adamw_include "
+                                            "(keep '*word_embeddings*' and '*output_layer*'), or leave the experts "
+                                            "out of lora_config.target_modules")])
 
 
 def param_shapes(model: Any) -> dict[str, tuple[int, ...]]:

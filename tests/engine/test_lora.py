@@ -375,3 +375,23 @@ def test_an_adapter_only_checkpoint_exports_merged_with_its_base(tmp_path, corpu
     with torch.no_grad():
         ref = _hf(out)(torch.tensor(ids)).logits.numpy()
     assert np.abs(ours - ref).max() <= TOL
+
+
+def test_muon_with_expert_adapters_needs_them_in_adamw_include(tmp_path, corpus):
+    """DeepSeek-V4's template trains with Muon, which orthogonalises 2-D weights and the experts' own 3-D ones:
+    the 3-D expert adapters must go to its AdamW fallback (the reference raises at the first update)."""
+    from mftk.errors import ConfigError
+
+    raw = tiny_raw("deepseek_v4_tiny.yaml", corpus, tmp_path / "ckpt", steps=2, gbs=2)  # step 1: warm-up lr 0
+    assert raw["optimizer"]["type"] == "Muon"
+    raw["lora_config"] = {"target_modules": r"(linear_proj|experts)$", **LORA}
+    with pytest.raises(ConfigError) as info:
+        _train(raw, tmp_path / "out")
+    assert info.value.problems[0].path == "optimizer.adamw_include" and "*_lora_*" in info.value.problems[0].hint
+    raw["optimizer"]["adamw_include"] = ["*word_embeddings*", "*output_layer*", "*_lora_*"]
+    start, weights = _initial(raw)
+    _train(raw, tmp_path / "out2")
+    end = _final(tmp_path / "ckpt" / "iteration_00000002")
+    assert all(np.array_equal(end[n], start[n]) for n in weights)
+    assert not np.array_equal(end["decoder.layers.0.mlp.experts.weight1_lora_b"],
+                              start["decoder.layers.0.mlp.experts.weight1_lora_b"])
