@@ -152,19 +152,23 @@ def _hf(out):
     return model.eval()
 
 
-@pytest.mark.torch
-def test_merged_export_gives_the_adapted_logits_in_transformers(run):
+def _check_merged_export(root, raw: dict, out, seed: int) -> None:
+    """``--export-hf OUT --merge-lora`` of the run at ``root``; transformers' logits equal the adapted mftk model's."""
     torch = pytest.importorskip("torch")
-    d, raw, _ = run
-    out = d / "merged"
-    r = runner.invoke(app, ["inspect-ckpt", str(d / "ckpt"), "--export-hf", str(out), "--merge-lora"])
+    r = runner.invoke(app, ["inspect-ckpt", str(root), "--export-hf", str(out), "--merge-lora"])
     assert r.exit_code == 0, r.output
-    ids = np.random.default_rng(0).integers(1, 256, (2, 16))
-    ours = _mftk_logits(raw, d / "ckpt" / "iteration_00000003", ids)
+    ids = np.random.default_rng(seed).integers(1, 256, (2, 16))
+    ours = _mftk_logits(raw, root / "iteration_00000003", ids)
     with torch.no_grad():
         ref = _hf(out)(torch.tensor(ids)).logits.numpy()
     assert np.abs(ref).max() > 0.05 and np.abs(ours - ref).max() <= TOL
     assert not (out / "adapter").exists()
+
+
+@pytest.mark.torch
+def test_merged_export_gives_the_adapted_logits_in_transformers(run):
+    d, raw, _ = run
+    _check_merged_export(d / "ckpt", raw, d / "merged", seed=0)
 
 
 @pytest.fixture(scope="module", params=["qwen3_tiny.yaml", "deepseek_v3_tiny.yaml"])
@@ -246,7 +250,6 @@ def test_lm_head_dropout_is_refused_not_ignored(tmp_path, corpus):
 
 @pytest.mark.torch
 def test_an_adapter_on_the_lm_head_trains_and_exports_merged(tmp_path, corpus):
-    torch = pytest.importorskip("torch")
     raw = _raw_only(corpus, tmp_path, target=r"^model\.output_layer$")
     result = _train(raw, tmp_path / "out")
     start, weights = _initial(raw)
@@ -256,14 +259,7 @@ def test_an_adapter_on_the_lm_head_trains_and_exports_merged(tmp_path, corpus):
     assert not np.array_equal(end["output_layer.lora_b"], start["output_layer.lora_b"])
     m = raw["model"]
     assert f"trainable parameters: {4 * (m['hidden_size'] + m['vocab_size'])} of" in open(result.log_file).read()
-    out = tmp_path / "merged"
-    r = runner.invoke(app, ["inspect-ckpt", str(tmp_path / "ckpt"), "--export-hf", str(out), "--merge-lora"])
-    assert r.exit_code == 0, r.output
-    ids = np.random.default_rng(3).integers(1, 256, (2, 16))
-    ours = _mftk_logits(raw, tmp_path / "ckpt" / "iteration_00000003", ids)
-    with torch.no_grad():
-        ref = _hf(out)(torch.tensor(ids)).logits.numpy()
-    assert np.abs(ours - ref).max() <= TOL
+    _check_merged_export(tmp_path / "ckpt", raw, tmp_path / "merged", seed=3)
 
 
 def test_exclude_layers_skips_a_subtree(tmp_path, corpus):
