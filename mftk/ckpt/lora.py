@@ -123,6 +123,10 @@ def _provenance(base: Mapping[str, np.ndarray], layers: list[str], mf_to_hf: Any
             raise CheckpointError(message=f"{hf_name}: an adapted weight maps to a tensor PEFT cannot adapt",
                                   hint="export merged weights instead: add --merge-lora")
         line = t[:, 0] if axis == 0 else t[0, :]
+        constant = np.all(t == line[:, None]) if axis == 0 else np.all(t == line[None, :])
+        if not constant or not np.all(line == np.round(line)):  # not a pure selection of rows / columns
+            raise CheckpointError(message=f"{hf_name}: the HF mapping does more than select rows and columns of "
+                                  "its adapted weight, so its adapter has no PEFT form", hint="add --merge-lora")
         layer = next(k for k, (lo, hi) in offsets.items() if lo <= line[0] < hi)
         lo, hi = offsets[layer]
         if line.min() < lo or line.max() >= hi:

@@ -391,3 +391,19 @@ def test_muon_with_expert_adapters_needs_them_in_adamw_include(tmp_path, corpus)
     assert all(np.array_equal(end[n], start[n]) for n in weights)
     assert not np.array_equal(end["decoder.layers.0.mlp.experts.weight1_lora_b"],
                               start["decoder.layers.0.mlp.experts.weight1_lora_b"])
+
+
+def test_peft_mapping_refuses_a_mapping_that_is_not_a_selection():
+    """The PEFT layout is derived by running the HF weight mapping on indices: a mapping that transposes or scales
+    an adapted weight has no PEFT form and must be refused, not exported wrong."""
+    from mftk.ckpt.lora import peft_adapter
+    from mftk.errors import CheckpointError
+
+    base = {"l.weight": np.zeros((4, 3), np.float32)}
+    adapters = {"l.lora_a": np.ones((2, 3), np.float32), "l.lora_b": np.ones((4, 2), np.float32)}
+    rows = peft_adapter(base, adapters, lambda mf, cfg: {"m.weight": mf["l.weight"][::-1]}, None)[0]
+    np.testing.assert_array_equal(rows["base_model.model.m.lora_B.weight"], adapters["l.lora_b"][::-1])
+    for bad in (lambda mf, cfg: {"m.weight": mf["l.weight"].T.copy()},
+                lambda mf, cfg: {"m.weight": mf["l.weight"] * 0.5}):
+        with pytest.raises(CheckpointError, match="--merge-lora|PEFT"):
+            peft_adapter(base, adapters, bad, None)
