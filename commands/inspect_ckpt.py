@@ -18,6 +18,8 @@ EPILOG = """Examples:
   mftk inspect-ckpt ckpt/iteration_00000100 --diff ckpt/iteration_00000200 --tensors --json | jq .changes
 
   mftk inspect-ckpt output/checkpoint --export-hf exported/      (then AutoModelForCausalLM.from_pretrained)
+
+  mftk inspect-ckpt lora_run/checkpoint --export-hf merged/ --merge-lora   (LoRA folded into the weights)
 """
 
 PathArg = Annotated[Path, typer.Argument(
@@ -34,6 +36,9 @@ DiffOpt = Annotated[Optional[Path], typer.Option(
 ExportOpt = Annotated[Optional[Path], typer.Option(
     "--export-hf", help="Write a Hugging Face transformers dir (model.safetensors or shards + index, config.json) "
                         "to this new or empty directory.", show_default=False)]
+MergeLoraOpt = Annotated[bool, typer.Option(
+    "--merge-lora", help="With --export-hf: fold the LoRA adapters into the weights (W + alpha/rank·B·A). Without "
+                         "it a LoRA checkpoint exports its base weights plus a PEFT adapter in OUT/adapter/.")]
 ModelConfigOpt = Annotated[Optional[Path], typer.Option(
     "--model-config", help="With --export-hf: the training YAML whose model: section describes the checkpoint "
                            "(only for checkpoints without mftk's extra state).", show_default=False)]
@@ -41,7 +46,7 @@ ModelConfigOpt = Annotated[Optional[Path], typer.Option(
 
 def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt = False, verify: VerifyOpt = False,
                  finite: FiniteOpt = False, diff: DiffOpt = None, export_hf: ExportOpt = None,
-                 model_config: ModelConfigOpt = None) -> None:
+                 model_config: ModelConfigOpt = None, merge_lora: MergeLoraOpt = False) -> None:
     """Show a checkpoint's step, files, tensors and supported resume scenarios without loading it."""
     from mftk.errors import CheckpointError, InputError
 
@@ -51,11 +56,12 @@ def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt =
                              hint="run the export and the inspection as two commands")
         from mftk.ckpt.export import export_hf as export
 
-        exported = export(path, export_hf, model_config=model_config, progress=_progress())
+        exported = export(path, export_hf, model_config=model_config, progress=_progress(), merge_lora=merge_lora)
         _print_json(exported.to_dict()) if json_out else _render_export(exported)
         return
-    if model_config is not None:
-        raise InputError(message="--model-config only applies to --export-hf", hint="add --export-hf OUT")
+    if model_config is not None or merge_lora:
+        flag = "--model-config" if model_config is not None else "--merge-lora"
+        raise InputError(message=f"{flag} only applies to --export-hf", hint="add --export-hf OUT")
     if finite and not verify:
         raise InputError(message="--finite only applies to --verify", hint="use --verify --finite")
     if diff is not None:

@@ -65,7 +65,7 @@ def validate_config(
     for p in loaded.notes:
         notice(p.severity, p.render())
     if print_resolved:
-        console.print(resolved_yaml(loaded), markup=False, highlight=False)
+        console.print(resolved_yaml(loaded), markup=False, highlight=False, soft_wrap=True)  # YAML: never wrapped
         return
     _render_summary(str(config), summary)
 

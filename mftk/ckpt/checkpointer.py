@@ -66,6 +66,7 @@ class Checkpointer:
     start_step: int = 0
     last_saved_step: int | None = None  # a step already on disk (the checkpoint this run resumed from)
     last_path: str = ""
+    adapter_manifest: dict | None = None  # save_trainable_only: the LoRA tensors only, and this manifest (2.1 §2.8)
     _retention: Any = None
     _thread: threading.Thread | None = None
     _error: BaseException | None = None
@@ -92,6 +93,10 @@ class Checkpointer:
         self.wait()
         self.last_saved_step = step
         payload = collect()
+        if self.adapter_manifest is not None:
+            from mftk.ckpt.names import is_lora_name
+
+            payload = attrs.evolve(payload, model={n: v for n, v in payload.model.items() if is_lora_name(n)})
         if self.async_save and self.comm is None and reason is SaveReason.INTERVAL:  # the last one is synchronous
             self._thread = threading.Thread(target=self._write_async, args=(step, payload, sink),
                                             name=f"mftk-save-{step}", daemon=True)
@@ -134,6 +139,11 @@ class Checkpointer:
             raise TrainingError(message=f"checkpoint save at step {step} failed: {exc.message}",
                                 hint=exc.hint or "check checkpoint.save_path", step=step) from exc
         self.last_path = path
+        if self.adapter_manifest is not None and self.is_publisher:
+            from mftk.ckpt.lora import write_manifest
+
+            write_manifest((self.root, path), {**self.adapter_manifest, "global_step": step,
+                                               "consumed_samples": int(payload.common.consumed_samples or 0)})
         for old in removed:
             log.info("save_max=%d: removed the oldest checkpoint %s", self.save_max, old)
         log.info("Checkpoint saved at step %d to %s (async=%s, remove_redundancy=False) in %.2fs",

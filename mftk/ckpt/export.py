@@ -26,6 +26,7 @@ import numpy as np
 from mftk.ckpt import safetensors_io as st
 from mftk.ckpt.layout import HF_INDEX, HF_SINGLE, locate, scan_step_dir
 from mftk.ckpt.load import iter_global
+from mftk.ckpt.lora import PEFT_WEIGHTS
 from mftk.ckpt.run_config import saved_model_section
 from mftk.config.families import family_of
 from mftk.errors import CheckpointError, ConfigError, InputError, Problem
@@ -58,11 +59,14 @@ class ExportResult:
 
 
 def export_hf(path: str | os.PathLike, out: str | os.PathLike, *, model_config: str | os.PathLike | None = None,
-              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: Progress = NULL_PROGRESS) -> ExportResult:
+              max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: Progress = NULL_PROGRESS,
+              merge_lora: bool = False) -> ExportResult:
     """Export the checkpoint at ``path`` (save root, ``iteration_*`` dir) to the new HF dir ``out``.
 
     ``model_config``: a training YAML whose ``model:`` section describes the checkpoint, for
     checkpoints without mftk's extra state (written by the reference or an older mftk).
+    LoRA checkpoints: ``merge_lora`` folds the adapters into the weights (`ckpt.lora.merge_lora`);
+    without it the base weights go to ``out`` and the adapters, in HF PEFT's layout, to ``out/adapter``.
     """
     loc = locate(path)
     if loc.kind != "mf":
@@ -71,14 +75,14 @@ def export_hf(path: str | os.PathLike, out: str | os.PathLike, *, model_config: 
                               path=str(path), hint="pass the save_path of a run or one of its iteration_* dirs")
     out = Path(out)
     with exclusive_output(out, EXPORT_WHAT):  # a second export into `out` waits for nobody: it is refused
-        return _export(loc, out, model_config, max_shard_bytes, progress)
+        return _export(loc, out, model_config, max_shard_bytes, progress, merge_lora)
 
 
 EXPORT_WHAT = "mftk inspect-ckpt --export-hf output"
 
 
 def _export(loc: Any, out: Path, model_config: str | os.PathLike | None, max_shard_bytes: int,
-            progress: Progress) -> ExportResult:
+            progress: Progress, merge_lora: bool = False) -> ExportResult:
     _check_out(out)
     files = scan_step_dir(loc.step_dir)
     if files.problems or not files.model:
@@ -100,6 +104,7 @@ def _export(loc: Any, out: Path, model_config: str | os.PathLike | None, max_sha
         mf[name] = arr
         progress.advance()
     progress.done()
+    mf, adapter = _lora(mf, cfg, family, merge_lora, loc.step_dir, files.world, model_config, out, notes)
     hf = family.mf_to_hf(mf, cfg)
     hf.update(_zero_fill(cfg, hf, notes))
     del mf
@@ -115,6 +120,9 @@ def _export(loc: Any, out: Path, model_config: str | os.PathLike | None, max_sha
     try:
         names, index = _write_weights(tmp, tensors, max_shard_bytes, progress)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+        if adapter is not None:
+            _write_adapter(tmp / ADAPTER_DIR, *adapter)
+            names.append(f"{ADAPTER_DIR}/{PEFT_WEIGHTS}")
         _publish(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -128,6 +136,102 @@ def _export(loc: Any, out: Path, model_config: str | os.PathLike | None, max_sha
         files=tuple(names), index_file=HF_INDEX if index else None, config_file="config.json", tensors=len(hf),
         parameters=sum(int(v.size) for v in hf.values()), total_bytes=sum(_nbytes(v) for v in tensors.values()),
         dtype=dtype, model_source=model_source, notes=tuple(notes))
+
+
+# ------------------------------------------------------------------------------------- LoRA
+ADAPTER_DIR = "adapter"
+
+
+def _lora(mf: dict, cfg: Any, family: Any, merge: bool, step_dir: Path, world: int, model_config: Any, out: Path,
+          notes: list[str]) -> tuple[dict, tuple | None]:
+    """(the weights to export, the PEFT adapter (tensors, config) or None)."""
+    from mftk.ckpt.lora import merge_lora, peft_adapter, peft_config, split_lora
+
+    base, adapters = split_lora(mf)
+    if adapters and not base:  # a save_trainable_only checkpoint: the base named by its manifest
+        base = _manifest_base(step_dir, cfg, family, notes)
+        mf = {**base, **adapters}
+    if not adapters:
+        if merge:
+            raise CheckpointError(message=f"{step_dir} holds no LoRA tensors: nothing to merge", path=str(step_dir),
+                                  hint="drop --merge-lora")
+        return mf, None
+    lora = _lora_section(step_dir, world, model_config)
+    scaling = float(lora["lora_alpha"]) / float(lora["lora_rank"])
+    if merge:
+        notes.append(f"LoRA: {len(adapters)} adapter tensors merged into the weights (W + {scaling:g}·B·A)")
+        return merge_lora(mf, scaling), None
+    tensors, modules = peft_adapter(base, adapters, family.mf_to_hf, cfg)
+    kept = [m for m in modules if _hf_has(m, cfg)]
+    if len(kept) < len(modules):
+        notes.append(f"LoRA: {len(modules) - len(kept)} adapted modules of the MTP layers are left out of the "
+                     "PEFT adapter (transformers' model has no MTP layers); --merge-lora keeps nothing either")
+        tensors = {k: v for k, v in tensors.items() if any(f".{m}.lora_" in k for m in kept)}
+    if cfg.model_type != "qwen3" and any(m.endswith(("gate_proj", "up_proj", "down_proj")) for m in kept):
+        notes.append("LoRA: peft (0.21, with transformers 5) maps every gate_proj/up_proj/down_proj target of a "
+                     "DeepSeek-V3 model onto its fused routed experts, so it drops these MLP adapters when loading; "
+                     "use --merge-lora for them")
+    notes.append(f"LoRA: base weights in {out.name}/, adapters on {len(kept)} modules in {out.name}/{ADAPTER_DIR}/ "
+                 f"(PEFT: PeftModel.from_pretrained(model, '{out.name}/{ADAPTER_DIR}'))")
+    return base, (tensors, peft_config(kept, lora, os.path.abspath(out)))
+
+
+def _manifest_base(step_dir: Path, cfg: Any, family: Any, notes: list[str]) -> dict:
+    """The base weights of an adapter-only checkpoint, from the ``base_load_path`` its manifest records
+    (refused when the base's fingerprint changed since the adapters were saved)."""
+    from mftk.ckpt.layout import locate as find
+    from mftk.ckpt.lora import fingerprint, read_manifest
+    from mftk.ckpt.names import is_optimizer_name
+
+    manifest = read_manifest(step_dir)
+    base_path = (manifest or {}).get("base_load_path")
+    if not base_path or not Path(base_path).exists():
+        raise CheckpointError(message=f"{step_dir} holds LoRA adapters only and its base cannot be found",
+                              path=str(step_dir), hint="the manifest (mindformers_adapter_config.json) must name "
+                              "an existing base_load_path")
+    saved, now = manifest.get("base_fingerprint"), fingerprint(base_path)
+    if saved and now and saved != now:
+        raise CheckpointError(message="base_load_path fingerprint does not match the adapter checkpoint.",
+                              path=base_path, hint="export from the base the adapters were trained on")
+    tensors = {n: a for n, a in iter_global(base_path, kinds=("model",)) if not is_optimizer_name(n)}
+    notes.append(f"LoRA: adapter-only checkpoint; base weights from {base_path}")
+    return family.hf_to_mf(tensors, cfg) if find(base_path).kind == "hf" else tensors
+
+
+def _hf_has(module: str, cfg: Any) -> bool:
+    parts = module.split(".")
+    return not (len(parts) > 2 and parts[:2] == ["model", "layers"] and int(parts[2]) >= cfg.num_hidden_layers)
+
+
+def _lora_section(step_dir: Path, world: int, model_config: Any) -> dict:
+    """The run's ``lora_config`` (rank and alpha give the scaling): from the YAML given, mftk's saved config, or
+    the adapter manifest MindSpore Transformers writes with ``save_trainable_only``."""
+    from mftk.ckpt.run_config import read_run_config
+
+    section = None
+    if model_config is not None:
+        from mftk.config.yamlio import parse_yaml, read_config_file
+
+        data, _ = parse_yaml(read_config_file(model_config), str(model_config))
+        section = data.get("lora_config") if isinstance(data, dict) else None
+    else:
+        from mftk.ckpt.lora import read_manifest
+
+        saved = read_run_config(step_dir) or read_manifest(step_dir)  # mftk's saved config, or the reference's manifest
+        section = saved.get("lora_config") if saved else None
+    if not isinstance(section, dict) or "lora_rank" not in section or "lora_alpha" not in section:
+        raise CheckpointError(message=f"{step_dir} holds LoRA tensors but no lora_config says their scaling",
+                              path=str(step_dir), hint="pass the training YAML: --model-config CONFIG.yaml")
+    defaults = {"lora_dropout": 0.0}
+    return {**defaults, **section}
+
+
+def _write_adapter(d: Path, tensors: dict, config: dict) -> None:
+    from mftk.ckpt.lora import PEFT_CONFIG, PEFT_WEIGHTS
+
+    d.mkdir()
+    st.write_file(d / PEFT_WEIGHTS, tensors, {"format": "pt"})
+    (d / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------- the model section
@@ -225,7 +329,7 @@ def _check_out(out: Path) -> None:
 
 
 def _publish(tmp: Path, out: Path) -> None:
-    for f in tmp.iterdir():
+    for f in (p for p in tmp.rglob("*") if p.is_file()):
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
     if out.exists():

@@ -22,6 +22,15 @@ STATES = ADAMW_STATES + (MASTER,) + tuple(UNUSED_STATES)
 _PREFIXES = tuple(f"{s}." for s in STATES)
 
 
+LORA_SUFFIXES = (".lora_a", ".lora_b", "_lora_a", "_lora_b")  # the reference's `is_lora_param_name` (2.1 §2.8)
+
+
+def is_lora_name(name: str) -> bool:
+    """A LoRA adapter tensor (``….lora_a``, ``…experts.weight1_lora_b``), or an optimizer state of one."""
+    param = param_of(name)
+    return param.endswith(LORA_SUFFIXES) or param in ("lora_a", "lora_b")
+
+
 def split_state(name: str) -> tuple[str, str] | None:
     """``'adam_m.decoder.w'`` → ``('adam_m', 'decoder.w')``; None for a model tensor or ``global_step``."""
     if name.startswith(_PREFIXES):

@@ -130,7 +130,12 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[s
         shapes = {n: tuple(h.shape) for n, h in read_header(files.model[0]).tensors.items()}
         if world > 1:
             notes.append(f"Resharding: saved by 1 process, loading into {world}")
-    missing = tuple(sorted(n for n in params if n not in shapes and not optional_buffer(n)))
+    from mftk.ckpt.lora import optional_names
+
+    optional, why = optional_names(params, shapes)
+    if why and any(n not in shapes for n in optional):
+        notes.append(why)
+    missing = tuple(sorted(n for n in params if n not in shapes and not optional_buffer(n) and n not in optional))
     unexpected = tuple(sorted(n for n in shapes if n not in params and not optional_buffer(n)))
     if any(optional_buffer(n) for n in set(params) ^ set(shapes)):
         notes.append("max_logits_val: tracking differs from the saved run; the running max starts from 0")

@@ -45,9 +45,16 @@ def _default_text(f: attrs.Attribute) -> str:
     return f"`{f.default!r}`"
 
 
+def _status_text(path: str) -> str:
+    from mftk.config.status import status_of
+
+    st = status_of(path)
+    return st.label.replace("|", "\\|") if st is not None else "?"
+
+
 def section_table(cls: type, prefix: str) -> list[str]:
     hints = typing.get_type_hints(cls)
-    rows = [f"| `{prefix}` key | type | default | meaning |", "|---|---|---|---|"]
+    rows = [f"| `{prefix}` key | type | default | status | meaning |", "|---|---|---|---|---|"]
     nested: list[tuple[type, str]] = []
     for f in attrs.fields(cls):
         tp = hints[f.name]
@@ -56,7 +63,8 @@ def section_table(cls: type, prefix: str) -> list[str]:
         if typing.get_origin(tp) is list and typing.get_args(tp) and attrs.has(typing.get_args(tp)[0]):
             target = typing.get_args(tp)[0]
         help_text = f.metadata.get("help", "").replace("|", "\\|")
-        rows.append(f"| `{f.name}` | {_type_text(tp)} | {_default_text(f)} | {help_text} |")
+        status = "(section)" if target is not None else _status_text(f"{prefix}.{f.name}")
+        rows.append(f"| `{f.name}` | {_type_text(tp)} | {_default_text(f)} | {status} | {help_text} |")
         if target is not None:
             nested.append((target, f"{prefix}.{f.name}"))
     lines = rows + [""]

@@ -22,13 +22,16 @@ def resolved(config: Any) -> Any:
 
 
 def resolved_yaml(loaded: LoadedConfig) -> str:
-    """The full YAML with defaults filled in; lines that come from defaults end in '# default'."""
+    """The full YAML with defaults filled in; lines that come from defaults end in '# default', and fields
+    that are not (fully) implemented say so (`config.status`)."""
     lines: list[str] = []
-    _emit(loaded.config, loaded.raw, 0, lines)
+    _emit(loaded.config, loaded.raw, 0, lines, "")
     return "\n".join(lines) + "\n"
 
 
-def _emit(obj: Any, raw: Any, indent: int, lines: list[str]) -> None:
+def _emit(obj: Any, raw: Any, indent: int, lines: list[str], prefix: str) -> None:
+    from mftk.config.status import status_comment
+
     pad = "  " * indent
     for f in attrs.fields(type(obj)):
         value = getattr(obj, f.name)
@@ -36,11 +39,14 @@ def _emit(obj: Any, raw: Any, indent: int, lines: list[str]) -> None:
         sub_raw = raw.get(f.name) if isinstance(raw, dict) else None
         if attrs.has(type(value)):
             lines.append(f"{pad}{f.name}:" + ("" if given else "  # default"))
-            _emit(value, sub_raw, indent + 1, lines)
+            _emit(value, sub_raw, indent + 1, lines, f"{prefix}{f.name}.")
             continue
         text = yaml.safe_dump(resolved(value), default_flow_style=True, width=10_000).strip()
         if text.endswith("\n..."):
             text = text[: -len("\n...")]
         text = text.removesuffix("...").strip()
         comment = "" if given else "  # default"
+        status = status_comment(f"{prefix}{f.name}")
+        if status:
+            comment += f"  # {status}"
         lines.append(f"{pad}{f.name}: {text}{comment}")

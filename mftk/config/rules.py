@@ -25,7 +25,6 @@ LOADER_TYPES = {"BlendedMegatronDatasetDataLoader", "MindDataset"}
 LOADER_TYPES_REFERENCE_ONLY = {"HFDataLoader", "OrderedIndexDataLoader"}
 BALANCE_LOADERS = {"BlendedMegatronDatasetDataLoader", "HFDataLoader", "OrderedIndexDataLoader"}
 INFERENCE_SUFFIXES = (".jsonl", ".json", ".txt", "")
-LORA_PENDING = "LoRA support is pending in mftk (it would train every weight instead)"
 
 
 class _Rules:
@@ -59,6 +58,10 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_profiler_monitor(config, r)
     _check_lora(config, r)
     _check_run_mode(config, r)
+    from mftk.config.status import check_statuses
+
+    reported = frozenset(p.path for p in r.problems if p.severity == "error")
+    r.problems += check_statuses(config, world_size=world_size, reported=reported)
     if config.model is not None:
         from mftk.config.model import model_problems
         from mftk.config.support import unsupported_model_settings
@@ -238,12 +241,13 @@ def _check_checkpoint(c: Config, r: _Rules) -> None:
     if ck.save_trainable_only and not ck.base_load_path.strip():
         r.error("checkpoint.base_load_path", "checkpoint.base_load_path is required when save_trainable_only is True.",
                 ck.base_load_path)
-    if ck.save_trainable_only:
-        r.error("checkpoint.save_trainable_only", f"true saves LoRA adapters only; {LORA_PENDING}", True,
-                "set save_trainable_only: false")
-    if ck.base_load_path.strip():
-        r.error("checkpoint.base_load_path", f"names the frozen base checkpoint of a LoRA run; {LORA_PENDING}",
-                ck.base_load_path, "remove it; to start from a checkpoint, set checkpoint.load_path (--weights-only)")
+    if ck.save_trainable_only and c.lora_config is None:
+        r.error("checkpoint.save_trainable_only", "save_trainable_only=True but no LoRA parameters exist in the "
+                "model.", True, "add a lora_config section, or set save_trainable_only: false")
+    if ck.base_load_path.strip() and c.lora_config is None:
+        r.error("checkpoint.base_load_path", "names the frozen base of a LoRA run, but there is no lora_config",
+                ck.base_load_path, "add a lora_config section; to fine-tune every weight from a checkpoint, set "
+                "checkpoint.load_path with no_load_optim: true")
 
 
 def _check_optimizer(c: Config, r: _Rules) -> None:
@@ -532,17 +536,33 @@ def _check_profiler_monitor(c: Config, r: _Rules) -> None:
     for name in ("log_interval", "queue_size"):
         if getattr(tb, name) <= 0:
             r.warn(f"monitor.tensorboard.{name}", f"must be positive; 1 is used instead of {getattr(tb, name)}")
-    mm = c.monitor.moe_monitor
-    if mm.save_tokens_per_expert_interval is not None and mm.save_tokens_per_expert_interval <= 0:
-        r.error("monitor.moe_monitor.save_tokens_per_expert_interval", "must be a positive integer",
-                mm.save_tokens_per_expert_interval)
+    _check_moe_monitor(c, r)
+
+
+def _check_moe_monitor(c: Config, r: _Rules) -> None:
+    """The reference's own checks (2.0 §1.3), then what there is to monitor."""
+    mm, base = c.monitor.moe_monitor, "monitor.moe_monitor"
+    n = mm.save_tokens_per_expert_interval
+    if n is not None and (isinstance(n, bool) or n <= 0):
+        r.error(f"{base}.save_tokens_per_expert_interval", "must be a positive integer", n)
+    t = mm.target_layers
+    layers = (getattr(c.model, "num_hidden_layers", 0) or 0) + (getattr(c.model, "num_nextn_predict_layers", 0) or 0)
+    if isinstance(t, bool) or (isinstance(t, int) and t <= 0):
+        r.error(f"{base}.target_layers", "an int N (the layers 0..N-1) must be > 0", t)
+    elif isinstance(t, list):
+        bad = [x for x in t if isinstance(x, bool) or not isinstance(x, int) or x < 0]
+        if bad:
+            r.error(f"{base}.target_layers", f"a list of non-negative layer ids, got {bad}", t)
+        elif layers and max(t, default=-1) >= layers:
+            r.error(f"{base}.target_layers", f"layer {max(t)} does not exist (layers and MTP layers: 0..{layers - 1})", t)
+    if n and c.model is not None and hasattr(c.model, "is_moe") and not c.model.is_moe():
+        r.note(f"{base}.save_tokens_per_expert_interval", "the model has no MoE layer: nothing to monitor", n)
 
 
 # ------------------------------------------------------------------ LoRA, run mode, inference
 
 def _check_lora(c: Config, r: _Rules) -> None:
-    """2.1.0's own LoRA checks (2.1 §1.2), then the refusal: mftk has no adapters yet, and accepting the section
-    would silently train every weight."""
+    """2.1.0's own LoRA checks (2.1 §1.2); the adapters themselves are `engine.lora`."""
     lora = c.lora_config
     if lora is None:
         return
@@ -554,13 +574,17 @@ def _check_lora(c: Config, r: _Rules) -> None:
             re.compile(lora.target_modules)
         except re.error as exc:
             r.error("lora_config.target_modules", f"not a valid regular expression ({exc})", lora.target_modules)
+    if lora.exclude_layers:
+        try:
+            re.compile(lora.exclude_layers)
+        except re.error as exc:
+            r.error("lora_config.exclude_layers", f"not a valid regular expression ({exc})", lora.exclude_layers,
+                    "MindSpore Transformers would raise re.error only when it builds the adapters")
     for name in ("lora_rank", "lora_alpha"):
         if getattr(lora, name) <= 0:
             r.error(f"lora_config.{name}", f"must be > 0, got {getattr(lora, name)}", getattr(lora, name))
     if not 0 <= lora.lora_dropout < 1:
         r.error("lora_config.lora_dropout", f"must be in [0, 1), got {lora.lora_dropout}", lora.lora_dropout)
-    r.error("lora_config", LORA_PENDING, hint="remove lora_config to train every weight, or train this run with "
-            "MindSpore Transformers")
 
 
 def _check_run_mode(c: Config, r: _Rules) -> None:

@@ -50,9 +50,10 @@ class CheckpointConfig:
     load_worker_number: int = field(1, "Accepted for compatibility; has no effect.")
     save_global_layout_cache: bool = field(True, "Cache sharded-tensor metadata across saves (multi-process).")
     reshard_worker_num: int = field(1, "Workers used when loading an HF checkpoint.")
-    save_trainable_only: bool = field(False, "LoRA: save adapter weights only (needs base_load_path); "
-                                      "refused until mftk has LoRA.")
-    base_load_path: str = field("", "LoRA: the frozen full base checkpoint; refused until mftk has LoRA.")
+    save_trainable_only: bool = field(False, "LoRA: save the adapter weights only, plus the manifest "
+                                      "mindformers_adapter_config.json (needs base_load_path).")
+    base_load_path: str = field("", "LoRA: the frozen base (an HF dir or a checkpoint), loaded when load_path is "
+                                "empty or an adapter-only checkpoint.")
 
 
 @section
@@ -242,8 +243,11 @@ class TensorboardConfig:
 
 @section
 class MoeMonitorConfig:
-    save_tokens_per_expert_interval: Optional[int] = field(None, "Record tokens per expert every N steps.")
-    target_layers: Optional[Union[int, list[int]]] = field(None, "Layers to monitor: N (first N) or a list.")
+    save_tokens_per_expert_interval: Optional[int] = field(None, "Every N steps: tokens per expert and imbalance "
+                                                            "(max/mean) of each MoE layer, logged, in metrics.jsonl "
+                                                            "and TensorBoard (the reference writes nothing).")
+    target_layers: Optional[Union[int, list[int]]] = field(None, "Layers to monitor: N (layers 0..N-1) or a list "
+                                                           "of layer ids (null: every MoE layer).")
 
 
 @section
@@ -322,13 +326,14 @@ def tracking_requested(config: Any) -> bool:
 
 @section
 class LoraConfig:
-    target_modules: str = field("", "Regex of modules that get adapters (required).")
-    exclude_layers: Optional[str] = field(None, "Regex of layers to skip.")
-    lora_rank: int = field(8, "Adapter rank.")
-    lora_alpha: int = field(16, "Adapter scale numerator.")
-    lora_dropout: float = field(0.0, "Adapter dropout.")
-    lora_a_std: float = field(0.01, "Init std of A.")
-    lora_b_std: float = field(0.0, "Init std of B.")
+    target_modules: str = field("", "Regex (re.search) of module paths that get adapters, e.g. "
+                                "'model.decoder.layers.0.self_attention.linear_qkv' (required).")
+    exclude_layers: Optional[str] = field(None, "Regex of module paths whose whole subtree gets no adapter.")
+    lora_rank: int = field(8, "Adapter rank r (> 0).")
+    lora_alpha: int = field(16, "The update is scaled by lora_alpha / lora_rank.")
+    lora_dropout: float = field(0.0, "Dropout on the adapter input, in [0, 1).")
+    lora_a_std: float = field(0.01, "Init std of A (normal).")
+    lora_b_std: float = field(0.0, "Init std of B (0: B starts at zero, so training starts from the base model).")
 
 
 @section
@@ -376,7 +381,7 @@ class Config:
     recompute_comm: RecomputeCommConfig = field(factory=RecomputeCommConfig, help="Recompute of communication.")
     swap: SwapConfig = field(factory=SwapConfig, help="Activation swapping to host.")
     callbacks: list[CallbackConfig] = field(factory=list, help="Extra callbacks: [{type: MaxLogitsMonitor}].")
-    lora_config: Optional[LoraConfig] = field(None, "LoRA adapters; refused until mftk has LoRA.")
+    lora_config: Optional[LoraConfig] = field(None, "LoRA adapters on the matched layers; every other weight frozen.")
     run_mode: str = field("train", "A string: train (the default) or predict; mftk trains, so predict is refused.")
     inference: Optional[InferenceConfig] = field(None, "Inference settings (run_mode: predict); not used by mftk train.")
     mftk: MftkConfig = field(factory=MftkConfig, help="mftk-only settings (a section the reference ignores).")

@@ -34,13 +34,46 @@ def build_model(config: Any, *, lazy: bool = False) -> Any:
     from mftk.engine.spec import build_spec
 
     cfg = model_config(config)
+    model = GPTModel(build_spec(cfg)) if lazy else build(cfg, seed=config.training.seed)
+    if config.lora_config is not None:  # adapters on the built model, base frozen (`engine.lora`)
+        from mftk.engine.lora import apply_lora
+
+        report = apply_lora(model, config.lora_config, seed=config.training.seed, init=not lazy)
+        _check_muon_adapters(config, model)
+        if not lazy:
+            log.info("LoRA: adapters on %d modules (rank %d, alpha %s, scaling %s); trainable parameters: %d of %d",
+                     len(report.modules), config.lora_config.lora_rank, config.lora_config.lora_alpha,
+                     config.lora_config.lora_alpha / config.lora_config.lora_rank, report.trainable_params,
+                     report.total_params)
     if lazy:
-        return GPTModel(build_spec(cfg))
-    model = build(cfg, seed=config.training.seed)
+        return model
     total = sum(int(np.prod(p.shape)) for p in model.get_parameters())
     train = sum(int(np.prod(p.shape)) for p in model.trainable_params())
     log.info("Got total parameters: %s, trainable parameters: %s", count_exact(total), count_exact(train))
     return model
+
+
+def _check_muon_adapters(config: Any, model: Any) -> None:
+    """Muon orthogonalises 2-D weights and the experts' 3-D ``weight1``/``weight2`` only: the experts' 3-D
+    adapters must go to its AdamW fallback (``optimizer.adamw_include``), or the first update would fail
+    (the reference raises the same ValueError there, 2.1 §3)."""
+    import fnmatch
+
+    from mftk.config.optimizer_muon import adamw_globs
+
+    o = config.optimizer
+    if o.type != "Muon":
+        return
+    include = adamw_globs(o.adamw_include)
+    bad = [p.name for p in model.trainable_params()
+           if len(p.shape) == 3 and not any(fnmatch.fnmatchcase(p.name, g) for g in include)]
+    if bad:
+        raise ConfigError(message=f"Muon only supports 3-D weights of grouped experts, got {bad[0]}",
+                          problems=[Problem(path="optimizer.adamw_include", value=o.adamw_include,
+                                            message=f"{len(bad)} expert LoRA tensors would be orthogonalised by Muon "
+                                            f"({bad[0]}, …)", hint="add '*_lora_*' to optimizer.adamw_include "
+                                            "(keep '*word_embeddings*' and '*output_layer*'), or leave the experts "
+                                            "out of lora_config.target_modules")])
 
 
 def param_shapes(model: Any) -> dict[str, tuple[int, ...]]:

@@ -123,23 +123,76 @@ class MaxLogitsMonitor:
                 cell.reset_max_logits()
 
 
+class MoeMonitor:
+    """``monitor.moe_monitor``: every ``save_tokens_per_expert_interval`` steps, each monitored MoE layer's
+    tokens per expert (summed over the step's micro-batches and, in a multi-process run, over the ranks) and
+    its imbalance ``max / mean`` (1.0 = perfectly even). The reference accepts the section and writes nothing
+    (2.0 §1.5); mftk logs one line per layer, adds ``tokens_per_expert/<layer>`` and
+    ``expert_imbalance/<layer>`` to the step's ``metrics.jsonl`` record and, with TensorBoard on, writes
+    ``expert-imbalance/<layer>`` and ``tokens-per-expert/<layer>/expert_<e>`` scalars.
+
+    ``target_layers``: N → the layers 0..N−1, a list → those layer ids (decoder layers 0..L−1, then the MTP
+    layers L..); layers that are not MoE are skipped."""
+
+    def __init__(self, model: Any, *, interval: int, target_layers: Any, total_steps: int,
+                 tensorboard: Any = None) -> None:
+        self.interval, self.total_steps, self.tensorboard = int(interval), int(total_steps), tensorboard
+        names = [f"decoder.layers.{i}" for i in range(len(model.decoder.layers))]
+        names += [f"mtp.layers.{j}" for j in range(len(model.mtp.layers) if model.mtp is not None else 0)]
+        moe = [k for k, layer in enumerate(model.transformer_layers()) if layer.is_moe]
+        if target_layers is None:
+            wanted = set(range(len(names)))
+        elif isinstance(target_layers, int):
+            wanted = set(range(target_layers))
+        else:
+            wanted = {int(x) for x in target_layers}
+        self.layers = [(i, names[k]) for i, k in enumerate(moe) if k in wanted]  # (row of tokens_per_expert, name)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.layers)
+
+    def flush(self, step: int, out: Any, grads: Any = None, optimizer: Any = None) -> dict[str, Any] | None:
+        counts = getattr(out, "tokens_per_expert", None)
+        if step % self.interval or counts is None:
+            return None
+        extra: dict[str, Any] = {}
+        board: dict[str, float] = {}
+        head = "step:[%5d/%5d] moe_monitor/" % (step, self.total_steps)
+        for row, name in self.layers:
+            c = np.asarray(counts[row], np.float64)
+            imbalance = float(c.max() / c.mean()) if c.mean() > 0 else 0.0
+            log.info(f"{head}{name}: tokens_per_expert [{', '.join(str(int(x)) for x in c)}], "
+                     f"imbalance (max/mean) {imbalance:.4g}")
+            extra[f"tokens_per_expert/{name}"] = [int(x) for x in c]
+            extra[f"expert_imbalance/{name}"] = imbalance
+            board[f"expert-imbalance/{name}"] = imbalance
+            board.update({f"tokens-per-expert/{name}/expert_{e}": float(x) for e, x in enumerate(c)})
+        if self.tensorboard is not None:
+            self.tensorboard.stage_more(board)
+        return extra
+
+
 class MonitorGroup:
     """Several monitors flushed in order; one failing is logged and the rest still run (reference §5.1)."""
 
     def __init__(self, *monitors: Any) -> None:
-        self.monitors = [m for m in monitors if m.enabled]
+        self.monitors = [m for m in monitors if m is not None and m.enabled]
         self.tensorboard = next((m.tensorboard for m in monitors if getattr(m, "tensorboard", None)), None)
 
     @property
     def enabled(self) -> bool:
         return bool(self.monitors)
 
-    def flush(self, step: int, out: Any, grads: np.ndarray, optimizer: Any) -> None:
+    def flush(self, step: int, out: Any, grads: np.ndarray, optimizer: Any) -> dict[str, Any]:
+        """Flush every monitor; the extra step metrics they return (merged) go into the step's record."""
+        extra: dict[str, Any] = {}
         for m in self.monitors:
             try:
-                m.flush(step, out, grads, optimizer)
+                extra.update(m.flush(step, out, grads, optimizer) or {})
             except Exception as e:  # noqa: BLE001 -- the reference logs and carries on
                 log.warning("Monitor %s flush failed at step %d: %s", type(m).__name__, step, e)
+        return extra
 
 
 def build_max_logits_monitor(config: Any, model: Any) -> MaxLogitsMonitor | None:
@@ -174,4 +227,9 @@ def build_monitors(loaded: Any, *, rank: int = 0, world: int = 1, cwd: str | Non
         sinks.append(StepProfiler(config.profiler, rank=rank, cwd=cwd))
     state = TrainStateMonitor(config.monitor.train_state, writer)
     max_logits = build_max_logits_monitor(config, model)
-    return (MonitorGroup(state, max_logits) if max_logits is not None else state), sinks
+    mm = getattr(config.monitor, "moe_monitor", None)
+    moe = None
+    if mm is not None and mm.save_tokens_per_expert_interval and model is not None:
+        moe = MoeMonitor(model, interval=mm.save_tokens_per_expert_interval, target_layers=mm.target_layers,
+                         total_steps=int(config.training.steps), tensorboard=writer)
+    return MonitorGroup(state, max_logits, moe), sinks

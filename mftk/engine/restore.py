@@ -32,7 +32,10 @@ def load_checkpoint(plan: ResumePlan, model: Any, config: Any, *, rank: int = 0)
     """Load the plan's tensors into ``model``; multi-process checkpoints are assembled through metadata.json."""
     from mftk.ckpt.extra_state import read_extra_state
     from mftk.ckpt.load import load_global, load_rank
-    from mftk.engine.models.build import load_state_dict
+    from mftk.engine.models.build import load_state_dict as load_all
+
+    def load_state_dict(m: Any, tensors: dict) -> None:
+        load_all(m, _with_kept(m, tensors))
 
     if plan.problems:
         raise CheckpointError(message=f"{plan.step_dir} does not fit the model ({len(plan.problems)} problems)",
@@ -86,6 +89,19 @@ def restore_state(plan: ResumePlan | None, loaded: LoadedCheckpoint | None, *, e
         log.info("no mftk extra state in %s (a reference checkpoint?): RNG re-seeded from training.seed", plan.step_dir)
     state.micro_batches_read = start_batch + state.epoch * epoch_micro_batches
     return state
+
+
+def _with_kept(model: Any, tensors: dict) -> dict:
+    """The model's own values for the tensors a LoRA-aware load keeps (`ckpt.lora.optional_names`): fresh
+    adapters from a base checkpoint, the base (loaded from base_load_path) under an adapter-only one."""
+    from mftk.ckpt.lora import optional_names
+
+    params = {p.name: p for p in model.get_parameters()}
+    keep, why = optional_names(params, tensors)
+    missing = [n for n in keep if n not in tensors]
+    if missing and why:
+        log.info(why)
+    return {**tensors, **{n: params[n].asnumpy() for n in missing}}
 
 
 def _with_buffers(model: Any, tensors: dict) -> dict:

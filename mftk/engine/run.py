@@ -131,6 +131,9 @@ class _Run:
         load_path = str(resume_from) if resume_from else ck.load_path
         model = self.phases.timed("model build", builders.build_model, self.config, lazy=dry_run)
         plan = None
+        base = self._base_checkpoint(load_path)
+        if base and not dry_run:  # LoRA: the frozen base first (2.1 §2.8), then the adapters (if any) on top
+            self.phases.timed("base checkpoint load", self._load_base, model, base)
         if load_path:
             model, plan = self._plan_resume(model, load_path, weights_only, lazy=dry_run)
         self._check_save_path(plan, new_run)
@@ -214,6 +217,62 @@ class _Run:
             log.warning(jump)
         return model, plan
 
+    def _base_checkpoint(self, load_path: str) -> str:
+        """``checkpoint.base_load_path`` when it is to be loaded: the run starts from it (no load_path) or
+        load_path is an adapter-only checkpoint (whose manifest must name the same base)."""
+        from mftk.ckpt.layout import locate
+        from mftk.ckpt.lora import fingerprint, is_adapter_checkpoint, read_manifest
+
+        base = self.config.checkpoint.base_load_path.strip()
+        adapter_only = bool(load_path) and is_adapter_checkpoint(load_path)
+        if adapter_only and not base:
+            raise CheckpointError(message="An adapter-only checkpoint requires checkpoint.base_load_path.",
+                                  path=load_path, hint="set checkpoint.base_load_path to the base it was trained on")
+        if not base:
+            return ""
+        if not Path(base).exists():
+            raise CheckpointError(message=f"base_load_path does not exist: {base}", path=base,
+                                  hint="point checkpoint.base_load_path at the frozen base (an HF dir or a checkpoint)")
+        if load_path and not adapter_only:
+            self.notes.append(f"checkpoint.base_load_path is not loaded: {load_path} is a full checkpoint")
+            log.info(self.notes[-1])
+            return ""
+        if adapter_only:
+            saved = (read_manifest(locate(load_path).step_dir) or {}).get("base_fingerprint")
+            now = fingerprint(base)
+            if saved and now and saved != now:
+                raise CheckpointError(message="base_load_path fingerprint does not match the adapter checkpoint.",
+                                      path=base, hint="load the base the adapters were trained on (its files, "
+                                      "sizes and modification times are fingerprinted)")
+            if not (saved and now):
+                log.warning("base fingerprint unknown: the base is not checked against the adapter checkpoint")
+        return base
+
+    def _load_base(self, model: Any, base: str) -> None:
+        """The base weights into the model: no optimizer, no step, no data position."""
+        from mftk.ckpt.resume import plan_resume
+        from mftk.engine import builders
+        from mftk.engine.restore import load_checkpoint
+
+        plan = plan_resume(self.config, base, weights_only=True, params=builders.param_shapes(model),
+                           world=self.layout.world, dp=self.layout.dp)
+        load_checkpoint(plan, model, self.config, rank=self.rank)
+        log.info("Loaded the frozen base weights from base_load_path %s (%s)", base, plan.kind)
+
+    def _adapter_manifest(self, state: Any) -> dict | None:
+        ck, lora = self.config.checkpoint, self.config.lora_config
+        if not ck.save_trainable_only:
+            return None
+        from mftk.ckpt.lora import fingerprint, manifest
+        from mftk.config.report import resolved
+
+        fp = fingerprint(ck.base_load_path)
+        if fp is None:
+            log.warning("base_load_path %s cannot be fingerprinted; the adapter manifest records none",
+                        ck.base_load_path)
+        return manifest(ck.base_load_path, resolved(lora), global_step=state.global_step,
+                        consumed_samples=state.consumed_samples, base_fingerprint=fp)
+
     def _check_save_path(self, plan: ResumePlan | None, new_run: bool) -> None:
         ck = self.config.checkpoint
         if not ck.enable_save:
@@ -261,7 +320,8 @@ class _Run:
                        and Path(plan.step_dir).parent == Path(root) else None)
             checkpointer = Checkpointer(root=root, interval=ck.save_interleaved_steps, save_max=ck.save_max,
                                         prefix=ck.prefix, save_optim=not ck.no_save_optim, async_save=ck.async_save,
-                                        comm=dist, start_step=state.global_step, last_saved_step=on_disk)
+                                        comm=dist, start_step=state.global_step, last_saved_step=on_disk,
+                                        adapter_manifest=self._adapter_manifest(state))
             log.info("Checkpoints will be saved every %s starting from step %d, first save at step %d.",
                      every_steps(ck.save_interleaved_steps), state.global_step,
                      state.global_step + ck.save_interleaved_steps)

@@ -81,6 +81,10 @@ class TensorboardSink(BaseSink):
         if self.device_loss:
             self._pending["device_loss"] = device_loss
 
+    def stage_more(self, values: dict[str, float]) -> None:
+        """More monitor-only scalars for the next `on_step` (the MoE monitor's), after `stage`."""
+        self._pending.update(values)
+
     def on_step(self, metrics: dict[str, Any]) -> None:
         extra, self._pending = self._pending, {}
         step = int(metrics["step"])

@@ -391,8 +391,8 @@ class Trainer:
         return m
 
     def report(self, state: TrainState, metrics: dict[str, Any], out: StepOutput, grads: np.ndarray) -> None:
-        if self.monitor is not None:
-            self.monitor.flush(state.global_step, out, grads, self.optimizer)
+        if self.monitor is not None:  # monitors may add to the step's record (the MoE monitor's expert load)
+            metrics.update(self.monitor.flush(state.global_step, out, grads, self.optimizer) or {})
         self.sink.on_step(metrics)
 
     def checkpoint_policy(self, state: TrainState, timer: PhaseTimer | None = None) -> None:

@@ -94,6 +94,7 @@ def apply_tensor_parallel(model: Any, group: Any, table: PlacementTable) -> None
     if model.output_layer is not None:
         _split(table, model.output_layer.weight, 0, "tp")
         T.cut_parameter(model.output_layer.weight, group, 0)
+        _split_adapters(model.output_layer, "column", group, table)  # a LoRA head: lora_b by vocabulary rows
     model.loss = T.VocabParallelHeadLoss(group)
     for layer in model.transformer_layers():
         tensor_parallel_layer(layer, group, table)
@@ -145,6 +146,7 @@ def _columnwise(parent: Any, attr: str, group: Any, table: PlacementTable, *, ga
     cell = getattr(parent, attr)
     _split(table, cell.weight, 0, "tp")
     _split(table, getattr(cell, "bias", None), 0, "tp")
+    _split_adapters(cell, "column", group, table)
     setattr(parent, attr, T.columnwise(cell, group, gather_input=gather_input))
 
 
@@ -153,7 +155,19 @@ def _rowwise(parent: Any, attr: str, group: Any, table: PlacementTable) -> None:
 
     cell = getattr(parent, attr)
     _split(table, cell.weight, 1, "tp")
+    _split_adapters(cell, "row", group, table)
     setattr(parent, attr, T.rowwise(cell, group))
+
+
+def _split_adapters(cell: Any, role: str, group: Any, table: PlacementTable) -> None:
+    """A LoRA-wrapped cell's adapters, cut like its base (`engine.lora.TP_SPLITS`: column-parallel → lora_b
+    by rows, row-parallel → lora_a by columns)."""
+    from mftk.engine.parallel import tensor_parallel as T
+
+    for attr, dim in getattr(cell, "tp_splits", {}).get(role, ()):
+        p = getattr(cell, attr)
+        _split(table, p, dim, "tp")
+        T.cut_parameter(p, group, dim)
 
 
 # ------------------------------------------------------------------------------------ expert parallel
@@ -164,7 +178,7 @@ def apply_expert_parallel(model: Any, group: Any, table: PlacementTable) -> None
 
     for moe in model.moe_layers():
         experts = moe.experts
-        for p in (experts.weight1, experts.weight2):
+        for p in experts.get_parameters():  # weight1, weight2 (and their LoRA adapters): dim 0 is the expert
             _split(table, p, 0, "ep")
             cut_parameter(p, group, 0)
         experts.dispatcher = ExpertParallelDispatch(group, experts.e)
