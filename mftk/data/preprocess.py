@@ -30,7 +30,7 @@ from mftk.data.indexed import best_dtype, data_paths, merge
 from mftk.data.jsonl import CHUNK_BYTES, expand_inputs, sample_texts
 from mftk.data.pipeline import Meter, OutputPair, RunOptions, SourceRun, SourceSummary
 from mftk.data.shards import Piece, check_shard, shard_name, shard_pieces
-from mftk.data.tokenize import choose_backend, load_tokenizer
+from mftk.data.tokenize import GigatokenPreload, choose_backend, load_tokenizer
 from mftk.errors import InputError
 from mftk.files import LARGE_JSON_LIMIT, read_bytes
 from mftk.lock import exclusive_output
@@ -182,15 +182,16 @@ def preprocess(
     with contextlib.ExitStack() as locks:
         for path in prefixes + [out for prefix in prefixes for out in _outputs(prefix, keys, format)]:
             locks.enter_context(exclusive_output(path, LOCK_WHAT))  # the group's state and each output pair
+        if workers:
+            os.environ["RAYON_NUM_THREADS"] = str(workers)  # read once, at each tokenizer pool's first use
+        preload = GigatokenPreload(tokenizer) if tokenizer_backend in ("auto", "gigatoken") else None
         tok = load_tokenizer(tokenizer, eod_token)
         if append_eod and tok.eod_id is None:
             raise InputError(message=f"{tok.path}: no end-of-document token found for --append-eod",
                              hint="pass --eod-token with the token your model uses, e.g. <|endoftext|>")
-        if workers:
-            os.environ["RAYON_NUM_THREADS"] = str(workers)  # read once, at each tokenizer pool's first use
         all_files = [p for group in files for p in group]
         choose_backend(tok, tokenizer_backend, sample_texts(all_files, keys, SAMPLE_TEXTS)
-                       if tokenizer_backend != "hf" else [])
+                       if tokenizer_backend != "hf" else [], preload)
         options = _options(tok, keys, compat, append_eod, on_error, max_errors, batch_bytes, format, seq_length,
                            shard)
         progress.start("preprocess", total=sum(p.size() for group in pieces for p in group))

@@ -94,18 +94,23 @@ class GigatokenEncoder:
     name = "gigatoken"
 
     def __init__(self, tokenizer_json: bytes, prefix: list[int], suffix: list[int], *,
-                 memo_budget: int = 256 << 20) -> None:
+                 memo_budget: int = 256 << 20, loaded=None) -> None:
         self._json = tokenizer_json
         self.prefix = np.asarray(prefix, dtype=np.uint32)
         self.suffix = np.asarray(suffix, dtype=np.uint32)
         self.memo_budget = memo_budget
         self.reloads = 0
-        self._load()
+        self._tok = None
+        if loaded is None:
+            self._load()
+        else:  # built from these bytes by `preload_gigatoken`
+            self._tok = loaded
+            self._rss_at_load = _rss()
 
     def _load(self) -> None:
         import gigatoken
 
-        if getattr(self, "_tok", None) is not None:
+        if self._tok is not None:
             self._tok = None  # the old memo goes before the new tokenizer is built
             _return_freed_memory()
         self._tok = gigatoken.Tokenizer.from_json(self._json)
@@ -210,6 +215,40 @@ class LoadedTokenizer:
         return self.encoder.encode(texts)
 
 
+def tokenizer_file(path: str | os.PathLike) -> Path:
+    """The ``tokenizer.json`` that ``path`` names: the file itself, or the one in the directory."""
+    p = Path(path)
+    return p / "tokenizer.json" if p.is_dir() else p
+
+
+class GigatokenPreload:
+    """gigatoken's tokenizer built on a thread while the caller loads the HF tokenizer and samples the input.
+
+    The costs it hides are gigatoken's own load (its Rust side releases the GIL) and the first
+    batch, which imports ``awkward`` (gigatoken's result type; 0.15-0.3 s of imports), both beside
+    `load_tokenizer` (HF's Rust load also releases the GIL). Nothing is decided here: `choose_backend`
+    still checks the ids; a failure is kept and reported by `result`, as a load inside the check would be.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-gigatoken-load")
+        self._future = self._pool.submit(self._load, tokenizer_file(path))
+        self._pool.shutdown(wait=False)
+
+    @staticmethod
+    def _load(file: Path) -> tuple[bytes, object]:
+        import gigatoken
+
+        data = read_bytes(file, limit=LARGE_JSON_LIMIT, what="tokenizer file")
+        tok = gigatoken.Tokenizer.from_json(data)
+        tok.encode_batch(["warm up"])  # the first batch imports awkward; no ids are kept from it
+        return data, tok
+
+    def result(self) -> tuple[bytes, object]:
+        """(tokenizer.json bytes, gigatoken.Tokenizer); raises what the load raised."""
+        return self._future.result()
+
+
 def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> LoadedTokenizer:
     """Load ``tokenizer.json`` (or a directory holding one) and resolve the EOD id; backend ``hf``.
 
@@ -219,8 +258,7 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
     """
     from tokenizers import Tokenizer
 
-    p = Path(path)
-    file = p / "tokenizer.json" if p.is_dir() else p
+    file = tokenizer_file(path)
     hint = "pass a Hugging Face tokenizer.json or the directory that holds it (nothing is downloaded)"
     try:
         size = regular_file_or_error(file, what="tokenizer file", hint=hint).st_size
@@ -250,11 +288,13 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
     return LoadedTokenizer(tok, str(file), tok.get_vocab_size(with_added_tokens=True), eod_id, eod_token)
 
 
-def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str]) -> None:
+def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
+                   preload: GigatokenPreload | None = None) -> None:
     """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf) after checking gigatoken's ids.
 
     ``sample`` is text from the actual input. ``auto`` falls back to HF with the reason in
     ``tok.backend_note``; an explicit ``gigatoken`` that cannot reproduce HF is an error.
+    ``preload``: gigatoken's tokenizer, already being built from ``tok.path`` (else built here).
     """
     if choice not in BACKENDS:
         raise InputError(message=f"--tokenizer-backend must be one of {', '.join(BACKENDS)}, not {choice!r}")
@@ -262,7 +302,7 @@ def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str]) -> None
     if choice == "hf":
         tok.backend_note = "chosen with --tokenizer-backend hf"
         return
-    encoder, problem = _gigatoken_if_exact(tok, sample)
+    encoder, problem = _gigatoken_if_exact(tok, sample, preload)
     if encoder is not None:
         tok.encoder = encoder
         tok.backend_note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and " \
@@ -274,7 +314,8 @@ def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str]) -> None
     tok.backend_note = f"gigatoken not used: {problem}"
 
 
-def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str]) -> tuple[GigatokenEncoder | None, str]:
+def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str],
+                        preload: GigatokenPreload | None) -> tuple[GigatokenEncoder | None, str]:
     hf = tok.tokenizer
     if getattr(hf, "truncation", None) or getattr(hf, "padding", None):
         return None, "the tokenizer.json enables truncation or padding"
@@ -292,7 +333,11 @@ def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str]) -> tuple[Gigato
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check") as pool:
         expected = pool.submit(reference.encode_lists, texts)  # GIL released: runs beside gigatoken's load
         try:
-            encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
+            if preload is None:
+                encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
+            else:
+                data, loaded = preload.result()
+                encoder = GigatokenEncoder(data, *wrap, loaded=loaded)
         except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
             expected.result()
             return None, f"gigatoken cannot load it ({_first_line(exc)})"
