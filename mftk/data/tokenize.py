@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -288,34 +288,95 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
     return LoadedTokenizer(tok, str(file), tok.get_vocab_size(with_added_tokens=True), eod_id, eod_token)
 
 
+class BackendMismatch(Exception):
+    """gigatoken's ids differed from HF's on the check: the run must start over with HF tokenizers.
+
+    Raised by `BackendCheck.confirm` in ``auto`` mode (``tok.encoder`` is HF by then); never leaves
+    `mftk.data.preprocess`, which discards what was written and runs again.
+    """
+
+
+class BackendCheck:
+    """The verdict on gigatoken, finished while the run starts: HF's ids for the check texts on a thread.
+
+    gigatoken encodes the check texts at once (milliseconds); HF's reference encoding of the same
+    texts (the slow half, ~0.1-0.3 s) runs on a thread (the GIL released) beside the first chunks
+    of the run. `confirm` compares them and must be called before anything gigatoken produced is
+    kept: before the first progress record is saved and before any output is finalized. On a
+    difference it switches ``tok`` to HF and raises `BackendMismatch` (auto) or `InputError`
+    (an explicit ``--tokenizer-backend gigatoken``). Once confirmed, it returns at once.
+    """
+
+    def __init__(self, tok: LoadedTokenizer | None = None, choice: str = "auto",
+                 cases: list[tuple[str, str]] | None = None, got: list[list[int]] | None = None,
+                 note: str = "") -> None:
+        self.tok, self.choice, self.cases, self.got, self.note = tok, choice, cases or [], got or [], note
+        self._expected: Future | None = None
+        if tok is not None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check")
+            self._expected = pool.submit(HFEncoder(tok.tokenizer).encode_lists, [text for _, text in self.cases])
+            pool.shutdown(wait=False)
+
+    def confirm(self) -> None:
+        if self._expected is None:
+            return
+        want, self._expected = self._expected.result(), None
+        tok = self.tok
+        for (name, text), a, b in zip(self.cases, want, self.got):
+            if a != b:
+                tok.encoder = HFEncoder(tok.tokenizer)
+                _refuse(tok, self.choice, f"its ids differ from HF tokenizers on {name} {_preview(text)}")
+                raise BackendMismatch(tok.backend_note)
+        tok.backend_note = self.note
+
+
+NO_CHECK = BackendCheck()  # a verdict that is already final
+
+
 def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
-                   preload: GigatokenPreload | None = None) -> None:
-    """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf) after checking gigatoken's ids.
+                   preload: GigatokenPreload | None = None) -> BackendCheck:
+    """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf); return the check still to confirm.
 
     ``sample`` is text from the actual input. ``auto`` falls back to HF with the reason in
     ``tok.backend_note``; an explicit ``gigatoken`` that cannot reproduce HF is an error.
     ``preload``: gigatoken's tokenizer, already being built from ``tok.path`` (else built here).
+    What is known at once (gigatoken cannot load the tokenizer, or fails on the check texts) is
+    decided here; the id comparison is the returned `BackendCheck`, which the caller confirms
+    before keeping anything (`BackendCheck.confirm`; ``choose_backend(...).confirm()`` waits for it).
     """
     if choice not in BACKENDS:
         raise InputError(message=f"--tokenizer-backend must be one of {', '.join(BACKENDS)}, not {choice!r}")
     tok.encoder = HFEncoder(tok.tokenizer)
     if choice == "hf":
         tok.backend_note = "chosen with --tokenizer-backend hf"
-        return
-    encoder, problem = _gigatoken_if_exact(tok, sample, preload)
-    if encoder is not None:
-        tok.encoder = encoder
-        tok.backend_note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and " \
-                           f"{len(EDGE_CASES) + len(_added_token_cases(tok.tokenizer))} edge cases"
-        return
+        return NO_CHECK
+    encoder, cases_or_problem = _gigatoken_candidate(tok, sample, preload)
+    if encoder is None:
+        _refuse(tok, choice, cases_or_problem)
+        return NO_CHECK
+    cases = cases_or_problem
+    try:
+        got = encoder.encode_lists([text for _, text in cases])
+    except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
+        _refuse(tok, choice, f"gigatoken fails on the check texts ({_first_line(exc)})")
+        return NO_CHECK
+    tok.encoder = encoder
+    tok.backend_note = "check pending"
+    note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and {len(cases) - len(sample)} edge cases"
+    return BackendCheck(tok, choice, cases, got, note)
+
+
+def _refuse(tok: LoadedTokenizer, choice: str, problem: str) -> None:
+    """gigatoken cannot be used: an error if it was asked for, else the reason in the summary."""
     if choice == "gigatoken":
         raise InputError(message=f"{tok.path}: --tokenizer-backend gigatoken cannot be used: {problem}",
                          path=tok.path, hint="use --tokenizer-backend auto (falls back to HF tokenizers) or hf")
     tok.backend_note = f"gigatoken not used: {problem}"
 
 
-def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str],
-                        preload: GigatokenPreload | None) -> tuple[GigatokenEncoder | None, str]:
+def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: GigatokenPreload | None
+                         ) -> tuple[GigatokenEncoder | None, list[tuple[str, str]] | str]:
+    """(gigatoken encoder, the named check texts), or (None, why it cannot be used)."""
     hf = tok.tokenizer
     if getattr(hf, "truncation", None) or getattr(hf, "padding", None):
         return None, "the tokenizer.json enables truncation or padding"
@@ -326,31 +387,17 @@ def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str],
     wrap = _special_wrap(hf)
     if wrap is None:
         return None, "its post-processor does more than add fixed special tokens around the text"
+    try:
+        if preload is None:
+            encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
+        else:
+            data, loaded = preload.result()
+            encoder = GigatokenEncoder(data, *wrap, loaded=loaded)
+    except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
+        return None, f"gigatoken cannot load it ({_first_line(exc)})"
     cases = [(name, text) for name, text in EDGE_CASES] + _added_token_cases(hf)
     cases += [(f"input text {i + 1} of the sample", text) for i, text in enumerate(sample)]
-    texts = [text for _, text in cases]
-    reference = HFEncoder(hf)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check") as pool:
-        expected = pool.submit(reference.encode_lists, texts)  # GIL released: runs beside gigatoken's load
-        try:
-            if preload is None:
-                encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
-            else:
-                data, loaded = preload.result()
-                encoder = GigatokenEncoder(data, *wrap, loaded=loaded)
-        except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
-            expected.result()
-            return None, f"gigatoken cannot load it ({_first_line(exc)})"
-        try:
-            got = encoder.encode_lists(texts)
-        except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
-            expected.result()
-            return None, f"gigatoken fails on the check texts ({_first_line(exc)})"
-        want = expected.result()
-    for (name, text), a, b in zip(cases, want, got):
-        if a != b:
-            return None, f"its ids differ from HF tokenizers on {name} {_preview(text)}"
-    return encoder, ""
+    return encoder, cases
 
 
 def _special_wrap(hf) -> tuple[list[int], list[int]] | None:
