@@ -11,7 +11,9 @@
 gigatoken is only used when it reproduces the HF tokenizer exactly, and that is checked, not
 assumed: `choose_backend` encodes a sample of the actual input plus `EDGE_CASES` with both and
 compares every id; on any difference (or a tokenizer gigatoken cannot load) ``auto`` falls back
-to ``hf`` and records why, so the run's summary can say so.
+to ``hf`` and records why, so the run's summary can say so. The slow half of the check (HF's
+encoding of the same texts) finishes on a thread while the run starts (`BackendCheck`); its
+verdict is confirmed before anything gigatoken encoded is kept.
 """
 from __future__ import annotations
 
