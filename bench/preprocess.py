@@ -16,6 +16,11 @@ its first 8 MB, then runs, interleaved round by round (medians reported):
   (v) validation alone: mftk's reader over the corpus (read + parse + check every line), in process;
   (j) the same parse with the standard library (``json.loads`` per line), to show what msgspec buys.
 
+Before measuring, mftk's own modules are byte-compiled (``compileall``), as an installed package's
+are (pip compiles on install): where PYTHONDONTWRITEBYTECODE is set, every fresh (c)/(d) process
+would otherwise compile them from source, 0.3-0.4 s of CPU no user pays. The 1-minute load
+average of the machine is printed with every round (a shared machine's other load shows there).
+
 Prints each throughput, the ratios c/a, c/b, c/d, checks that the .bin/.idx of (c) and (d) are
 byte-identical, the CPU seconds of (a) and (c) (less sensitive to other load on a shared machine than
 wall time), and the peak RSS of the (c) process tree (its rusage, from a small helper
@@ -190,6 +195,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mftk-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "mftk"), str(ROOT / "commands")], check=True)
     spawner = Spawner()  # before the corpus is in memory
     corpus, tokenizer = work / f"corpus{args.mb}.jsonl", work / "tokenizer.json"
     t0 = time.perf_counter()
@@ -198,7 +204,7 @@ def main() -> None:
         train(texts, args.vocab_size, tokenizer)
     mb = corpus.stat().st_size / 1e6
     print(f"corpus {mb:.1f} MB, {len(texts):,} documents, BPE {args.vocab_size} ({time.perf_counter() - t0:.1f} s);"
-          f" workers={args.workers}")
+          f" workers={args.workers}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
 
     import gigatoken
     from tokenizers import Tokenizer
@@ -238,7 +244,8 @@ def main() -> None:
             equal = same_outputs(work / "c", work / "d") and (equal is not False)
         for k in args.only:
             row.append(f"{k} {mb / times[k][-1]:7.1f} MB/s")
-        print(f"  round {r + 1}: " + "   ".join(row))
+        row += [f"c/{k} {times[k][-1] / times['c'][-1]:.2f}" for k in "ad" if k in args.only and "c" in args.only]
+        print(f"  round {r + 1}: " + "   ".join(row) + f"   (load {os.getloadavg()[0]:.1f})")
     spawner.close()
     if len(set(tokens.values())) > 1:
         sys.exit(f"token counts differ between measurements: {tokens}")

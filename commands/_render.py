@@ -138,6 +138,8 @@ class RichProgress:
         self._task = None
 
     def start(self, label: str, total: float | None = None) -> None:
+        if not self._console.is_terminal:
+            return  # the bar would be disabled: do not even import it
         from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 

@@ -1,7 +1,9 @@
-"""The Typer application: registers every subcommand; `MftkGroup.invoke` maps library errors to exit codes.
+"""The Typer application: every subcommand, loaded lazily; `MftkGroup.invoke` maps library errors to exit codes.
 
-Only typer/rich and the thin command modules are imported here; each command imports the
-library (and MindSpore, for the engine) inside its body, so `mftk --help` stays fast.
+Only typer/rich are imported here. `MftkGroup.get_command` imports a command's module (and builds
+its Click command from the function's signature) the first time that command is asked for, so
+`mftk preprocess ...` loads one command module, not all of them; `mftk --help` loads them all.
+Each command imports the library (and MindSpore, for the engine) inside its body.
 """
 from __future__ import annotations
 
@@ -44,7 +46,24 @@ class MftkCommand(_FlagsAsFlags, typer.core.TyperCommand):
 
 
 class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
-    """The ``mftk`` group; its `invoke` is the one place library errors become a message and an exit code."""
+    """The ``mftk`` group; its `invoke` is the one place library errors become a message and an exit code.
+
+    Subcommands come from `COMMANDS` on demand (`get_command`), in the table's order (`list_commands`).
+    """
+
+    def list_commands(self, ctx):  # type: ignore[no-untyped-def]
+        return [cli_name for _, cli_name, _ in COMMANDS]
+
+    def get_command(self, ctx, cmd_name):  # type: ignore[no-untyped-def]
+        if cmd_name not in self.commands and cmd_name in _BY_NAME:
+            self.commands[cmd_name] = _build(*_BY_NAME[cmd_name])
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx, args):  # type: ignore[no-untyped-def]
+        if args and args[0] not in _BY_NAME:  # a typo: Typer's "did you mean" looks at the loaded commands
+            for name in _BY_NAME:
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):  # type: ignore[no-untyped-def]
         from commands._errors import handle
@@ -91,20 +110,20 @@ def _root(
     """Pretrain LLMs with MindSpore in PyNative mode: prepare data, check one YAML, train, resume, inspect."""
 
 
-def _register() -> None:
-    for module_name, cli_name, panel in COMMANDS:
-        module = importlib.import_module(f"commands.{module_name}")
-        func = getattr(module, module_name)
-        app.command(
-            name=cli_name,
-            cls=MftkCommand,
-            rich_help_panel=panel,
-            epilog=getattr(module, "EPILOG", None),
-            context_settings=getattr(module, "CONTEXT_SETTINGS", None),
-        )(func)
+_BY_NAME = {cli_name: (module_name, cli_name, panel) for module_name, cli_name, panel in COMMANDS}
 
 
-_register()
+def _build(module_name: str, cli_name: str, panel: str):  # type: ignore[no-untyped-def]
+    """The Click command of one subcommand, built by Typer from the function in ``commands/<module>.py``."""
+    from typer.main import get_command_from_info
+    from typer.models import CommandInfo
+
+    module = importlib.import_module(f"commands.{module_name}")
+    info = CommandInfo(name=cli_name, cls=MftkCommand, rich_help_panel=panel, callback=getattr(module, module_name),
+                       epilog=getattr(module, "EPILOG", None),
+                       context_settings=getattr(module, "CONTEXT_SETTINGS", None))
+    return get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
+                                 rich_markup_mode=app.rich_markup_mode)
 
 
 def main() -> None:

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN_IN_LIBRARY = {"typer", "rich", "click"}
@@ -76,6 +79,32 @@ def test_every_subcommand_help_works_without_mindspore():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 0, out.stderr
         assert "MS False" in out.stdout, cli_name
+
+
+@pytest.mark.parametrize("backend", ["auto", "hf"])
+def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
+    """`mftk preprocess` imports one command module and the data layer: never MindSpore, the engine, the
+    plan or config model, pydantic or matplotlib; with ``--tokenizer-backend hf`` not gigatoken/awkward either."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} with some words"}) + "\n" for i in range(50)))
+    code = ("import sys, atexit\n"
+            "atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in TOP or "
+            "m.startswith(('mftk.', 'commands.')))))\n"
+            f"sys.argv = ['mftk', 'preprocess', '-i', {str(corpus)!r}, '-t', {str(ROOT / 'mftk' / 'templates' / 'data')!r}, "
+            f"'-o', {str(tmp_path / 'o')!r}, '--tokenizer-backend', {backend!r}, '--json']\n"
+            "from commands.app import main\nmain()\n")
+    top = ["mindspore", "pydantic", "matplotlib", "awkward", "gigatoken", "yaml", "cattrs", "safetensors"]
+    out = subprocess.run([sys.executable, "-c", f"TOP={top!r}\n" + code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    loaded = eval(out.stdout.rsplit("LOADED", 1)[1])  # noqa: S307 - a list literal printed by the child above
+    allowed = {"commands._errors", "commands._options", "commands._render", "commands.app", "commands.preprocess"}
+    assert {m for m in loaded if m.startswith("commands.")} == allowed
+    mftk = {m for m in loaded if m.startswith("mftk.")}
+    assert all(m.startswith("mftk.data.") or m in {"mftk.data", "mftk.errors", "mftk.files", "mftk.lock",
+                                                     "mftk.progress"} for m in mftk), mftk
+    assert "mftk.data.preprocess" in mftk
+    heavy = {m.split(".")[0] for m in loaded if not m.startswith(("mftk.", "commands."))}
+    assert heavy == ({"awkward", "gigatoken"} if backend == "auto" else set()), heavy
 
 
 def test_version():

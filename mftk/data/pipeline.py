@@ -24,6 +24,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import attrs
 import numpy as np
@@ -86,6 +87,9 @@ class RunOptions:
     sample_length: int | None = None  # mindrecord: samples of seq_length + 1 tokens
     allow_empty: bool = False  # a shard may hold no tokens; its merge with the others is what counts
     settings: dict = attrs.field(factory=dict)  # what a resumed run must match
+    # Called before anything encoded is kept (a progress record saved, an output finalized): the
+    # tokenizer backend's pending verdict (`mftk.data.tokenize.BackendCheck.confirm`); it may raise.
+    confirm: Callable[[], None] = lambda: None
 
 
 class Meter:
@@ -192,6 +196,7 @@ class SourceRun:
         return state
 
     def _save_state(self) -> None:
+        self.opt.confirm()  # a record may only cover tokens of a confirmed backend
         if self.opt.sample_length is not None:
             return  # mindrecord outputs cannot be resumed
         state = {"version": STATE_VERSION, "settings": self.settings, "done": self.done,
@@ -381,6 +386,7 @@ class SourceRun:
         self._write(encoded, [c[kept] for c in counts], len(kept), path)
 
     def _finish(self) -> None:
+        self.opt.confirm()
         for key, builder in self.builders.items():
             if builder.token_count == 0 and not self.opt.allow_empty:
                 raise DataFormatError(

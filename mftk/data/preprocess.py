@@ -30,7 +30,7 @@ from mftk.data.indexed import best_dtype, data_paths, merge
 from mftk.data.jsonl import CHUNK_BYTES, expand_inputs, sample_texts
 from mftk.data.pipeline import Meter, OutputPair, RunOptions, SourceRun, SourceSummary
 from mftk.data.shards import Piece, check_shard, shard_name, shard_pieces
-from mftk.data.tokenize import choose_backend, load_tokenizer
+from mftk.data.tokenize import BackendMismatch, GigatokenPreload, choose_backend, load_tokenizer
 from mftk.errors import InputError
 from mftk.files import LARGE_JSON_LIMIT, read_bytes
 from mftk.lock import exclusive_output
@@ -182,24 +182,24 @@ def preprocess(
     with contextlib.ExitStack() as locks:
         for path in prefixes + [out for prefix in prefixes for out in _outputs(prefix, keys, format)]:
             locks.enter_context(exclusive_output(path, LOCK_WHAT))  # the group's state and each output pair
+        if workers:
+            os.environ["RAYON_NUM_THREADS"] = str(workers)  # read once, at each tokenizer pool's first use
+        preload = GigatokenPreload(tokenizer) if tokenizer_backend in ("auto", "gigatoken") else None
         tok = load_tokenizer(tokenizer, eod_token)
         if append_eod and tok.eod_id is None:
             raise InputError(message=f"{tok.path}: no end-of-document token found for --append-eod",
                              hint="pass --eod-token with the token your model uses, e.g. <|endoftext|>")
-        if workers:
-            os.environ["RAYON_NUM_THREADS"] = str(workers)  # read once, at each tokenizer pool's first use
         all_files = [p for group in files for p in group]
-        choose_backend(tok, tokenizer_backend, sample_texts(all_files, keys, SAMPLE_TEXTS)
-                       if tokenizer_backend != "hf" else [])
+        check = choose_backend(tok, tokenizer_backend, sample_texts(all_files, keys, SAMPLE_TEXTS)
+                               if tokenizer_backend != "hf" else [], preload)
         options = _options(tok, keys, compat, append_eod, on_error, max_errors, batch_bytes, format, seq_length,
                            shard)
-        progress.start("preprocess", total=sum(p.size() for group in pieces for p in group))
-        meter = Meter(progress)
+        options.confirm = check.confirm
+        total = sum(p.size() for group in pieces for p in group)
         try:
-            summaries = [SourceRun(source.name, prefix, group, tok, options, meter).run(resume)
-                         for source, prefix, group in zip(sources, prefixes, pieces)]
-        finally:
-            progress.done()
+            summaries = _run_groups(sources, prefixes, pieces, tok, options, progress, total, resume)
+        except BackendMismatch:  # nothing was kept; tok encodes with HF tokenizers now
+            summaries = _run_groups(sources, prefixes, pieces, tok, options, progress, total, resume)
     tokens = [s.tokens for s in summaries]
     if weights is None:
         total = sum(tokens) or 1
@@ -207,6 +207,17 @@ def preprocess(
     return PreprocessSummary(summaries, tok.path, tok.vocab_size, tok.eod_id, tok.eod_token, options.dtype.name,
                              compat, append_eod, list(weights), time.perf_counter() - started, format, seq_length,
                              tok.backend, tok.backend_note, [shard[1], shard[0]] if shard else None)
+
+
+def _run_groups(sources: list[Source], prefixes: list[str], pieces: list[list[Piece]], tok, options: RunOptions,
+                progress: Progress, total: int, resume: bool) -> list[SourceSummary]:
+    progress.start("preprocess", total=total)
+    meter = Meter(progress)
+    try:
+        return [SourceRun(source.name, prefix, group, tok, options, meter).run(resume)
+                for source, prefix, group in zip(sources, prefixes, pieces)]
+    finally:
+        progress.done()
 
 
 def _group_prefix(output_prefix: str, name: str | None, shard: tuple[int, int] | None) -> str:

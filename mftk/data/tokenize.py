@@ -11,13 +11,15 @@
 gigatoken is only used when it reproduces the HF tokenizer exactly, and that is checked, not
 assumed: `choose_backend` encodes a sample of the actual input plus `EDGE_CASES` with both and
 compares every id; on any difference (or a tokenizer gigatoken cannot load) ``auto`` falls back
-to ``hf`` and records why, so the run's summary can say so.
+to ``hf`` and records why, so the run's summary can say so. The slow half of the check (HF's
+encoding of the same texts) finishes on a thread while the run starts (`BackendCheck`); its
+verdict is confirmed before anything gigatoken encoded is kept.
 """
 from __future__ import annotations
 
 import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -94,18 +96,23 @@ class GigatokenEncoder:
     name = "gigatoken"
 
     def __init__(self, tokenizer_json: bytes, prefix: list[int], suffix: list[int], *,
-                 memo_budget: int = 256 << 20) -> None:
+                 memo_budget: int = 256 << 20, loaded=None) -> None:
         self._json = tokenizer_json
         self.prefix = np.asarray(prefix, dtype=np.uint32)
         self.suffix = np.asarray(suffix, dtype=np.uint32)
         self.memo_budget = memo_budget
         self.reloads = 0
-        self._load()
+        self._tok = None
+        if loaded is None:
+            self._load()
+        else:  # built from these bytes by `preload_gigatoken`
+            self._tok = loaded
+            self._rss_at_load = _rss()
 
     def _load(self) -> None:
         import gigatoken
 
-        if getattr(self, "_tok", None) is not None:
+        if self._tok is not None:
             self._tok = None  # the old memo goes before the new tokenizer is built
             _return_freed_memory()
         self._tok = gigatoken.Tokenizer.from_json(self._json)
@@ -210,6 +217,40 @@ class LoadedTokenizer:
         return self.encoder.encode(texts)
 
 
+def tokenizer_file(path: str | os.PathLike) -> Path:
+    """The ``tokenizer.json`` that ``path`` names: the file itself, or the one in the directory."""
+    p = Path(path)
+    return p / "tokenizer.json" if p.is_dir() else p
+
+
+class GigatokenPreload:
+    """gigatoken's tokenizer built on a thread while the caller loads the HF tokenizer and samples the input.
+
+    The costs it hides are gigatoken's own load (its Rust side releases the GIL) and the first
+    batch, which imports ``awkward`` (gigatoken's result type; 0.15-0.3 s of imports), both beside
+    `load_tokenizer` (HF's Rust load also releases the GIL). Nothing is decided here: `choose_backend`
+    still checks the ids; a failure is kept and reported by `result`, as a load inside the check would be.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-gigatoken-load")
+        self._future = self._pool.submit(self._load, tokenizer_file(path))
+        self._pool.shutdown(wait=False)
+
+    @staticmethod
+    def _load(file: Path) -> tuple[bytes, object]:
+        import gigatoken
+
+        data = read_bytes(file, limit=LARGE_JSON_LIMIT, what="tokenizer file")
+        tok = gigatoken.Tokenizer.from_json(data)
+        tok.encode_batch(["warm up"])  # the first batch imports awkward; no ids are kept from it
+        return data, tok
+
+    def result(self) -> tuple[bytes, object]:
+        """(tokenizer.json bytes, gigatoken.Tokenizer); raises what the load raised."""
+        return self._future.result()
+
+
 def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> LoadedTokenizer:
     """Load ``tokenizer.json`` (or a directory holding one) and resolve the EOD id; backend ``hf``.
 
@@ -219,8 +260,7 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
     """
     from tokenizers import Tokenizer
 
-    p = Path(path)
-    file = p / "tokenizer.json" if p.is_dir() else p
+    file = tokenizer_file(path)
     hint = "pass a Hugging Face tokenizer.json or the directory that holds it (nothing is downloaded)"
     try:
         size = regular_file_or_error(file, what="tokenizer file", hint=hint).st_size
@@ -250,31 +290,95 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
     return LoadedTokenizer(tok, str(file), tok.get_vocab_size(with_added_tokens=True), eod_id, eod_token)
 
 
-def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str]) -> None:
-    """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf) after checking gigatoken's ids.
+class BackendMismatch(Exception):
+    """gigatoken's ids differed from HF's on the check: the run must start over with HF tokenizers.
+
+    Raised by `BackendCheck.confirm` in ``auto`` mode (``tok.encoder`` is HF by then); never leaves
+    `mftk.data.preprocess`, which discards what was written and runs again.
+    """
+
+
+class BackendCheck:
+    """The verdict on gigatoken, finished while the run starts: HF's ids for the check texts on a thread.
+
+    gigatoken encodes the check texts at once (milliseconds); HF's reference encoding of the same
+    texts (the slow half, ~0.1-0.3 s) runs on a thread (the GIL released) beside the first chunks
+    of the run. `confirm` compares them and must be called before anything gigatoken produced is
+    kept: before the first progress record is saved and before any output is finalized. On a
+    difference it switches ``tok`` to HF and raises `BackendMismatch` (auto) or `InputError`
+    (an explicit ``--tokenizer-backend gigatoken``). Once confirmed, it returns at once.
+    """
+
+    def __init__(self, tok: LoadedTokenizer | None = None, choice: str = "auto",
+                 cases: list[tuple[str, str]] | None = None, got: list[list[int]] | None = None,
+                 note: str = "") -> None:
+        self.tok, self.choice, self.cases, self.got, self.note = tok, choice, cases or [], got or [], note
+        self._expected: Future | None = None
+        if tok is not None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check")
+            self._expected = pool.submit(HFEncoder(tok.tokenizer).encode_lists, [text for _, text in self.cases])
+            pool.shutdown(wait=False)
+
+    def confirm(self) -> None:
+        if self._expected is None:
+            return
+        want, self._expected = self._expected.result(), None
+        tok = self.tok
+        for (name, text), a, b in zip(self.cases, want, self.got):
+            if a != b:
+                tok.encoder = HFEncoder(tok.tokenizer)
+                _refuse(tok, self.choice, f"its ids differ from HF tokenizers on {name} {_preview(text)}")
+                raise BackendMismatch(tok.backend_note)
+        tok.backend_note = self.note
+
+
+NO_CHECK = BackendCheck()  # a verdict that is already final
+
+
+def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
+                   preload: GigatokenPreload | None = None) -> BackendCheck:
+    """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf); return the check still to confirm.
 
     ``sample`` is text from the actual input. ``auto`` falls back to HF with the reason in
     ``tok.backend_note``; an explicit ``gigatoken`` that cannot reproduce HF is an error.
+    ``preload``: gigatoken's tokenizer, already being built from ``tok.path`` (else built here).
+    What is known at once (gigatoken cannot load the tokenizer, or fails on the check texts) is
+    decided here; the id comparison is the returned `BackendCheck`, which the caller confirms
+    before keeping anything (`BackendCheck.confirm`; ``choose_backend(...).confirm()`` waits for it).
     """
     if choice not in BACKENDS:
         raise InputError(message=f"--tokenizer-backend must be one of {', '.join(BACKENDS)}, not {choice!r}")
     tok.encoder = HFEncoder(tok.tokenizer)
     if choice == "hf":
         tok.backend_note = "chosen with --tokenizer-backend hf"
-        return
-    encoder, problem = _gigatoken_if_exact(tok, sample)
-    if encoder is not None:
-        tok.encoder = encoder
-        tok.backend_note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and " \
-                           f"{len(EDGE_CASES) + len(_added_token_cases(tok.tokenizer))} edge cases"
-        return
+        return NO_CHECK
+    encoder, cases_or_problem = _gigatoken_candidate(tok, sample, preload)
+    if encoder is None:
+        _refuse(tok, choice, cases_or_problem)
+        return NO_CHECK
+    cases = cases_or_problem
+    try:
+        got = encoder.encode_lists([text for _, text in cases])
+    except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
+        _refuse(tok, choice, f"gigatoken fails on the check texts ({_first_line(exc)})")
+        return NO_CHECK
+    tok.encoder = encoder
+    tok.backend_note = "check pending"
+    note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and {len(cases) - len(sample)} edge cases"
+    return BackendCheck(tok, choice, cases, got, note)
+
+
+def _refuse(tok: LoadedTokenizer, choice: str, problem: str) -> None:
+    """gigatoken cannot be used: an error if it was asked for, else the reason in the summary."""
     if choice == "gigatoken":
         raise InputError(message=f"{tok.path}: --tokenizer-backend gigatoken cannot be used: {problem}",
                          path=tok.path, hint="use --tokenizer-backend auto (falls back to HF tokenizers) or hf")
     tok.backend_note = f"gigatoken not used: {problem}"
 
 
-def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str]) -> tuple[GigatokenEncoder | None, str]:
+def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: GigatokenPreload | None
+                         ) -> tuple[GigatokenEncoder | None, list[tuple[str, str]] | str]:
+    """(gigatoken encoder, the named check texts), or (None, why it cannot be used)."""
     hf = tok.tokenizer
     if getattr(hf, "truncation", None) or getattr(hf, "padding", None):
         return None, "the tokenizer.json enables truncation or padding"
@@ -285,27 +389,17 @@ def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str]) -> tuple[Gigato
     wrap = _special_wrap(hf)
     if wrap is None:
         return None, "its post-processor does more than add fixed special tokens around the text"
+    try:
+        if preload is None:
+            encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
+        else:
+            data, loaded = preload.result()
+            encoder = GigatokenEncoder(data, *wrap, loaded=loaded)
+    except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
+        return None, f"gigatoken cannot load it ({_first_line(exc)})"
     cases = [(name, text) for name, text in EDGE_CASES] + _added_token_cases(hf)
     cases += [(f"input text {i + 1} of the sample", text) for i, text in enumerate(sample)]
-    texts = [text for _, text in cases]
-    reference = HFEncoder(hf)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check") as pool:
-        expected = pool.submit(reference.encode_lists, texts)  # GIL released: runs beside gigatoken's load
-        try:
-            encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
-        except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
-            expected.result()
-            return None, f"gigatoken cannot load it ({_first_line(exc)})"
-        try:
-            got = encoder.encode_lists(texts)
-        except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
-            expected.result()
-            return None, f"gigatoken fails on the check texts ({_first_line(exc)})"
-        want = expected.result()
-    for (name, text), a, b in zip(cases, want, got):
-        if a != b:
-            return None, f"its ids differ from HF tokenizers on {name} {_preview(text)}"
-    return encoder, ""
+    return encoder, cases
 
 
 def _special_wrap(hf) -> tuple[list[int], list[int]] | None:

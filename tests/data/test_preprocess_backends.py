@@ -110,6 +110,42 @@ def test_a_difference_on_the_input_sample_alone_is_caught(tmp_path, tokenizer_fi
     assert s.backend == "hf" and re.search(r"on input text \d+ of the sample 'a zebra-marker line'", s.backend_note)
 
 
+def test_a_late_verdict_discards_what_gigatoken_wrote(tmp_path, tokenizer_file, monkeypatch):
+    """The id comparison finishes while the run has started: when it fails, nothing gigatoken encoded is kept
+    (no progress record, no output); the run starts over with HF and writes exactly the reference files."""
+    real = tokenize.GigatokenEncoder.encode
+    seen = []
+
+    def wrong_on_marker(self, texts):
+        flat, lengths = real(self, texts)
+        seen.append(len(texts))
+        if any("zebra-marker" in t for t in texts):
+            flat = flat.copy()
+            flat[0] = (int(flat[0]) + 1) % 100
+        return flat, lengths
+
+    monkeypatch.setattr(tokenize.GigatokenEncoder, "encode", wrong_on_marker)
+    real_confirm = tokenize.BackendCheck.confirm
+    states = []
+
+    def confirm(self):
+        states.append(list(tmp_path.glob("o*.preprocess-state.json")))
+        return real_confirm(self)
+
+    monkeypatch.setattr(tokenize.BackendCheck, "confirm", confirm)
+    docs = DOCS * 3 + [{"text": "a zebra-marker line"}]
+    srcs = [write_jsonl(tmp_path / f"c{i}.jsonl", docs) for i in range(3)]
+    s = preprocess([str(p) for p in srcs], str(tmp_path / "o"), tokenizer_file, append_eod=True, batch_bytes=256)
+    assert s.backend == "hf" and s.backend_note.startswith("gigatoken not used: its ids differ from HF tokenizers")
+    assert len(seen) > len(srcs) and states and states[0] == []  # data was encoded before the verdict, no record yet
+    assert files(tmp_path / "o_text_document") == reference_write(None, tokenizer_file, docs * 3, "megatron", True)
+    assert not list(tmp_path.glob("o*.preprocess-state.json*"))
+    with pytest.raises(InputError, match="--tokenizer-backend gigatoken cannot be used: its ids differ"):
+        preprocess([str(p) for p in srcs], str(tmp_path / "g"), tokenizer_file, tokenizer_backend="gigatoken",
+                   batch_bytes=256)
+    assert not list(tmp_path.glob("g*"))
+
+
 def test_gigatoken_missing_falls_back(tmp_path, tokenizer_file, monkeypatch):
     import builtins
 
