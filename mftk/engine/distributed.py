@@ -103,6 +103,7 @@ class DistContext:
     table: Any  # parallel.placement.PlacementTable
     sharding: FlatSharding
     stage: Any = None  # parallel.pipeline_model.StageModel under PP
+    presynced: tuple[int, ...] = ()  # FSDP-sharded parameters: their units already reduced their gradients
     norm_weights: np.ndarray | None = None  # set by `bind`: per local gradient element, 1 / its replicas
     _opt_slices: list | None = None
 
@@ -160,17 +161,24 @@ class DistContext:
         return self.groups.layout.world
 
     def sync_grads(self, full: np.ndarray) -> np.ndarray:
-        """The steps of the module docstring on the full flat gradient of this rank's parameters."""
+        """The steps of the module docstring on the flat gradient of this rank's parameters, in place; the
+        gradients of FSDP-sharded parameters (``presynced``) arrive reduced from their units and are left alone."""
         from mftk.engine.parallel.data_parallel import sync_flat_gradients
 
-        full = np.array(full, np.float32, copy=True)
-        place = [self.table[n] for n in self.sharding.names]
+        full = np.asarray(full, np.float32)
+        pre = set(self.presynced)
+        place = [(i, self.table[n]) for i, n in enumerate(self.sharding.names) if i not in pre]
         g = self.groups
-        self._reduce(full, [i for i, p in enumerate(place) if len(p.stages) > 1], g.embedding)
-        self._reduce(full, [i for i, p in enumerate(place) if not p.split_over("tp") and not p.expert], g.tp)
-        experts = [i for i, p in enumerate(place) if p.expert]
+        self._reduce(full, [i for i, p in place if len(p.stages) > 1], g.embedding)
+        self._reduce(full, [i for i, p in place if not p.split_over("tp") and not p.expert], g.tp)
+        experts = [i for i, p in place if p.expert]
         mine = self._pack(full, experts)
-        full = sync_flat_gradients(full, g, op="avg")
+        if pre:  # only the whole parameters: one message
+            dense = [i for i, p in place if not p.expert]
+            if dense and not g.dp_cp.is_trivial:
+                self._unpack(full, dense, _all_reduce_np(self._pack(full, dense), g.dp_cp, "avg"))
+        else:
+            full = sync_flat_gradients(full, g, op="avg")
         if experts:
             for group in (g.edp, g.dp_replicate):
                 mine = _all_reduce_np(mine, group)
@@ -284,6 +292,7 @@ def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
 def make_context(groups: Any, table: Any, params: Sequence[Any], stage: Any = None) -> DistContext:
     """The context of this rank: its trainable ``params`` (model order) with their FSDP rows from ``table``."""
     names = [p.name for p in params]
-    sharded = [table[n].split_over("fsdp") for n in names]
-    sharding = FlatSharding(names, [tuple(p.shape) for p in params], groups.fsdp.size, groups.fsdp.rank, sharded)
-    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage)
+    sharded = tuple(i for i, n in enumerate(names) if table[n].split_over("fsdp"))
+    # the Parameters already hold their FSDP rows (`parallel.fsdp`): the flat layout is the local one, whole
+    sharding = FlatSharding(names, [tuple(p.shape) for p in params], 1, 0)
+    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage, presynced=sharded)
