@@ -462,8 +462,18 @@ def _check_recompute_swap(c: Config, world: int, r: _Rules) -> None:
     _check_exclude_op(rc, layers + mtp, world, r)
     if c.recompute_comm.enable and not c.recompute_comm.select_module:
         r.error("recompute_comm.select_module", "required when recompute_comm.enable is true")
+    replays = rc.mode != "None" or c.recompute_comm.enable
+    if replays and world > 1 and getattr(m, "hidden_dropout", 0.0):
+        r.error("recompute.mode", "recompute replays forwards in the backward, so model.hidden_dropout must be 0 "
+                "(the dropout masks would differ)", rc.mode, "set model.hidden_dropout: 0.0 or recompute.mode: None")
+    if replays and world > 1 and isinstance(rc.exclude_op, dict):
+        r.error("recompute.exclude_op", "mftk replays a recomputed layer whole: keeping the outputs of cells inside "
+                "it (exclude_op) is not built", rc.exclude_op, "remove recompute.exclude_op, or select fewer modules "
+                "with recompute.select_module")
     if not sw.enable:
         return
+    r.error("swap.enable", "swapping activations to host memory is not built in mftk: on CPU they already live in "
+            "host memory, and no accelerator path for it exists", True, "set swap.enable: false")
     if c.parallelism.pipeline_parallel > 1:
         r.error("swap.enable", "swap is not supported with pipeline parallel", True)
     if layers and not 1 <= sw.default_prefetch <= layers - 1:

@@ -125,13 +125,15 @@ def dist_worker(template: str, over: dict) -> dict:
     from mftk.config.load import load_config
     from mftk.engine import run
 
-    world = communication.get_group_size()
+    world, rank = communication.get_group_size(), communication.get_rank()
     loaded = load_config(TEMPLATES_DIR / template, overrides=_overrides(over, world), world_size=world, check_files=True)
     base = _status_bytes("VmRSS")
     with tempfile.TemporaryDirectory() as out:
         run.train(loaded, output_dir=out, install_signals=False, world_size=world)
+        records = [json.loads(x) for x in (Path(out) / "log" / f"rank_{rank}" / "metrics.jsonl").read_text().splitlines()]
     peak = _status_bytes("VmHWM")
-    return {"baseline": base, "peak": peak, "measured": peak - base, "rank": communication.get_rank()}
+    return {"baseline": base, "peak": peak, "measured": peak - base, "rank": rank,
+            "step_ms": [r["per_step_time"] for r in records], "tokens": [r.get("tokens", 0) for r in records]}
 
 
 def measure_multi(template: str, over: dict, nproc: int, timeout_s: float = 900) -> list[dict]:

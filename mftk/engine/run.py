@@ -295,6 +295,7 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         chunks = stage_chunks_of(config)
     par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks))
     _log_parallel(par, layout, groups, p)
+    _recompute(model, config)
     dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage)
     return model, dist
 
@@ -325,9 +326,21 @@ def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
                  "interleaved_1f1b" if len(stage.chunks) > 1 else (p.pipeline_parallel_schedule or "1f1b"))
     fsdp = [t for t in table if t.split_over("fsdp")]
     if fsdp:
-        log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks (the rest replicated: dim 0 "
-                 "does not divide evenly); optimizer states sharded the same way", len(fsdp),
-                 sum(1 for t in table if t.trainable), groups.fsdp.size)
+        log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks, with their gradients and optimizer "
+                 "states; each unit (layer, embedding, output layer) gathers them for its forward and again for its "
+                 "replayed backward (the rest replicated: outside every unit, or dim 0 does not divide evenly)",
+                 len(fsdp), sum(1 for t in table if t.trainable), groups.fsdp.size)
+
+
+def _recompute(model: Any, config: Any) -> None:
+    """The ``recompute`` / ``recompute_comm`` sections on the parallelized model (several processes, as the
+    reference applies them; `engine.recompute`)."""
+    from mftk.engine.recompute import apply_recompute
+
+    replayed = apply_recompute(model, config.recompute, config.recompute_comm)
+    if replayed:
+        log.info("Recompute (%s): %d cells replay their forward in the backward: %s", config.recompute.mode,
+                 len(replayed), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
 
 
 def _rank() -> int:

@@ -168,13 +168,42 @@ def _loss_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
     return construct
 
 
-ADAPTERS = {"layer": _layer_adapter, "embedding": _embedding_adapter, "loss": _loss_adapter}
+def _cell_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
+    """Any cell (recompute's ``select_module``): tensor or tuple-of-tensor arguments (flattened one level;
+    ``None`` kept out), a tensor or a tuple of tensors and ``None`` as the result."""
+    original = cell.construct
+    shape: dict = {}
+
+    def fn(*flat):
+        it = iter(flat)
+        args = [None if kind == "none" else tuple(next(it) for _ in range(kind)) if isinstance(kind, int) else next(it)
+                for kind in shape["args"]]
+        out = original(*args)
+        single = not isinstance(out, tuple)
+        shape["out"] = ("single",) if single else tuple(o is None for o in out)
+        return (out,) if single else tuple(o for o in out if o is not None)
+
+    unit._u_fn[:] = [fn]
+
+    def construct(*args):
+        shape["args"] = ["none" if a is None else len(a) if isinstance(a, tuple) else "tensor" for a in args]
+        flat = [x for a in args if a is not None for x in (a if isinstance(a, tuple) else (a,))]
+        outs = unit(*flat, *params)
+        if shape["out"] == ("single",):
+            return outs[0]
+        it = iter(outs)
+        return tuple(None if none else next(it) for none in shape["out"])
+
+    return construct
+
+
+ADAPTERS = {"layer": _layer_adapter, "embedding": _embedding_adapter, "loss": _loss_adapter, "cell": _cell_adapter}
 
 
 def install(cell: Any, kind: str, params: Sequence[Parameter], hooks: UnitHooks | None = None,
             name: str = "") -> ReplayedUnit:
-    """Make ``cell`` a replayed unit (``kind``: layer, embedding or loss) over ``params`` (every trainable
-    parameter it reads; the loss: the head weight first)."""
+    """Make ``cell`` a replayed unit (``kind``: layer, embedding, loss or any cell) over ``params`` (every
+    trainable parameter it reads; the loss: the head weight first)."""
     if getattr(cell, "_replayed_unit", None) is not None:
         raise ValueError(f"{name or type(cell).__name__} is already a replayed unit")
     params = list(params)
