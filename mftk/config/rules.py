@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from mftk import derive as L
-from mftk.config.sections import RUN_MODES, Config
+from mftk.config.sections import DEVICE_TARGETS, RUN_MODES, Config
 from mftk.derive import DeriveError, parse_layer_range
 from mftk.errors import Problem
 
@@ -59,6 +59,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_profiler_monitor(config, r)
     _check_lora(config, r)
     _check_run_mode(config, r)
+    _check_device(config, r)
     if config.model is not None:
         from mftk.config.model import model_problems
         from mftk.config.support import unsupported_model_settings
@@ -443,6 +444,14 @@ def _check_prefix_files(prefix: str, path: str, r: _Rules) -> None:
     if missing:
         r.error(path, f"data files missing for prefix {prefix!r}: {', '.join(prefix + e for e in missing)}", prefix,
                 "run mftk preprocess, or use --no-check-files to skip this check")
+
+
+def _check_device(c: Config, r: _Rules) -> None:
+    """``context.device_target``: one of `DEVICE_TARGETS` or null (whether it is there: at run time, engine.device)."""
+    d = c.context.device_target
+    if d is not None and str(d).lower() not in {x.lower() for x in DEVICE_TARGETS}:
+        r.error("context.device_target", f"must be one of {', '.join(DEVICE_TARGETS)} (or null: the device MindSpore "
+                "finds)", d, "e.g. context.device_target: CPU, or --device CPU")
 
 
 # ------------------------------------------------------------------ recompute, swap, profiler, monitor

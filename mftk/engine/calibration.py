@@ -110,10 +110,12 @@ def worker(template: str, over: dict) -> dict:
 
 def _status_bytes(key: str) -> int:
     """A memory figure of this process from /proc/self/status (kB there)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
+    from mftk.engine.memstat import status_bytes
+
+    value = status_bytes(key)
+    if value is None:
+        raise RuntimeError(f"{key} not in /proc/self/status")
+    return value
 
 
 def dist_worker(template: str, over: dict) -> dict:

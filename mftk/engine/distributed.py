@@ -208,9 +208,14 @@ class DistContext:
         return t.asnumpy().astype(np.float64)
 
     def grad_norm(self, local: np.ndarray) -> float:
-        """The full gradient's norm: each local element's square weighted by 1/its replicas, summed over the world."""
-        g64 = local.astype(np.float64)
-        sq = float(np.dot(g64 * self.norm_weights, g64))
+        """The full gradient's norm: each local element's square weighted by 1/its replicas, summed over the world.
+        Block by block in float64 (`NORM_BLOCK` elements): no float64 copy of the whole gradient."""
+        from mftk.engine.optim import NORM_BLOCK
+
+        sq, w = 0.0, self.norm_weights
+        for start in range(0, local.size, NORM_BLOCK):
+            g64 = local[start:start + NORM_BLOCK].astype(np.float64)
+            sq += float(np.dot(g64 * w[start:start + NORM_BLOCK], g64))
         return float(np.sqrt(_sum_f64(np.array([sq]), self.groups.world)[0]))
 
     def gather_params(self, optimizer: Any) -> list[np.ndarray]:
@@ -261,13 +266,9 @@ class DistContext:
 
 
 def _all_reduce_np(packed: np.ndarray, group: Any, op: str = "sum") -> np.ndarray:
-    from mindspore import Tensor
-
     from mftk.engine.parallel import comm
 
-    if group.is_trivial or not packed.size:
-        return packed
-    return comm.all_reduce(Tensor.from_numpy(np.ascontiguousarray(packed)), group, op).asnumpy()
+    return comm.all_reduce_numpy(packed, group, op)
 
 
 def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:

@@ -49,12 +49,13 @@ def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> l
     """Install the replayed units the sections ask for; returns their paths (logged at start-up)."""
     mode = str(getattr(recompute, "mode", "None"))
     layers = numbered_layers(model)
+    cells = units.owners(model)
     done: list[str] = []
     if mode in ("full", "select"):
         for i in layer_ids(recompute.full_recompute_layer):
             path, layer = layers[i]
             if _trains(layer) and units.unit_of(layer) is None:
-                units.install(layer, "layer", _params(layer), name=path)
+                units.install(layer, "layer", units.renew(cells, _params(layer)), name=path)
                 done.append(path)
     selections = []
     if mode == "select" and isinstance(recompute.select_module, dict):
@@ -69,7 +70,7 @@ def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> l
                     continue
                 for sub, cell in _matching(layer, str(pattern)):
                     if units.unit_of(cell) is None and _params(cell):
-                        units.install(cell, "cell", _params(cell), name=f"{path}.{sub}")
+                        units.install(cell, "cell", units.renew(cells, _params(cell)), name=f"{path}.{sub}")
                         done.append(f"{path}.{sub}")
     return done
 

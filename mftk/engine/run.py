@@ -296,6 +296,7 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
     par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks))
     _log_parallel(par, layout, groups, p)
     _recompute(model, config)
+    _release_freed_memory()
     dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage)
     return model, dist
 
@@ -332,6 +333,19 @@ def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
                  len(fsdp), sum(1 for t in table if t.trainable), groups.fsdp.size)
 
 
+def _release_freed_memory() -> None:
+    """Give the heap the full build left behind (the blocks TP/EP/FSDP cut away) back to the system: glibc keeps
+    freed small blocks in its arenas otherwise, and they would count in every rank's RSS. Best effort: a no-op
+    where ``malloc_trim`` does not exist."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _recompute(model: Any, config: Any) -> None:
     """The ``recompute`` / ``recompute_comm`` sections on the parallelized model (several processes, as the
     reference applies them; `engine.recompute`)."""
@@ -343,6 +357,12 @@ def _recompute(model: Any, config: Any) -> None:
                  len(replayed), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
 
 
+def _distributed() -> bool:
+    from mindspore.communication.management import GlobalComm
+
+    return bool(GlobalComm.INITED)
+
+
 def _rank() -> int:
     from mindspore import communication
 
@@ -352,7 +372,12 @@ def _rank() -> int:
 def _setup_process(config: Any) -> Any:
     import mindspore as ms
 
-    ms.runtime.launch_blocking()  # synchronous errors, and faster on CPU (mindspore-cpu.md §10)
+    from mftk.engine import device
+
+    chosen = device.select(config.context.device_target)
+    if ms.get_context("device_target") != chosen or not _distributed():  # a worker's was set before init()
+        device.apply(chosen)
+    log.info("Device: %s (collective backend %s)", chosen, device.BACKENDS[chosen])
     seed = config.training.seed
     ms.set_seed(seed)
     ms.manual_seed(seed)

@@ -166,6 +166,7 @@ class Trainer:
         self.dispatch = Dispatcher(low_priority=low)
         self.state = TrainState()  # the state being advanced (given to `fit`)
         self.first_step_seconds: float | None = None
+        self._logged_rss = 0  # the peak RSS of the last memory line
         self.dist = dist  # distributed.DistContext of a multi-process job, else None
         self.sharded = dist is not None and dist.sharding.enabled
 
@@ -264,6 +265,7 @@ class Trainer:
             _, lm, aux, mtp, tpe = outputs
             fill = layout.add_grads if self.sharded or len(losses) else self.optimizer.put_grads
             fill(acc, grads, scale)
+            grads = None  # the framework's gradients go before the next micro-batch (and the sync)
             losses.append(float(lm.asnumpy()))
             a = np.array([float(x.asnumpy()) for x in aux], np.float64)
             m = np.array([float(x.asnumpy()) for x in mtp], np.float64)
@@ -378,11 +380,30 @@ class Trainer:
         m["grad_norm"] = norm
         if self.flops_per_sample:
             m["throughput"] = self.flops_per_sample * plan.global_batch_size / (max(step_ms, 1e-3) * 1e9)
+        m.update(self.memory())
         m.update({"lr_used": lr_used, "skipped": norm is None, "total_steps": self.total_steps,
                   "accumulation": plan.accumulation, "epoch": state.epoch,
                   "tokens": plan.global_batch_size * self.seq_length,
                   **{f"time_{k}_ms": v * 1000.0 for k, v in timer.seconds.items()}})
         return m
+
+    def memory(self) -> dict[str, float]:
+        """This rank's peak host RSS (and device peak where MindSpore reports one) so far, in MiB; logged when
+        it has grown by more than 1 % since the last line (``metrics.jsonl`` has it at every step)."""
+        from mftk.engine.memstat import device_peak_bytes, peak_rss_bytes
+
+        out = {}
+        rss, dev = peak_rss_bytes(), device_peak_bytes()
+        if rss is not None:
+            out["peak_rss_mib"] = rss / 2 ** 20
+        if dev is not None:
+            out["peak_device_mib"] = dev / 2 ** 20
+        if rss is not None and rss > self._logged_rss * 1.01:
+            self._logged_rss = rss
+            rank = self.dist.rank if self.dist is not None else 0
+            log.info("Memory: rank %d peak RSS %.0f MiB%s", rank, rss / 2 ** 20,
+                     f", device peak {dev / 2 ** 20:.0f} MiB" if dev is not None else "")
+        return out
 
     def report(self, state: TrainState, metrics: dict[str, Any], out: StepOutput, grads: np.ndarray) -> None:
         if self.monitor is not None:

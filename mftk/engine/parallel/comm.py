@@ -62,6 +62,22 @@ def all_reduce(t: Tensor, group: AxisGroup, op: str = "sum") -> Tensor:
     return out
 
 
+def all_reduce_numpy(a, group: AxisGroup, op: str = "sum"):
+    """A float32 numpy array reduced over the group in its own memory (``Tensor.from_numpy`` shares it on CPU,
+    and the collective writes in place): no copy of a flat gradient of the whole model. Returns the result
+    (the same array where the memory is shared)."""
+    import numpy as np
+
+    if op not in _OPS:
+        raise ValueError(f"all_reduce op must be one of {_OPS}, got {op!r}")
+    if group.is_trivial or not a.size:
+        return a
+    a = np.ascontiguousarray(a, np.float32)
+    t = Tensor.from_numpy(a)
+    CLOCK.run(dist.all_reduce, t, op=op, group=group.name)
+    return t.asnumpy()  # a view of the same memory on CPU
+
+
 def all_gather(t: Tensor, group: AxisGroup, dim: int = 0) -> Tensor:
     """Concatenate every member's (same-shaped) tensor along `dim`, in group-rank order."""
     parts = all_gather_list(t, group)

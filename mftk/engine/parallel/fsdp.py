@@ -5,7 +5,8 @@ block of its gradient, fp32 master and AdamW moments.
 Units (torchtitan's ``fully_shard`` per block): every transformer layer this pipeline stage holds (MTP layers
 included), the embedding, and the output layer (through the head loss). A unit is a `units.ReplayedUnit`:
 its sharded weights are all-gathered (one message) just before its forward and again before its replay in
-the backward, and freed right after each (``Parameter.set_data`` back to the row block); the replay's full
+the backward into full-shape Parameters that stand in for the row blocks in their cells, and dropped right
+after each (the cells get their row blocks back); the replay's full
 gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an all-reduce and a
 slice, mindspore-cpu.md §4) — so the model never holds more than one unit's full weights and gradients.
 The replay also means FSDP units keep no activations inside them (full recompute of each unit).
@@ -151,43 +152,11 @@ def apply_fsdp(model: Any, groups: Any, table: Any) -> list[units.ReplayedUnit]:
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         if not sharded:  # nothing to gather: the unit runs as built
             continue
-        owners = _owners(model)
-        for k, p in enumerate(sharded):
-            a = p.asnumpy()
-            block = a.shape[0] // size
-            sharded[k] = _replace(owners, p, np.ascontiguousarray(a[rank * block:(rank + 1) * block]))
-        new = {p.name: p for p in sharded}
-        params = [new.get(p.name, p) for p in params]
+        owners = units.owners(model)
+        rows = {id(p): p.asnumpy()[rank * (p.shape[0] // size):(rank + 1) * (p.shape[0] // size)] for p in sharded}
+        params = units.renew(owners, params, rows)  # the row blocks, and every other one as it is now
+        sharded = [p for p in params if table[p.name].split_over("fsdp")]
         tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
         hooks = FsdpHooks(params, sharded, groups, tp_whole, owners)
         installed.append(units.install(cell, kind, params, hooks, name=name))
     return installed
-
-
-def _owners(model: Any) -> list[Any]:
-    """Every cell that may hold a parameter: the cell tree, and the plain cells whose bound forward a
-    `tensor_parallel.Sharded` runs (out of the tree)."""
-    cells, seen, todo = [], set(), [c for _, c in model.cells_and_names()]
-    while todo:
-        c = todo.pop()
-        if id(c) in seen:
-            continue
-        seen.add(id(c))
-        cells.append(c)
-        bound = getattr(getattr(c, "_forward", None), "__self__", None)
-        if bound is not None and hasattr(bound, "cells_and_names"):
-            todo.extend(sub for _, sub in bound.cells_and_names())
-    return cells
-
-
-def _replace(owners: list[Any], old: Parameter, rows: np.ndarray) -> Parameter:
-    """A new Parameter holding ``rows`` in place of ``old`` in every cell holding it: MindSpore checks a
-    custom ``bprop``'s gradient against the shape a Parameter was created with, so the row block needs a
-    Parameter of its own (``set_data`` would keep the full shape as the expected one)."""
-    new = Parameter(Tensor(rows), name=old.name, requires_grad=old.requires_grad)
-    for cell in owners:
-        params = cell._params  # noqa: SLF001 — MindSpore's registry of a cell's own parameters
-        for key, value in list(params.items()):
-            if value is old:
-                params[key] = new
-    return new
