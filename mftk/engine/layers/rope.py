@@ -12,7 +12,7 @@ import math
 import numpy as np
 from mindspore import Tensor, ops
 
-from .kernels import RopeFn
+from .registry import current_device, kernel
 
 
 def yarn_get_mscale(scale: float, mscale: float) -> float:
@@ -79,11 +79,18 @@ def deinterleave(x):
     return ops.swapaxes(x.reshape(*x.shape[:-1], d // 2, 2), -1, -2).reshape(x.shape)
 
 
-_ROPE = RopeFn()  # stateless
+_ROPE: dict[str, object] = {}  # device -> the (stateless) rope kernel, built on first use
+
+
+def _rope():
+    device = current_device()
+    if device not in _ROPE:
+        _ROPE[device] = kernel("rope", device)()
+    return _ROPE[device]
 
 
 def apply_rope(x, cos, sin, *, interleaved_input: bool = False):
     """Rotate ``x (B, S, N, D)`` with ``cos/sin (1, S, 1, D)``: ``x·cos + rotate_half(x)·sin``."""
     if interleaved_input:
         x = deinterleave(x)
-    return _ROPE(x, cos, sin)
+    return _rope()(x, cos, sin)

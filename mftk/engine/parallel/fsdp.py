@@ -43,37 +43,39 @@ class FsdpHooks(units.UnitHooks):
         self.tp_whole = [w for w, on in zip(tp_whole, self.mask) if on]
         self.groups = groups
         self.slots = [[(c, k) for c in owners for k, v in c._params.items() if v is p] for p in self.sharded]
-        self.full: list[Parameter] = []  # while gathered: one full-shape Parameter per sharded one
+        self.full: list[Parameter] = []  # one full-shape stand-in per sharded one (one row while not gathered)
         self.depth = 0  # nested gathers (a unit called inside another's replay) free only at the outermost
 
     # ------------------------------------------------------------------ weights
     def gather(self) -> None:
-        """All-gather the unit's row blocks (one message) into fresh full-shape Parameters that take the
-        sharded ones' places in their cells (MindSpore checks gradients against the shape a Parameter
-        was created with, so the full weights need Parameters of their own)."""
+        """All-gather the unit's row blocks (one message) into the full-shape Parameters that stand in for them
+        in their cells while the unit runs."""
         self.depth += 1
         if self.depth > 1 or not self.sharded:
             return
+        if not self.full:
+            self.full = [_placeholder(p, self.groups.fsdp.size) for p in self.sharded]
         flat = ops.concat([p.reshape(-1) for p in self.sharded], 0)
         parts = comm.all_gather_list(flat, self.groups.fsdp)
-        off, self.full = 0, []
-        for p, slots in zip(self.sharded, self.slots):
+        del flat
+        off = 0
+        for p, full, slots in zip(self.sharded, self.full, self.slots):
             n = int(np.prod(p.shape))
             rows = [part[off:off + n].reshape(p.shape) for part in parts]
-            full = Parameter(ops.concat(rows, 0) if len(rows) > 1 else rows[0], name=p.name)
+            full.set_data(ops.concat(rows, 0) if len(rows) > 1 else rows[0])
             for cell, key in slots:
                 cell._params[key] = full  # noqa: SLF001 — the cell's parameter registry
-            self.full.append(full)
             off += n
 
     def free(self) -> None:
+        """The row blocks back in their cells; the full-shape Parameters keep one row (their memory is freed)."""
         self.depth -= 1
         if self.depth > 0 or not self.sharded:
             return
-        for p, slots in zip(self.sharded, self.slots):
+        for p, full, slots in zip(self.sharded, self.full, self.slots):
             for cell, key in slots:
                 cell._params[key] = p  # noqa: SLF001
-        self.full = []
+            full.set_data(_one_row(p))
 
     def weights(self, params: list[Parameter]) -> list[Parameter]:
         swap = {id(p): f for p, f in zip(self.sharded, self.full)}
@@ -98,8 +100,22 @@ class FsdpHooks(units.UnitHooks):
         size, rank = g.fsdp.size, g.fsdp.rank
         for i, t in zip(idx, full):
             block = t.shape[0] // size
-            out[i] = t[rank * block:(rank + 1) * block]
+            rows = t[rank * block:(rank + 1) * block]
+            out[i] = ops.zeros_like(rows) + rows  # its own buffer: a slice is a view that keeps the full gradient
         return out
+
+
+def _placeholder(p: Parameter, size: int) -> Parameter:
+    """The full-shape stand-in of row block ``p``: created with the full shape (MindSpore checks a gradient
+    against the shape a Parameter was created with), then holding one row until a gather fills it."""
+    full = Parameter(Tensor(np.zeros((p.shape[0] * size,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype),
+                     name=p.name)
+    full.set_data(_one_row(p))
+    return full
+
+
+def _one_row(p: Parameter) -> Tensor:
+    return Tensor(np.zeros((1,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype)
 
 
 def _all_reduce_list(tensors: list[Tensor], group: Any, op: str) -> list[Tensor]:
