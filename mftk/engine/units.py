@@ -69,9 +69,18 @@ class ReplayedUnit(nn.Cell):
         for b, v in zip(self._u_buffers, values):
             ops.assign(b, Tensor(v))
 
+    def run(self, *inputs):
+        """Call the unit; a forward that autograd records (its ``bprop`` will follow) saves the buffers' values
+        for the replay — one that does not (a pipeline stage's plain forward) must not, or the replays of later
+        micro-batches and steps would start from stale buffers."""
+        from mindspore.common.api import _pynative_executor
+
+        object.__setattr__(self, "_u_record", bool(_pynative_executor.requires_grad()))
+        return self(*inputs)
+
     def construct(self, *inputs):
         n = len(inputs) - len(self._u_params)
-        if self._u_buffers:
+        if self._u_buffers and getattr(self, "_u_record", True):
             self._u_saved.append(self._snapshot())
         self._u_hooks.gather()
         try:
@@ -140,7 +149,7 @@ def _layer_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
     unit._u_fn[:] = [fn]
 
     def construct(x, rope, mask):
-        outs = iter(unit(x, rope[0], rope[1], mask, *params))
+        outs = iter(unit.run(x, rope[0], rope[1], mask, *params))
         return tuple(None if none else next(outs) for none in pattern)
 
     return construct
@@ -150,7 +159,7 @@ def _embedding_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
     """The embedding: ``ids -> h``."""
     original = cell.construct
     unit._u_fn[:] = [lambda ids: (original(ids),)]
-    return lambda ids: unit(ids, *params)[0]
+    return lambda ids: unit.run(ids, *params)[0]
 
 
 def _loss_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
@@ -163,7 +172,7 @@ def _loss_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
     def construct(h, weight, labels, weights):
         if weight is not head:  # not the weight the unit gathers: the plain loss
             return original(h, weight, labels, weights)
-        return unit(h, labels, weights, *params)[0]
+        return unit.run(h, labels, weights, *params)[0]
 
     return construct
 
@@ -188,7 +197,7 @@ def _cell_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
     def construct(*args):
         shape["args"] = ["none" if a is None else len(a) if isinstance(a, tuple) else "tensor" for a in args]
         flat = [x for a in args if a is not None for x in (a if isinstance(a, tuple) else (a,))]
-        outs = unit(*flat, *params)
+        outs = unit.run(*flat, *params)
         if shape["out"] == ("single",):
             return outs[0]
         it = iter(outs)
