@@ -224,7 +224,10 @@ class _Run:
 
         optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None)
         if dist is not None:
+            from mftk.engine.state import share_masters
+
             dist.bind(optimizer)
+            share_masters(list(model.trainable_params()), optimizer)  # weights = masters (several processes)
         if loaded is not None and loaded.optimizer is not None:
             optimizer.load_state_dict(dist.cut(loaded.optimizer) if dist else loaded.optimizer, where=str(plan.step_dir))
         return optimizer

@@ -351,7 +351,8 @@ class Trainer:
             t -= time.perf_counter() - t1  # keep the optimizer phase free of communication time
         else:
             full = self.optimizer.masters()
-        self.dispatch.call(write_masters, self.model, self.params, full)
+        if not getattr(self.optimizer, "shares_weights", False):  # else the update has written the weights
+            self.dispatch.call(write_masters, self.model, self.params, full)
         timer.add("optimizer", time.perf_counter() - t)
         return lr
 

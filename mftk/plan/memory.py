@@ -108,6 +108,7 @@ class Assumptions:
     logits_copies: float = 2.0           # fp32 (tokens × V) tensors live at the loss: kept logits + their gradient
     # several processes (all 0/False: the accelerator accounting of peers.md §4)
     fsdp_keeps_full: bool = False        # FSDP shards only the optimizer: full weights, framework grads, grad buffer
+    fsdp_units: bool = False             # mftk's FSDP: each unit replays its forward (full recompute), experts whole
     grad_sync_copies: float = 0.0        # fp32 copies of this rank's flat gradient the sync makes (×2 with dp·cp > 1)
     dist_norm_bytes: float = 0.0         # per local param: unblocked grad-norm scratch when sharded or TP/EP
     cut_build_bytes: float = 0.0         # per param cut away by TP/EP: the full build's footprint the allocators keep
@@ -326,6 +327,8 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
     if stages is None:
         raise ValueError(f"layers cannot be split over pp={lay.pp}, interleave={lay.interleave}")
     recompute = inputs.recompute if lay.world > 1 else "none"  # the reference applies recompute only when world > 1
+    if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1:
+        recompute = "full"  # every FSDP unit replays its forward in its backward (engine/parallel/fsdp.py)
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)
@@ -368,6 +371,8 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     n = _stage_param_counts(cfg, lay, ids, first, last)
     p, e = _bytes(cfg.compute_dtype), _bytes(cfg.embedding_params_dtype)
     fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    if asm.fsdp_units:
+        efsdp = 1  # mftk's FSDP leaves expert weights whole on their EP rank
     body, experts = n["dense"], n["experts"]
     table = n["embedding"] + n["output"]
     ins = {"dense_params": int(body), "expert_params": int(experts), "embedding_output_params": int(table),
