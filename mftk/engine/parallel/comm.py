@@ -89,6 +89,27 @@ def all_reduce_numpy(a, group: AxisGroup, op: str = "sum"):
     return a
 
 
+def all_gather_rows(a, group: AxisGroup):
+    """Every member's row block of a numpy array (same shape on each), stacked along dim 0 in group-rank order
+    into one new array, ``REDUCE_CHUNK`` elements per message: no concatenated copy and no whole-tensor message
+    buffers beside the result (FSDP's per-unit gather)."""
+    import numpy as np
+
+    a = np.ascontiguousarray(a)
+    if group.is_trivial:
+        return a.copy()
+    rows = a.shape[0]
+    out = np.empty((rows * group.size,) + a.shape[1:], a.dtype)
+    per_row = max(int(np.prod(a.shape[1:])), 1)
+    step = max(REDUCE_CHUNK // per_row, 1)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        parts = all_gather_list(Tensor.from_numpy(a[start:stop]), group)
+        for r, part in enumerate(parts):
+            out[r * rows + start:r * rows + stop] = part.asnumpy()
+    return out
+
+
 def all_gather(t: Tensor, group: AxisGroup, dim: int = 0) -> Tensor:
     """Concatenate every member's (same-shaped) tensor along `dim`, in group-rank order."""
     parts = all_gather_list(t, group)

@@ -55,17 +55,10 @@ class FsdpHooks(units.UnitHooks):
             return
         if not self.full:
             self.full = [_placeholder(p, self.groups.fsdp.size) for p in self.sharded]
-        flat = ops.concat([p.reshape(-1) for p in self.sharded], 0)
-        parts = comm.all_gather_list(flat, self.groups.fsdp)
-        del flat
-        off = 0
         for p, full, slots in zip(self.sharded, self.full, self.slots):
-            n = int(np.prod(p.shape))
-            rows = [part[off:off + n].reshape(p.shape) for part in parts]
-            full.set_data(ops.concat(rows, 0) if len(rows) > 1 else rows[0])
+            full.set_data(Tensor.from_numpy(comm.all_gather_rows(p.asnumpy(), self.groups.fsdp)))
             for cell, key in slots:
                 cell._params[key] = full  # noqa: SLF001 — the cell's parameter registry
-            off += n
 
     def free(self) -> None:
         """The row blocks back in their cells; the full-shape Parameters keep one row (their memory is freed)."""
@@ -99,10 +92,10 @@ class FsdpHooks(units.UnitHooks):
         out = list(grads)
         size, rank = g.fsdp.size, g.fsdp.rank
         for i, t in zip(idx, full):
-            block = t.shape[0] // size
-            rows = t[rank * block:(rank + 1) * block]
-            out[i] = ops.zeros_like(rows) + rows  # its own buffer: a slice is a view that keeps the full gradient
-        return out
+            a = t.asnumpy() if isinstance(t, Tensor) else t
+            block = a.shape[0] // size
+            out[i] = Tensor(np.ascontiguousarray(a[rank * block:(rank + 1) * block]))  # its own buffer: a view
+        return out                                                                       # would keep the full one
 
 
 def _placeholder(p: Parameter, size: int) -> Parameter:
@@ -119,9 +112,12 @@ def _one_row(p: Parameter) -> Tensor:
 
 
 def _all_reduce_list(tensors: list[Tensor], group: Any, op: str) -> list[Tensor]:
+    """One flat buffer reduced in place, in chunks (`comm.all_reduce_numpy`); views of it come back."""
     if group.is_trivial or not tensors:
         return tensors
-    flat = comm.all_reduce(ops.concat([t.reshape(-1) for t in tensors], 0), group, op)
+    flat = np.concatenate([t.asnumpy().reshape(-1) for t in tensors]) if len(tensors) > 1 else \
+        np.array(tensors[0].asnumpy().reshape(-1))
+    flat = comm.all_reduce_numpy(flat, group, op)
     out, off = [], 0
     for t in tensors:
         n = int(np.prod(t.shape))
