@@ -1,19 +1,33 @@
-"""Benchmark: `mftk preprocess` end to end vs the tokenizer alone (the ceiling), side by side.
+"""Benchmark: `mftk preprocess` end to end against the tokenizer limits, side by side.
 
-    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--workdir DIR]
+    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--only abcd]
+                               [--workdir DIR]
 
 Builds a deterministic corpus of real text that ships with Python (pydoc topics + standard-library
 sources, cut into ~4 KB documents, repeated to --mb megabytes of JSONL), trains a byte-level BPE on
-its first 8 MB, then alternates (a) ``encode_batch_fast`` over all texts already in memory on
---workers threads, and (b) ``mftk preprocess`` as a fresh process with --workers (start-up, JSON
-parsing and writing included). Prints tokens/s of each, the ratio b/a (medians) and the peak RSS of b.
+its first 8 MB, then runs, interleaved round by round (medians reported):
+
+  (a) gigatoken ``encode_files(JsonlFileSource(corpus, field="text"))``: the JSONL file straight to
+      token arrays, tokenizer already loaded; the limit for any tool that reads JSONL;
+  (b) HF tokenizers ``encode_batch_fast`` over the texts already in memory (the old ceiling);
+  (c) ``mftk preprocess`` as a fresh process, backend auto (start-up, backend check, validation of
+      every line, writing included);
+  (d) ``mftk preprocess --tokenizer-backend hf``, the same way;
+  (v) validation alone: mftk's reader over the corpus (read + parse + check every line), in process;
+  (j) the same parse with the standard library (``json.loads`` per line), to show what msgspec buys.
+
+Prints each throughput, the ratios c/a, c/b, c/d, checks that the .bin/.idx of (c) and (d) are
+byte-identical, the CPU seconds of (a) and (c) (less sensitive to other load on a shared machine than
+wall time), and the peak RSS of the (c) process tree (its rusage, from a small helper
+process that starts it). --workers sets the threads of
+every tokenizer (RAYON_NUM_THREADS). --only picks a subset (e.g. ``--only ac`` for large corpora,
+where (b) and (d) take minutes).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -67,26 +81,100 @@ def train(texts: list[str], vocab_size: int, path: Path) -> None:
     tok.save(str(path))
 
 
-def run_a(tokenizer: Path, texts: list[str]) -> tuple[float, int]:
-    from tokenizers import Tokenizer
+def _cpu() -> float:
+    import resource
 
-    tok = Tokenizer.from_file(str(tokenizer))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_a(gtok, corpus: Path) -> tuple[float, float, int]:
+    import gigatoken
+
+    t0, c0 = time.perf_counter(), _cpu()
+    result = gtok.encode_files(gigatoken.JsonlFileSource([str(corpus)], field="text"))
+    elapsed, cpu = time.perf_counter() - t0, _cpu() - c0
+    return elapsed, cpu, len(result.layout.content)
+
+
+def run_b(hf, texts: list[str]) -> tuple[float, int]:
     t0 = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), 2000):
-        tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[i:i + 2000]))
+        tokens += sum(len(e.ids) for e in hf.encode_batch_fast(texts[i:i + 2000]))
     return time.perf_counter() - t0, tokens
 
 
-def run_b(tokenizer: Path, corpus: Path, out: Path, workers: int) -> tuple[float, int]:
-    cmd = [sys.executable, "-m", "mftk", "preprocess", "-i", str(corpus), "-t", str(tokenizer), "-o", str(out),
-           "--workers", str(workers), "--json"]
+def run_v(corpus: Path) -> float:
+    from mftk.data.jsonl import CorpusReader
+
     t0 = time.perf_counter()
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    elapsed = time.perf_counter() - t0
-    if result.returncode != 0:
-        sys.exit(f"mftk preprocess failed:\n{result.stderr}")
-    return elapsed, json.loads(result.stdout)["sources"][0]["outputs"][0]["tokens"]
+    reader = CorpusReader(corpus, ["text"])
+    docs = sum(chunk.documents for chunk in reader)
+    reader.close()
+    assert docs > 0
+    return time.perf_counter() - t0
+
+
+# A tiny helper started before the benchmark grows runs each measured command and reports the
+# command's own rusage: a child forked from this large process would inherit its RSS high-water
+# mark across exec, so ru_maxrss of a direct child would not be the child's.
+class Spawner:
+    """Runs commands from a small helper process; reports wall time and the tree's peak RSS."""
+
+    CODE = r"""
+import json, os, subprocess, sys, time
+for line in sys.stdin:
+    cmd, env, cwd = json.loads(line)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=open(cwd + "/.out", "wb"), stderr=open(cwd + "/.err", "wb"), env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    print(json.dumps([os.waitstatus_to_exitcode(status), seconds, usage.ru_maxrss,
+                      usage.ru_utime + usage.ru_stime]), flush=True)
+"""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def run(self, cmd: list[str], env: dict, work: Path) -> tuple[int, float, float, float, str, str]:
+        """(exit code, seconds, CPU seconds, peak RSS MiB of the command and the children it waited for,
+        stdout, stderr)."""
+        self.proc.stdin.write(json.dumps([cmd, env, str(work)]) + "\n")
+        self.proc.stdin.flush()
+        code, seconds, maxrss_kib, cpu = json.loads(self.proc.stdout.readline())
+        return code, seconds, cpu, maxrss_kib / 1024, (work / ".out").read_text(), (work / ".err").read_text()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def run_j(corpus: Path) -> float:
+    t0 = time.perf_counter()
+    with open(corpus, "rb") as f:
+        docs = sum(isinstance(json.loads(line).get("text"), str) for line in f)
+    assert docs > 0
+    return time.perf_counter() - t0
+
+
+def run_mftk(spawner: Spawner, tokenizer: Path, corpus: Path, out: Path, workers: int,
+             backend: str) -> tuple[float, float, int, float, str]:
+    """(seconds, CPU seconds, tokens, peak RSS MiB, backend used) of one fresh `mftk preprocess` process."""
+    cmd = [sys.executable, "-m", "mftk", "preprocess", "-i", str(corpus), "-t", str(tokenizer), "-o", str(out),
+           "--workers", str(workers), "--tokenizer-backend", backend, "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code, seconds, cpu, peak, stdout, stderr = spawner.run(cmd, env, out.parent)
+    if code != 0:
+        sys.exit(f"mftk preprocess failed:\n{stderr}")
+    data = json.loads(stdout)
+    return seconds, cpu, data["sources"][0]["outputs"][0]["tokens"], peak, data["backend"]
+
+
+def same_outputs(a: Path, b: Path) -> bool:
+    return all(Path(f"{a}_text_document.{ext}").read_bytes() == Path(f"{b}_text_document.{ext}").read_bytes()
+               for ext in ("bin", "idx"))
 
 
 def main() -> None:
@@ -95,33 +183,89 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=32000)
+    parser.add_argument("--only", default="abcdvj", help="which measurements, a subset of abcdvj")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
-    os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # before the tokenizer's pool starts
+    os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # before any tokenizer's pool starts
+    sys.path.insert(0, str(ROOT))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mftk-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    corpus, tokenizer = work / "corpus.jsonl", work / "tokenizer.json"
+    spawner = Spawner()  # before the corpus is in memory
+    corpus, tokenizer = work / f"corpus{args.mb}.jsonl", work / "tokenizer.json"
     t0 = time.perf_counter()
     texts = build_corpus(corpus, args.mb)
-    train(texts, args.vocab_size, tokenizer)
-    print(f"corpus {corpus.stat().st_size / 1e6:.1f} MB, {len(texts):,} documents, "
-          f"BPE {args.vocab_size} trained ({time.perf_counter() - t0:.1f} s); workers={args.workers}")
-    a_times, b_times = [], []
-    tokens = 0
-    for r in range(args.repeats):  # interleaved a, b, a, b ... so drift in machine load hits both
-        ta, tokens = run_a(tokenizer, texts)
-        tb, tokens_b = run_b(tokenizer, corpus, work / "out", args.workers)
-        assert tokens_b == tokens, (tokens_b, tokens)
-        a_times.append(ta)
-        b_times.append(tb)
-        print(f"  run {r + 1}: a {tokens / ta / 1e6:.3f} M tokens/s   b {tokens / tb / 1e6:.3f} M tokens/s   "
-              f"b/a {ta / tb:.3f}")
-    ta, tb = statistics.median(a_times), statistics.median(b_times)
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"tokens: {tokens:,}")
-    print(f"(a) tokenizer alone, encode_batch_fast, in memory: {tokens / ta / 1e6:.3f} M tokens/s (median {ta:.2f} s)")
-    print(f"(b) mftk preprocess end to end (fresh process):    {tokens / tb / 1e6:.3f} M tokens/s (median {tb:.2f} s)")
-    print(f"ratio b/a: {ta / tb:.3f}   peak RSS of mftk preprocess: {rss:.0f} MiB")
+    if not tokenizer.exists():
+        train(texts, args.vocab_size, tokenizer)
+    mb = corpus.stat().st_size / 1e6
+    print(f"corpus {mb:.1f} MB, {len(texts):,} documents, BPE {args.vocab_size} ({time.perf_counter() - t0:.1f} s);"
+          f" workers={args.workers}")
+
+    import gigatoken
+    from tokenizers import Tokenizer
+
+    gtok = gigatoken.Tokenizer.from_json(tokenizer.read_bytes())
+    hf = Tokenizer.from_file(str(tokenizer))
+    gtok.encode_batch(["warm up the pool and the awkward import"])
+    times: dict[str, list[float]] = {k: [] for k in args.only}
+    cpus: dict[str, list[float]] = {"a": [], "c": []}  # CPU seconds: less sensitive to a shared machine
+    tokens: dict[str, int] = {}
+    rss: list[float] = []
+    backends = set()
+    equal = None
+    for r in range(args.repeats):  # interleaved, so drift in machine load hits every measurement alike
+        row = []
+        if "a" in args.only:
+            t, cpu, tokens["a"] = run_a(gtok, corpus)
+            times["a"].append(t)
+            cpus["a"].append(cpu)
+        if "b" in args.only:
+            t, tokens["b"] = run_b(hf, texts)
+            times["b"].append(t)
+        if "c" in args.only:
+            t, cpu, tokens["c"], peak, backend = run_mftk(spawner, tokenizer, corpus, work / "c", args.workers, "auto")
+            times["c"].append(t)
+            cpus["c"].append(cpu)
+            rss.append(peak)
+            backends.add(backend)
+        if "d" in args.only:
+            t, _, tokens["d"], _, _ = run_mftk(spawner, tokenizer, corpus, work / "d", args.workers, "hf")
+            times["d"].append(t)
+        if "v" in args.only:
+            times["v"].append(run_v(corpus))
+        if "j" in args.only:
+            times["j"].append(run_j(corpus))
+        if "c" in args.only and "d" in args.only:
+            equal = same_outputs(work / "c", work / "d") and (equal is not False)
+        for k in args.only:
+            row.append(f"{k} {mb / times[k][-1]:7.1f} MB/s")
+        print(f"  round {r + 1}: " + "   ".join(row))
+    spawner.close()
+    if len(set(tokens.values())) > 1:
+        sys.exit(f"token counts differ between measurements: {tokens}")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    n = next(iter(tokens.values()), 0)
+    names = {"a": "gigatoken encode_files, JSONL file -> arrays", "b": "HF encode_batch_fast, texts in memory",
+             "c": "mftk preprocess, backend auto (fresh process)", "d": "mftk preprocess --tokenizer-backend hf",
+             "v": "mftk validation alone (read+parse every line)", "j": "json.loads per line (stdlib parse)"}
+    print(f"tokens: {n:,}")
+    for k in "abcdvj":
+        if k in med:
+            tok_s = f"{n / med[k] / 1e6:7.2f} M tokens/s" if k in "abcd" else " " * 18
+            print(f"({k}) {names[k]:<47} {mb / med[k]:8.1f} MB/s {tok_s}  median {med[k]:.3f} s")
+    ratios = [f"c/{k} {med[k] / med['c']:.3f}" for k in "abd" if k in med and "c" in med]
+    if ratios:
+        print("ratios (throughput of c over the other): " + "   ".join(ratios))
+    if cpus["a"] and cpus["c"]:
+        ca, cc = statistics.median(cpus["a"]), statistics.median(cpus["c"])
+        print(f"CPU seconds (user+sys, medians): a {ca:.2f}, c {cc:.2f}; c/a by CPU time {ca / cc:.3f}")
+    if "v" in med and "c" in med:
+        print(f"validation alone is {med['v'] / med['c']:.0%} of (c)'s wall time (it overlaps the encoding there)")
+    if rss:
+        print(f"peak RSS of the (c) process tree: {max(rss):.0f} MiB; backend used by (c): {', '.join(backends)}")
+    if equal is not None:
+        print(f".bin/.idx of (c) and (d) byte-identical: {equal}")
+        if not equal:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,16 @@ sensitive than wall time to other load on a shared machine. Variants:
 - ``torch_fp32`` / ``torch_bf16`` the same architecture in plain torch eager (SDPA, ``nn.RMSNorm``,
   qk-norm, RoPE, SwiGLU, tied head), fp32 / bf16 autocast; AdamW + clip like the MindSpore side.
 
-Usage: ``.venv/bin/python bench/train_step.py [--rounds 3] [--steps 5] [--warmup 2] [--variants a,b,...]``
+``--arch deepseek_v4``: a DeepSeek-V4 small enough for CPU but bound by its kernels (4 layers: sliding,
+CSA, HCA, CSA; hidden 512, 8 heads × 64 (48 + 16 rotary), q rank 256, 4 output groups × 128, 4 mHC
+streams, 8 experts top-2 of width 512 + a shared one, the first layer hash-routed, window 128, indexer
+8 × 32 top-16, vocab 32000, seq 512, batch 2, no MTP — transformers builds none): ``mftk`` (its real
+step with AdamW, as above) and ``mftk_spin`` (without the idle-class dispatch, which a loaded machine
+starves) against ``torch_fp32``, transformers' ``DeepseekV4ForCausalLM`` in eager fp32 with torch
+AdamW — both sides the same architecture, each with its own random init.
+
+Usage: ``.venv/bin/python bench/train_step.py [--arch qwen3|deepseek_v4] [--rounds 3] [--steps 5] [--warmup 2]
+[--variants a,b,...]``
 """
 from __future__ import annotations
 
@@ -41,14 +50,50 @@ ARCH = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidde
             num_key_value_heads=8, head_dim=64, rope_theta=1e6, tie_word_embeddings=True)
 VARIANTS = ("torch_fp32", "torch_bf16", "mftk", "mftk_spin", "mftk_eager", "ms_default", "ms_blocking", "ms_ops_ce",
             "ms_jit_blocks")
+ARCH_V4 = dict(vocab_size=32000, hidden_size=512, num_hidden_layers=4, num_attention_heads=8, q_lora_rank=256,
+               qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=64, o_groups=4, o_lora_rank=128,
+               compress_ratios=[0, 4, 128, 4], csa_window_size=128, index_n_heads=8, index_head_dim=32, index_topk=16,
+               num_residual_streams=4, moe_intermediate_size=512, moe_shared_expert_intermediate_size=512,
+               n_routed_experts=8, num_experts_per_tok=2, num_hash_layers=1, num_nextn_predict_layers=0,
+               apply_dsa_kernel_fusion=False, dsa_indexer_loss_coeff=0.0, moe_router_enable_expert_bias=False,
+               original_max_position_embeddings=512, max_position_embeddings=4096, initializer_range=0.02)
+VARIANTS_V4 = ("torch_fp32", "mftk", "mftk_spin")
 LR, WD, CLIP = 1e-4, 0.1, 1.0
+
+
+def _v4_config(args):
+    from mftk.config.model import DeepseekV4ModelConfig
+
+    return DeepseekV4ModelConfig(**ARCH_V4, seq_length=args.seq)
+
+
+def _mftk_model(args):
+    from mftk.config.model import Qwen3ModelConfig
+    from mftk.engine import build_model
+
+    if args.arch == "deepseek_v4":
+        return build_model(_v4_config(args), seed=0)
+    return build_model(Qwen3ModelConfig(**ARCH, hidden_dropout=0.0, pad_token_id=-1, initializer_range=0.02), seed=0)
+
+
+def _hf_v4_model(args):
+    """transformers' DeepseekV4ForCausalLM with the same architecture (its config from mftk's HF export)."""
+    import transformers
+
+    from mftk.config.hf import hf_config_from_model_section
+
+    cj = hf_config_from_model_section(_v4_config(args))
+    cfg = transformers.DeepseekV4Config(**{k: v for k, v in cj.items() if k not in ("architectures", "model_type")})
+    cfg._attn_implementation = "eager"
+    return transformers.DeepseekV4ForCausalLM(cfg)
 
 
 def _batch(args):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    ids = rng.integers(1, ARCH["vocab_size"], (args.batch, args.seq)).astype(np.int32)
+    vocab = ARCH_V4["vocab_size"] if args.arch == "deepseek_v4" else ARCH["vocab_size"]
+    ids = rng.integers(1, vocab, (args.batch, args.seq)).astype(np.int32)
     labels = np.roll(ids, -1, 1).astype(np.int32)
     mask = (rng.random((args.batch, args.seq)) > 1 / 16).astype(np.float32)  # 1/16 of targets ignored
     return ids, labels, mask
@@ -126,14 +171,14 @@ def run_torch(args, bf16: bool) -> dict:
     import torch
 
     torch.manual_seed(0)
-    model = _torch_model().train()
+    model = (_hf_v4_model(args) if args.arch == "deepseek_v4" else _torch_model()).train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
     ids, labels, mask = (torch.tensor(a) for a in _batch(args))
     ids, labels = ids.long(), labels.long()
 
     def step() -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(ids)
+            logits = model(ids).logits if args.arch == "deepseek_v4" else model(ids)
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                                reduction="none")
         loss = (ce * mask.reshape(-1)).sum() / mask.sum()
@@ -198,13 +243,11 @@ def run_mftk(args, variant: str) -> dict:
     import mindspore as ms
 
     ms.runtime.launch_blocking()  # as mftk.engine.run does
-    from mftk.config.model import Qwen3ModelConfig
-    from mftk.engine import build_model
     from mftk.engine.optim import AdamW, decide_weight_decay
     from mftk.engine.state import TrainState
     from mftk.engine.trainer import BatchSchedule, NanPolicy, Trainer
 
-    model = build_model(Qwen3ModelConfig(**ARCH, hidden_dropout=0.0, pad_token_id=-1, initializer_range=0.02), seed=0)
+    model = _mftk_model(args)
     params = list(model.trainable_params())
     decisions = decide_weight_decay([(p.name, tuple(p.shape)) for p in params], WD)
     opt = AdamW([p.name for p in params], [p.asnumpy() for p in params], decisions, betas=(0.9, 0.999), eps=1e-8)
@@ -249,7 +292,7 @@ def _run_variant(v: str, args) -> dict:
     if v == "torch_bf16" and not _has_native_bf16():
         return {"error": "skipped: this CPU has no AVX512_BF16/AMX, torch emulates bf16 (~10x slower)"}
     cmd = [sys.executable, __file__, "--variant", v, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--seq", str(args.seq), "--batch", str(args.batch)]
+           "--seq", str(args.seq), "--batch", str(args.batch), "--arch", args.arch]
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -276,12 +319,16 @@ def main() -> None:
                     "report medians (use >= 3 on a shared machine)")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--arch", choices=("qwen3", "deepseek_v4"), default="qwen3")
+    ap.add_argument("--variants", default=None, help=f"default: {','.join(VARIANTS)}; with --arch deepseek_v4: "
+                    f"{','.join(VARIANTS_V4)}")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.variant:
         return _child(args)
-    names = args.variants.split(",")
+    names = (args.variants or ",".join(VARIANTS_V4 if args.arch == "deepseek_v4" else VARIANTS)).split(",")
+    if args.arch == "deepseek_v4" and not set(names) <= set(VARIANTS_V4):
+        ap.error(f"--arch deepseek_v4 runs the variants {', '.join(VARIANTS_V4)}")
     runs: dict[str, list[dict]] = {v: [] for v in names}
     for _ in range(args.rounds):
         for v in names:

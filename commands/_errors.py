@@ -2,7 +2,9 @@
 
 Exit codes: 0 success; 1 invalid input (config, data, checkpoint, infeasible plan);
 2 usage or file error, or a command not built yet; 3 anomalies found (parse-log --fail-on);
-4 training failed; 75 training stopped by a signal after saving; 130 Ctrl-C.
+4 training failed; 75 training stopped by a signal after saving; 130 Ctrl-C; 141 the reader of the output
+closed the pipe (`mftk … | head -1`), quietly, as a shell reports it for other Unix tools
+(`_render.EXIT_PIPE_CLOSED`: the console that meets the closed pipe ends the command).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from rich.markup import escape
 
 from mftk import errors as E
 
-from commands._render import err_console
+from commands._render import err_console, notice, say
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -25,19 +27,19 @@ EXIT_INTERRUPT = 130
 
 
 def _render_config(exc: E.ConfigError) -> None:
+    """The errors, counted; then the warnings and notes, labelled as such and not counted as problems."""
     errors = [p for p in exc.problems if p.severity == "error"]
     where = f" in {exc.source}" if exc.source else ""
     if len(errors) == 1:  # one problem, one line
         prefix = f"{exc.source}: " if exc.source else ""
-        err_console.print(f"[bold red]error:[/] {escape(prefix + errors[0].render())}", highlight=False)
+        say(("error:", "bold red"), " ", prefix + errors[0].render(), err=True)
     else:
-        err_console.print(f"[bold red]error:[/] {escape(exc.message or f'{len(errors)} problem(s){where}')}",
-                          highlight=False)
+        say(("error:", "bold red"), " ", exc.message or f"{len(errors)} problem(s){where}", err=True)
+        for p in errors:
+            say("  ", ("•", "red"), " ", p.render(), err=True)
     for p in exc.problems:
-        if len(errors) == 1 and p is errors[0]:
-            continue
-        colour = "red" if p.severity == "error" else "yellow"
-        err_console.print(f"  [{colour}]•[/] {escape(p.render())}", markup=True, highlight=False)
+        if p.severity != "error":
+            notice(p.severity, p.render())
 
 
 def _render_checkpoint(exc: E.CheckpointError) -> None:

@@ -9,7 +9,6 @@ import importlib
 import os
 from typing import Annotated, Optional
 
-import click
 import typer
 import typer.core
 
@@ -49,12 +48,16 @@ class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
 
     def invoke(self, ctx):  # type: ignore[no-untyped-def]
         from commands._errors import handle
+        from commands._render import EXIT_PIPE_CLOSED, silence_stdout
+
+        from mftk.errors import MftkError
 
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, SystemExit, click.exceptions.ClickException, click.exceptions.Exit):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - mapped, or re-raised as the bug it is
+        except BrokenPipeError:  # `mftk … | head -1`: the reader left; stop quietly, as Unix tools do
+            silence_stdout()
+            raise typer.Exit(EXIT_PIPE_CLOSED) from None
+        except (MftkError, KeyboardInterrupt) as exc:  # anything else is a bug: its traceback is the report
             code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
             if code is None:
                 raise

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from commands._options import JsonOpt
+from mftk.units import count_exact
 
 EPILOG = """Examples:
 
@@ -26,6 +27,8 @@ TensorsOpt = Annotated[bool, typer.Option(
     "--tensors", help="Read tensor data: norms and NaN/Inf counts; with --diff, each tensor's relative change.")]
 VerifyOpt = Annotated[bool, typer.Option(
     "--verify", help="Check every referenced file, header, offset and shard coverage; exit 1 on any problem.")]
+FiniteOpt = Annotated[bool, typer.Option(
+    "--finite", help="With --verify: read every tensor and report those holding NaN or infinity.")]
 DiffOpt = Annotated[Optional[Path], typer.Option(
     "--diff", help="Compare with another checkpoint: added, removed, reshaped tensors.", show_default=False)]
 ExportOpt = Annotated[Optional[Path], typer.Option(
@@ -37,13 +40,14 @@ ModelConfigOpt = Annotated[Optional[Path], typer.Option(
 
 
 def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt = False, verify: VerifyOpt = False,
-                 diff: DiffOpt = None, export_hf: ExportOpt = None, model_config: ModelConfigOpt = None) -> None:
+                 finite: FiniteOpt = False, diff: DiffOpt = None, export_hf: ExportOpt = None,
+                 model_config: ModelConfigOpt = None) -> None:
     """Show a checkpoint's step, files, tensors and supported resume scenarios without loading it."""
     from mftk.errors import CheckpointError, InputError
 
     if export_hf is not None:
-        if diff is not None or verify or tensors:
-            raise InputError(message="--export-hf cannot be combined with --diff, --verify or --tensors",
+        if diff is not None or verify or tensors or finite:
+            raise InputError(message="--export-hf cannot be combined with --diff, --verify, --finite or --tensors",
                              hint="run the export and the inspection as two commands")
         from mftk.ckpt.export import export_hf as export
 
@@ -52,6 +56,8 @@ def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt =
         return
     if model_config is not None:
         raise InputError(message="--model-config only applies to --export-hf", hint="add --export-hf OUT")
+    if finite and not verify:
+        raise InputError(message="--finite only applies to --verify", hint="use --verify --finite")
     if diff is not None:
         from mftk.ckpt.diff import diff_checkpoints
 
@@ -60,7 +66,7 @@ def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt =
     else:
         from mftk.ckpt.inspect import inspect_checkpoint
 
-        result = inspect_checkpoint(path, verify=verify, read_tensors=tensors, progress=_progress())
+        result = inspect_checkpoint(path, verify=verify, read_tensors=tensors, finite=finite, progress=_progress())
         _print_json(result.to_dict()) if json_out else _render_report(result)
     if result.problems:
         raise CheckpointError(message=f"{len(result.problems)} problem(s) in the checkpoint", path=str(path),
@@ -88,89 +94,86 @@ def _size(n: int) -> str:
 
 
 def _render_report(r: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from commands._render import console
+    from commands._render import add_row, column, print_table, say, styled, table
 
     c = r.common or {}
-    console.print(f"[bold]{r.kind.upper()} checkpoint[/] {r.step_dir or r.path}", highlight=False)
+    say((f"{r.kind.upper()} checkpoint", "bold"), " ", str(r.step_dir or r.path))
     if r.kind == "mf":
-        console.print(f"  step {r.step}  consumed_samples {c.get('consumed_samples')}  "
-                      f"global_batch_size {c.get('global_batch_size')}  epoch {c.get('epoch_num')}  "
-                      f"world {r.world}  prefix {r.prefix!r}  metadata.json {'yes' if r.has_metadata else 'no'}  "
-                      f"mftk extra state {'yes' if r.has_extra_state else 'no'}", highlight=False)
+        say(f"  step {r.step}  consumed_samples {c.get('consumed_samples')}  "
+            f"global_batch_size {c.get('global_batch_size')}  epoch {c.get('epoch_num')}  world {r.world}  "
+            f"prefix {r.prefix!r}  metadata.json {'yes' if r.has_metadata else 'no'}  "
+            f"mftk extra state {'yes' if r.has_extra_state else 'no'}")
         if r.other_steps:
-            console.print(f"  iteration dirs here: {', '.join(map(str, r.other_steps))}", highlight=False)
+            say(f"  iteration dirs here: {', '.join(map(str, r.other_steps))}")
         for note in r.notes:
-            console.print(f"  [cyan]note:[/] {escape(note)}", highlight=False)
+            say("  ", ("note:", "cyan"), " ", note)
     if r.ranks:
-        files = Table("rank", "model file", "opt file", "extra state", "size", title="Files per rank")
+        files = table(column("rank", justify="right"), "model file", "opt file", "extra state",
+                      column("size", justify="right"), title="Files per rank")
         for f in r.ranks:
-            files.add_row(str(f.rank), f.model or "[red]missing[/]", f.opt or "-", f.state or "-", _size(f.bytes))
-        console.print(files)
-    table = Table("name", "kind", "dtype", "shape", "size", "layout", title="Tensors")
+            add_row(files, f.rank, f.model or styled("missing", "red"), f.opt or "-", f.state or "-", _size(f.bytes))
+        print_table(files)
+    cols = ["name", "kind", "dtype", column("shape", justify="right"), column("size", justify="right"), "layout"]
     if r.tensors_read:
-        for col in ("norm", "NaN/Inf"):
-            table.add_column(col, justify="right")
+        cols += [column("norm", justify="right"), column("NaN/Inf", justify="right")]
+    tensors = table(*cols, title="Tensors")
     for t in r.tensors:
         row = [t.name, t.kind, t.dtype, "x".join(map(str, t.shape)) or "scalar", _size(t.nbytes), t.layout]
         if r.tensors_read:
             row += [f"{t.norm:.6g}" if t.norm is not None else "-", f"{t.nan}/{t.inf}" if t.nan is not None else "-"]
-        table.add_row(*row)
-    console.print(table)
+        add_row(tensors, *row)
+    print_table(tensors)
     by_dtype = ", ".join(f"{k} {_size(v)}" for k, v in sorted(r.bytes_by_dtype.items()))
-    console.print(f"model parameters {r.model_parameters:,}  optimizer elements {r.optimizer_elements:,}  "
-                  f"bytes by dtype: {by_dtype or '-'}  files {_size(r.file_bytes)}", highlight=False)
+    say(f"model parameters {count_exact(r.model_parameters)}  optimizer elements "
+        f"{r.optimizer_elements:,}  bytes by dtype: {by_dtype or '-'}  files {_size(r.file_bytes)}")
     if r.unused_optimizer_states:
         from mftk.ckpt.names import describe_unused
 
-        console.print("optimizer states mftk's AdamW does not use (skipped by a resume; all names in --json):")
+        say("optimizer states mftk's AdamW does not use (skipped by a resume; all names in --json):")
         for line in describe_unused(r.unused_optimizer_states):
-            console.print(f"  {escape(line)}", highlight=False)
-    scen = Table("#", "resume scenario", "supported", "why", title="Resume scenarios")
-    for s in r.scenarios:
-        scen.add_row(str(s.number), s.name, "[green]yes[/]" if s.supported else "[red]no[/]", s.reason)
-    console.print(scen)
+            say(f"  {line}")
+    scen = table(column("#", justify="right"), "resume scenario", "supported", "why", title="Resume scenarios")
+    for sc in r.scenarios:
+        add_row(scen, sc.number, sc.name, styled("yes", "green") if sc.supported else styled("no", "red"), sc.reason)
+    print_table(scen)
     if r.verified and not r.problems:
-        console.print("[green]verified:[/] files, headers, offsets and shard coverage agree"
-                      + (", no NaN/Inf" if r.tensors_read else ""))
+        say(("verified:", "green"), " files, headers, offsets and shard coverage agree"
+            + (", no NaN/Inf" if r.tensors_read or r.finite_checked else ""))
 
 
 def _render_diff(d: Any) -> None:
-    from rich.table import Table
+    from commands._render import add_row, print_table, say, table
 
-    from commands._render import console
-
-    console.print(f"[bold]A[/] {d.a} (step {d.step_a})  [bold]B[/] {d.b} (step {d.step_b})", highlight=False)
+    say(("A", "bold"), f" {d.a} (step {d.step_a})  ", ("B", "bold"), f" {d.b} (step {d.step_b})")
     ca, cb = d.common_a or {}, d.common_b or {}
     for key in sorted(set(ca) | set(cb)):
         if ca.get(key) != cb.get(key):
-            console.print(f"  common.json {key}: {ca.get(key)} -> {cb.get(key)}", highlight=False)
-    table = Table("change", "name", "A", "B", title="Tensor differences")
-    for n in d.added:
-        table.add_row("added", n, "-", "")
-    for n in d.removed:
-        table.add_row("removed", n, "", "-")
-    for ch in d.reshaped:
-        table.add_row("reshaped", ch.name, "x".join(map(str, ch.shape_a)), "x".join(map(str, ch.shape_b)))
-    for ch in d.retyped:
-        table.add_row("dtype", ch.name, ch.dtype_a, ch.dtype_b)
+            say(f"  common.json {key}: {ca.get(key)} -> {cb.get(key)}")
+    rows = [("added", n, "-", "") for n in d.added] + [("removed", n, "", "-") for n in d.removed]
+    rows += [("reshaped", ch.name, "x".join(map(str, ch.shape_a)), "x".join(map(str, ch.shape_b)))
+             for ch in d.reshaped]
+    rows += [("dtype", ch.name, ch.dtype_a, ch.dtype_b) for ch in d.retyped]
     if d.tensors_read:
-        for ch in d.changes:
-            table.add_row("rel. change", ch.name, f"{ch.rel_change:.3e}", f"max |Δ| {ch.max_abs_change:.3e}")
-    console.print(table)
-    console.print(f"{len(d.changes)} tensor(s) with the same name and shape"
-                  + ("" if d.tensors_read else " (add --tensors for per-tensor relative change)")
-                  + ("; checkpoints identical" if d.identical and d.tensors_read else ""), highlight=False)
+        rows += [("rel. change", ch.name, f"{ch.rel_change:.3e}", f"max |Δ| {ch.max_abs_change:.3e}")
+                 for ch in d.changes]
+    if rows:
+        t = table("change", "name", "A", "B", title="Tensor differences")
+        for row in rows:
+            add_row(t, *row)
+        print_table(t)
+    else:
+        say("no tensor added, removed, reshaped or retyped")
+    say(f"{len(d.changes)} tensor(s) with the same name and shape"
+        + ("" if d.tensors_read else " (add --tensors for per-tensor relative change)")
+        + ("; checkpoints identical" if d.identical and d.tensors_read else ""))
 
 
 def _render_export(r: Any) -> None:
-    from commands._render import console, err_console
+    from commands._render import notice, say
 
     for note in r.notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+        notice("note", note)
     files = ", ".join(r.files) + (f" + {r.index_file}" if r.index_file else "")
-    console.print(f"[bold]exported[/] {r.source} (step {r.step}, {r.model_type}) -> {r.out_dir}", highlight=False)
-    console.print(f"  {r.tensors} tensors, {r.parameters:,} parameters, {_size(r.total_bytes)} {r.dtype}  "
-                  f"files: {files}, {r.config_file}  (model section from {r.model_source})", highlight=False)
+    say(("exported", "bold"), f" {r.source} (step {r.step}, {r.model_type}) -> {r.out_dir}")
+    say(f"  {r.tensors} tensors, {count_exact(r.parameters)} parameters, {_size(r.total_bytes)} "
+        f"{r.dtype}  files: {files}, {r.config_file}  (model section from {r.model_source})")

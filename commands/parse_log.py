@@ -7,6 +7,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from commands._render import add_row, column, console, notice, print_json, print_table, say, table
+
 EPILOG = """Examples:
 
   mftk parse-log msrun_log/worker_0.log
@@ -65,9 +67,8 @@ def parse_log(
     """Parse training logs: step table, summary, anomalies; CSV/JSON/PNG exports."""
     import attrs
 
-    from commands._render import console, err_console, print_json
     from mftk.logs.anomalies import Thresholds
-    from mftk.logs.report import ParseOptions, follow_log
+    from mftk.logs.report import ParseOptions
     from mftk.logs.report import parse_log as run_parse
 
     overrides = {k: v for k, v in (("spike", spike), ("grad_spike", grad_spike)) if v is not None}
@@ -78,26 +79,59 @@ def parse_log(
                            csv=csv, json=None if (json_out is None or to_stdout) else Path(json_out),
                            jsonl=jsonl, plot=plot)
     if follow:
-        from rich.live import Live
-
-        with Live(console=console, auto_refresh=False) as live:
-            report = follow_log(logs, options, poll_s=poll, max_updates=follow_updates, timeout_s=follow_timeout,
-                                on_update=lambda rep: live.update(_tables(rep, every, rows, brief=True),
-                                                                  refresh=True))
+        report = _follow(logs, options, every, rows, poll, follow_updates, follow_timeout)
     else:
         report = run_parse(logs, options)
     if to_stdout:
         print_json(report.to_json())
     elif not follow:
-        console.print(_tables(report, every, rows))
+        print_table(_tables(report, every, rows))
+    elif report is not None:
+        print_table(_tables(report, every, rows, steps=False))
     for run in report.runs:
         for warning in run.run.warnings:
-            err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            notice("warning", warning)
         for note in run.summary.notes:
-            err_console.print(f"[dim]note:[/] {note}", highlight=False)
+            notice("note", note)
     for path in report.written:
-        err_console.print(f"wrote {path}", highlight=False)
+        say("wrote ", path, err=True)
     report.raise_for_anomalies()
+
+
+def _follow(logs, options, every: int, rows: int, poll: float, updates, timeout):
+    """On a terminal, a live table redrawn as steps arrive; piped, each new step as one plain line
+    (like ``tail -f``), so ``parse-log --follow | grep`` sees the run as it goes."""
+    from mftk.logs.report import follow_log
+
+    if console.is_terminal:
+        from rich.live import Live
+
+        with Live(console=console, auto_refresh=False) as live:
+            return follow_log(logs, options, poll_s=poll, max_updates=updates, timeout_s=timeout,
+                              on_update=lambda rep: live.update(_tables(rep, every, rows, brief=True),
+                                                                refresh=True))
+    printer = _PlainRows(options.metrics)
+    return follow_log(logs, options, poll_s=poll, max_updates=updates, timeout_s=timeout, on_update=printer)
+
+
+class _PlainRows:
+    """Prints the steps of the primary rank not printed yet, one line each, columns separated by two spaces."""
+
+    def __init__(self, metrics: list[str] | None) -> None:
+        self.metrics = metrics
+        self.last_step: int | None = None
+        self.columns: list[str] | None = None
+
+    def __call__(self, report: Any) -> None:
+        run = report.runs[0]
+        if self.columns is None:
+            self.columns = _present(run.series, self.metrics)
+            say("  ".join(["step", *self.columns]))
+        for r in run.series:
+            if self.last_step is None or r["step"] > self.last_step:
+                say("  ".join([str(r["step"]), *(_fmt(r.get(k), k) for k in self.columns)]))
+                self.last_step = r["step"]
+        console.file.flush()
 
 
 def _fmt(value: Any, key: str = "") -> str:
@@ -109,40 +143,82 @@ def _fmt(value: Any, key: str = "") -> str:
         if key == "lr":
             return f"{value:.3e}"
         return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.4e}"
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"
     return str(value)
 
 
-def _tables(report: Any, every: int, rows: int, *, brief: bool = False):
+def _tables(report: Any, every: int, rows: int, *, brief: bool = False, steps: bool = True):
     from rich.console import Group
-    from rich.table import Table
 
     parts: list[Any] = []
     for run in report.runs:
-        parts.append(_step_table(run, every, rows, report.options.metrics))
+        if steps:
+            parts.append(_step_table(run, every, rows, report.options.metrics, report.options.seq_length))
         if not brief:
             parts.append(_summary_table(run))
         if run.anomalies:
-            table = Table(title=f"anomalies ({len(run.anomalies)})", title_justify="left")
-            for col in ("step", "kind", "ranks", "detail"):
-                table.add_column(col)
+            t = table(column("step", justify="right"), "kind", "ranks", "detail",
+                      title=f"anomalies ({len(run.anomalies)})")
             for a in run.anomalies[:50]:
-                table.add_row(str(a.step), a.kind, ",".join(map(str, a.ranks)), a.message)
-            parts.append(table)
+                add_row(t, a.step if a.last_step is None else f"{a.step}..{a.last_step}", a.kind,
+                        ",".join(map(str, a.ranks)), a.message)
+            parts.append(t)
     return Group(*parts)
 
 
-def _step_table(run: Any, every: int, rows: int, metrics: list[str] | None):
-    from rich.table import Table
-
-    series = run.series
+def _present(series: list[dict[str, Any]], metrics: list[str] | None) -> list[str]:
     present = [k for k in _TABLE_FIELDS if any(k in r for r in series[:20])]
     present += sorted({k for r in series[:20] for k in r if k.startswith("mtp_")})
     if metrics:
         present = [k for k in present if k in metrics] + [m for m in metrics if m not in present and m != "step"]
-    table = Table(title=f"{run.name} — rank {run.summary.primary_rank}", title_justify="left")
-    table.add_column("step", justify="right")
-    for k in present:
-        table.add_column(k, justify="right")
+    return present
+
+
+def _throughput_unit(series: list[dict[str, Any]]) -> tuple[str, float]:
+    """The FLOP/s unit that shows the run's logged TFLOP/s values: (name, factor from TFLOP/s); values the
+    step line rounded to 0.01 TFLOP/s stay in TFLOP/s, as logged (a finer unit would pretend a precision)."""
+    from mftk.logs.summary import coarse_throughput
+
+    values = [abs(r["throughput"]) for r in series if isinstance(r.get("throughput"), (int, float))
+              and math.isfinite(r["throughput"])]
+    if coarse_throughput(values):
+        return "TFLOP/s as logged", 1.0
+    peak = max(values, default=0.0)
+    for name, factor in (("TFLOP/s", 1.0), ("GFLOP/s", 1e3), ("MFLOP/s", 1e6)):
+        if peak * factor >= 1:
+            return name, factor
+    return "GFLOP/s", 1e3
+
+
+def _step_rate(r: dict[str, Any], seq_length: int | None) -> tuple[str, float | None]:
+    """(column, value) of the step's rate that needs no rounded field: tokens/s where the tokens are known,
+    else samples/s."""
+    ms = r.get("per_step_time")
+    if not isinstance(ms, (int, float)) or not ms or not math.isfinite(ms):
+        return "", None
+    if isinstance(r.get("tokens"), (int, float)):
+        return "tokens/s", r["tokens"] / ms * 1e3
+    gbs = r.get("global_batch_size")
+    if not isinstance(gbs, (int, float)):
+        return "", None
+    if seq_length:
+        return "tokens/s", gbs * seq_length / ms * 1e3
+    return "samples/s", gbs / ms * 1e3
+
+
+def _step_table(run: Any, every: int, rows: int, metrics: list[str] | None, seq_length: int | None = None):
+    series = run.series
+    present = _present(series, metrics)
+    unit, factor = _throughput_unit(series)
+    rate_name = next((n for n, _ in (_step_rate(r, seq_length) for r in series[:20]) if n), "")
+    if metrics and rate_name not in metrics:
+        rate_name = ""
+    headers = {"per_step_time": "per_step_time (ms)", "throughput": f"throughput ({unit})"}
+    cols = [column("step", justify="right")] + [column(headers.get(k, k), justify="right") for k in present]
+    if rate_name:
+        cols.append(column(rate_name, justify="right"))
+    t = table(*cols, title=f"{run.name} — rank {run.summary.primary_rank}")
     if every:
         shown = [r for i, r in enumerate(series) if i % every == 0 or i == len(series) - 1]
         gap_at = None
@@ -152,39 +228,53 @@ def _step_table(run: Any, every: int, rows: int, metrics: list[str] | None):
         shown, gap_at = series, None
     for i, r in enumerate(shown):
         if i == gap_at:
-            table.add_row("…", *["…"] * len(present))
-        table.add_row(str(r["step"]), *[_fmt(r.get(k), k) for k in present])
-    return table
+            add_row(t, *["…"] * len(cols))
+        cells = [r["step"]] + [_scaled(r.get(k), factor) if k == "throughput" else _fmt(r.get(k), k)
+                               for k in present]
+        if rate_name:
+            value = _step_rate(r, seq_length)[1]
+            cells.append("-" if value is None else f"{value:,.1f}" if value < 100 else f"{value:,.0f}")
+        add_row(t, *cells)
+    return t
+
+
+def _scaled(value: Any, factor: float) -> str:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return _fmt(value)
+    return f"{value:.2f}" if factor == 1.0 else f"{value * factor:.4g}"
 
 
 def _summary_table(run: Any):
-    from rich.table import Table
+    from mftk.units import flops_rate
 
     s = run.summary
-    table = Table(title="summary", show_header=False, title_justify="left")
-    table.add_column("what")
-    table.add_column("value")
+    t = table("what", "value", title="summary", show_header=False)
     total = f" of {s.total_steps}" if s.total_steps else ""
-    table.add_row("steps", f"{s.steps} ({s.first_step}..{s.last_step}{total}); ranks {_ranks(s.ranks)}")
+    add_row(t, "steps", f"{s.steps} ({s.first_step}..{s.last_step}{total}); ranks {_ranks(s.ranks)}")
     if s.loss_first is not None:
-        table.add_row("loss", f"first {s.loss_first:.6f}, last {s.loss_last:.6f}, "
-                              f"min {s.loss_min:.6f} at step {s.loss_min_step}")
+        add_row(t, "loss", f"first {s.loss_first:.6f}, last {s.loss_last:.6f}, "
+                           f"min {s.loss_min:.6f} at step {s.loss_min_step}")
     if s.step_time_ms:
-        t = s.step_time_ms
-        table.add_row(f"step time (ms, after {s.warmup_skipped} warm-up)",
-                      f"p50 {t['p50']:.0f}, p90 {t['p90']:.0f}, p99 {t['p99']:.0f}, mean {t['mean']:.0f}, "
-                      f"max {t['max']:.0f}")
+        st = s.step_time_ms
+        add_row(t, f"step time (ms, after {s.warmup_skipped} warm-up)",
+                f"p50 {st['p50']:.0f}, p90 {st['p90']:.0f}, p99 {st['p99']:.0f}, mean {st['mean']:.0f}, "
+                f"max {st['max']:.0f}")
     if s.throughput_tflops is not None:
-        table.add_row("TFLOP/s per device", f"{s.throughput_tflops:.2f}")
+        if not s.throughput_coarse:
+            value = f"{flops_rate(s.throughput_tflops)} (model FLOPs, as logged)"
+        elif s.throughput_tflops < 0.005:
+            value = "below 5 GFLOP/s (logged as 0.00T: the step line rounds to 0.01 TFLOP/s)"
+        else:
+            value = f"about {flops_rate(s.throughput_tflops)} (the step line rounds to 0.01 TFLOP/s)"
+        add_row(t, "throughput per device", value)
     if s.samples_per_s is not None:
-        table.add_row("samples/s (global)", f"{s.samples_per_s:.2f}")
+        add_row(t, "samples/s (global)", f"{s.samples_per_s:,.2f}")
     if s.tokens_per_s is not None:
         per_dev = f", {s.tokens_per_s_per_device:,.0f} per device" if s.tokens_per_s_per_device else ""
-        table.add_row("tokens/s", f"{s.tokens_per_s:,.0f}{per_dev}")
+        add_row(t, "tokens/s", f"{s.tokens_per_s:,.0f}{per_dev}")
     if s.mfu is not None:
-        table.add_row("MFU", f"{s.mfu:.1%} of {s.peak_tflops:g} TFLOP/s peak")
-        table.add_row("MFU convention", s.mfu_convention)
-    return table
+        add_row(t, "MFU", f"{s.mfu:.1%} of {s.peak_tflops:g} TFLOP/s peak (convention: --json summary.mfu_convention)")
+    return t
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -35,7 +35,7 @@ def plan_parallel(
     overrides: SetOpt = None,
 ) -> None:
     """Search every parallel layout for N devices, reject invalid ones with the rule, estimate memory per device."""
-    from commands._render import console, err_console, print_json
+    from commands._render import notice, print_json
     from mftk.plan.report import plan_parallel as run_plan
 
     report = run_plan(config, world_size=world_size, nodes=nodes, device_memory=device_memory, check=check,
@@ -45,54 +45,62 @@ def plan_parallel(
         print_json(report.to_dict(top=top))
     else:
         for note in report.notes:
-            err_console.print(f"[yellow]warning:[/] {note}", highlight=False)
-        _render(console, report, top)
+            notice("warning", note)
+        _render(report, top)
     if check and not report.check_ok:
         from mftk.errors import PlanError
 
-        raise PlanError(message=f"--check: the layout of {config} does not fit {world_size} device(s)",
-                        rule="check", hint="see the rule or memory term above; plan-parallel without --check "
-                                           "lists layouts that fit")
+        what = "; ".join(report.check_failures[:4]) if report.check_failures else "see the rules above"
+        raise PlanError(message=f"--check: the layout of {config} does not fit {world_size} device(s): {what}",
+                        rule="check", hint="lower the largest term (recompute.mode: full for activations, more "
+                                           "tp/pp for weights and logits, FSDP for optimizer states) or raise "
+                                           "--device-memory; plan-parallel without --check lists layouts that fit")
 
 
-def _render(console, report, top: int) -> None:
+def _render(report, top: int) -> None:
     from rich import box
-    from rich.table import Table
 
+    from commands._render import add_row, column, print_table, say, styled, table
     from mftk.plan.memory import human
+    from mftk.plan.report import short_label
 
-    title = (f"{report.model} · world {report.world}" + (f" on {report.nodes} nodes" if report.nodes else "")
-             + f" · {human(report.device_memory_bytes)}/device · {len(report.ranked)} valid of {report.candidates}")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="layout = dp_replicate·dp_shard·cp·tp·pp·ep(·v); sizes K/M/G = KiB/MiB/GiB; "
-                          "states = weights+grads+optimizer+FSDP gather", caption_justify="left")
-    for col in ("layout", "fits", "peak@st", "states", "acts", "logits", "bub", "comm", "step"):
-        table.add_column(col, justify="left" if col in ("layout", "fits") else "right", no_wrap=True,
-                         min_width=14 if col == "layout" else None)
+    say((report.model, "bold"), f" · world {report.world}" + (f" on {report.nodes} nodes" if report.nodes else "")
+        + f" · {human(report.device_memory_bytes)}/device · {len(report.ranked)} valid of {report.candidates}")
+    if report.explained:  # one layout, term by term: the ranking table is not repeated
+        say(report.explained)
+        return
+    t = table(*(column(c, justify="left" if c in ("layout", "fits") else "right")
+                for c in ("layout", "fits", "peak@st", "states", "acts", "logits", "bub", "comm", "step")),
+              box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for r in report.ranked[:top]:
         e, st = r.estimate, r.estimate.peak
         states = sum(st.term(n).value for n in ("weights", "gradients", "optimizer", "fsdp gathered"))
-        logits = next((t.value for t in st.terms if t.name == "logits + loss"), 0.0)
-        table.add_row(_short_label(e.layout), "[green]yes[/]" if r.fits else "[red]no[/]",
-                      f"{_short(e.peak_bytes)}@{st.stage}", _short(states), _short(st.term("activations").value),
-                      _short(logits), f"{e.bubble.value:.0%}", _short(e.comm_bytes),
-                      f"{e.step_time.value:.3g}s" if e.step_time else "-")
-    console.print(table)
+        logits = next((x.value for x in st.terms if x.name == "logits + loss"), 0.0)
+        add_row(t, short_label(e.layout), styled("yes", "green") if r.fits else styled("no", "red"),
+                f"{_short(e.peak_bytes)}@{st.stage}", _short(states), _short(st.term("activations").value),
+                _short(logits), f"{e.bubble.value:.0%}", _short(e.comm_bytes),
+                f"{e.step_time.value:.3g}s" if e.step_time else "-")
+    print_table(t)
+    say("layout = dp_replicate·dp_shard·cp·tp·pp·ep(·v); sizes K/M/G = KiB/MiB/GiB; "
+        "states = weights+grads+optimizer+FSDP gather", style="dim")
+    if not report.check:
+        say(report.ranking)
+    for line in report.why_chosen:
+        say(line)
     if report.rejected:
         from collections import Counter
 
         counts = Counter(r.rule for c in report.rejected for r in c.rejections)
-        console.print("rejected: " + ", ".join(f"{rule} ×{n}" for rule, n in counts.most_common()), highlight=False)
+        say("rejected: " + ", ".join(f"{rule} ×{n}" for rule, n in counts.most_common()))
         if report.check:
             for r in report.rejected[0].rejections:
-                console.print(f"  [red]•[/] {r.rule}: {r.message}", highlight=False)
+                say("  ", ("•", "red"), f" {r.rule}: {r.message}")
     if report.yaml_block:
         which = "this layout" if report.check else "best layout that fits" if report.best and report.best.fits \
             else "best layout (does not fit)"
-        console.print(f"\n[bold]{which}:[/]")
-        console.print(report.yaml_block, markup=False, highlight=False)
-    if report.explained:
-        console.print(report.explained, markup=False, highlight=False)
+        say("")
+        say((f"{which}:", "bold"))
+        say(report.yaml_block.rstrip("\n"))
 
 
 def _short(n: float) -> str:
@@ -100,8 +108,3 @@ def _short(n: float) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return f"{n:.0f}B"
-
-
-def _short_label(lay) -> str:
-    text = f"{lay.dp_replicate}·{lay.dp_shard}·{lay.cp}·{lay.tp}·{lay.pp}·{lay.ep}"
-    return text + (f"·v{lay.interleave}" if lay.interleave > 1 else "")

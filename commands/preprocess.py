@@ -19,6 +19,11 @@ EPILOG = """Examples:
 
   mftk preprocess --format mindrecord --seq-length 4096 --input corpus.jsonl --tokenizer tok/ \
       --output-prefix data/wiki --append-eod      # -> data/wiki_text.mindrecord for type: MindDataset
+
+  # one of 8 machines (array job): writes data/wiki_shard3of8_text_document.{bin,idx}
+  mftk preprocess --input 'wiki/*.jsonl' --tokenizer tok/ --output-prefix data/wiki --append-eod \
+      --num-shards 8 --shard-index 3
+  mftk preprocess --merge --input 'data/wiki_shard?of8_text_document' --output-prefix data/wiki_text_document
 """
 
 
@@ -57,6 +62,15 @@ def preprocess(
     seq_length: Annotated[Optional[int], typer.Option("--seq-length", min=1, help="With --format mindrecord "
                                                       "(required): the model's seq_length; each record holds "
                                                       "seq_length + 1 tokens.")] = None,
+    tokenizer_backend: Annotated[str, typer.Option("--tokenizer-backend", help="auto: gigatoken when its ids equal "
+                                                   "HF tokenizers' on a sample of the input and edge cases (checked "
+                                                   "at start), else hf; gigatoken: require it; hf: HF tokenizers "
+                                                   "only.")] = "auto",
+    num_shards: Annotated[Optional[int], typer.Option("--num-shards", min=1, help="Split every input group into N "
+                                                      "shards (by file and by byte range at line ends) and "
+                                                      "process one; --merge the N outputs in order.")] = None,
+    shard_index: Annotated[Optional[int], typer.Option("--shard-index", min=0, help="Which shard this run "
+                                                       "processes, 0 to N-1 (with --num-shards).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
@@ -75,6 +89,7 @@ def preprocess(
     summary = run(input, output_prefix, tokenizer, json_keys=json_keys or ["text"], append_eod=append_eod,
                   eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
                   weights=parsed_weights, resume=resume, merge_only=merge, format=format, seq_length=seq_length,
+                  tokenizer_backend=tokenizer_backend, num_shards=num_shards, shard_index=shard_index,
                   progress=RichProgress(err_console))
     if json_out:
         data = attrs.asdict(summary)
@@ -85,23 +100,20 @@ def preprocess(
 
 
 def _render(summary, console) -> None:
-    from rich.table import Table
+    from commands._render import add_row, column, print_table, say, table
 
     mindrecord = summary.format == "mindrecord"
-    table = Table(title="mftk preprocess", title_justify="left")
     cols = (("output", "docs", "samples", "tokens", "dropped tokens", "empty docs", "skipped lines", "file", ".db")
             if mindrecord else ("output", "docs", "sequences", "tokens", "empty docs", "skipped lines", ".bin", ".idx"))
-    for col in cols:
-        table.add_column(col, justify="left" if col == "output" else "right", overflow="fold",
-                         min_width=len(col) if col != "output" else 20)
+    t = table(*(column(c, justify="left" if c == "output" else "right") for c in cols), title="mftk preprocess")
     for s in summary.sources:
         for i, o in enumerate(s.outputs):
             row = [o.prefix, f"{o.documents:,}", f"{o.sequences:,}", f"{o.tokens:,}"]
             row += [f"{o.dropped_tokens:,}"] if mindrecord else []
             row += [f"{s.empty_documents:,}" if i == 0 else "", f"{s.rejected:,}" if i == 0 else "",
                     _size(o.bin_bytes), _size(o.idx_bytes)]
-            table.add_row(*row)
-    console.print(table)
+            add_row(t, *row)
+    print_table(t)
     eod = f"{summary.eod_id} ({summary.eod_token})" if summary.eod_id is not None else "none"
     facts = [f"dtype {summary.dtype}"]
     if mindrecord:
@@ -109,22 +121,39 @@ def _render(summary, console) -> None:
     if summary.tokenizer:
         facts += ([] if mindrecord else [f"compat {summary.compat}"]) + [f"vocab {summary.vocab_size:,}", f"EOD id {eod}"
                   + ("" if summary.append_eod else " (not appended)")]
+        facts.append(f"tokenizer backend {summary.backend}")
     tokens_per_s = summary.tokens / summary.wall_s if summary.wall_s else 0
     facts.append(f"wall {summary.wall_s:.2f} s ({tokens_per_s:,.0f} tokens/s)")
-    console.print("  ".join(facts), highlight=False)
+    say("  ".join(facts))
+    if summary.backend == "gigatoken":
+        say(f"gigatoken: {summary.backend_note}")
+    elif summary.tokenizer and summary.backend_note:
+        say(("note:", "cyan"), f" {summary.backend_note}")
     for s in summary.sources:
         if s.rejects_path:
-            console.print(f"[yellow]{s.rejected} bad line(s) skipped, listed in {s.rejects_path}[/]")
+            say(f"{s.rejected} bad line(s) skipped, listed in {s.rejects_path}", style="yellow")
         if s.special_tokens_in_text:
-            console.print(f"[yellow]note:[/] the EOD token appeared {s.special_tokens_in_text} time(s) inside the "
-                          "text itself and was encoded as the special token (as the reference tools do)")
+            say(("note:", "cyan"), f" the EOD token appeared {s.special_tokens_in_text} time(s) inside the text "
+                "itself and was encoded as the special token (as the reference tools do)")
         if s.resumed_files:
-            console.print(f"resumed: {s.resumed_files} input file(s) were already done")
+            say(f"resumed: {s.resumed_files} input file(s) were already done")
     if summary.tokenizer and summary.eod_id is not None:
-        console.print(f"set [bold]eod: {summary.eod_id}[/] in the training YAML", highlight=False)
-    console.print("train_dataset.dataloader:" if mindrecord else "train_dataset.dataloader.config:",
-                  highlight=False)
-    console.print(summary.data_path_block(), highlight=False, markup=False, soft_wrap=True)
+        say("set ", (f"eod: {summary.eod_id}", "bold"), " in the training YAML (train_dataset.dataloader.config.eod)")
+    if summary.shard is not None:
+        k, n = summary.shard
+        say(f"shard {k} of {n} (0-based) written; when all {n} are done, merge each output in shard order:")
+        for command in summary.merge_commands():
+            say(f"  {command}")
+        return
+    say("# for the training YAML (merge into its train_dataset section):")
+    say(yaml_snippet(["train_dataset", "dataloader"] + ([] if mindrecord else ["config"]), summary.data_path_block()))
+
+
+def yaml_snippet(parents: list[str], block: str) -> str:
+    """``block`` (YAML keys at column 0) nested under ``parents``, two spaces a level: valid YAML to paste."""
+    lines = [f"{'  ' * i}{key}:" for i, key in enumerate(parents)]
+    pad = "  " * len(parents)
+    return "\n".join(lines + [pad + line for line in block.splitlines()])
 
 
 def _size(n: int) -> str:

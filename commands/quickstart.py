@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
+from rich.markup import escape
 
 from commands._options import NprocOpt
 
@@ -64,60 +65,60 @@ def quickstart(
 
 def _stage(n: int, title: str, body: Callable):
     """A header, the body, and a ✓/✗ line; an error stops the quick-start with its own exit code."""
-    from commands._render import console, err_console
+    from rich.markup import escape
+
+    from commands._render import console, say
     from mftk.errors import MftkError
 
-    console.rule(f"[bold]{n}/{STAGES}[/] {title}", align="left")
+    console.rule(f"[bold]{n}/{STAGES}[/] {escape(title)}", align="left")
     t0 = time.perf_counter()
     try:
         result = body()
     except MftkError as exc:
         code = getattr(exc, "exit_code", None)
-        err_console.print(f"[bold red]✗ stage {n}/{STAGES} failed[/]" + (f" (exit code {code})" if code else ""),
-                          highlight=False)
+        say((f"✗ stage {n}/{STAGES} failed", "bold red"), f" (exit code {code})" if code else "", err=True)
         raise
-    console.print(f"[green]✓[/] stage {n} done in {time.perf_counter() - t0:.1f} s", highlight=False)
+    say(("✓", "green"), f" stage {n} done in {time.perf_counter() - t0:.1f} s")
     return result
 
 
 def _corpus(plan) -> list[dict]:
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import build_corpus
 
     result, docs = build_corpus(plan)
-    console.print(f"{result.documents:,} documents, {result.chars:,} characters -> {plan.corpus} "
-                  f"({result.bytes / 2**20:.1f} MiB)", highlight=False)
+    say(f"{result.documents:,} documents, {result.chars:,} characters -> {plan.corpus} "
+        f"({result.bytes / 2**20:.1f} MiB)")
     return docs
 
 
 def _tokenizer(plan, docs):
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import build_tokenizer
 
     tok = build_tokenizer(plan, docs)
-    console.print(f"vocabulary {tok.vocab_size:,}, EOD {tok.eod_token} = id {tok.eod_id} -> {plan.tokenizer}",
-                  highlight=False)
+    say(f"vocabulary {tok.vocab_size:,}, EOD {tok.eod_token} = id {tok.eod_id} -> {plan.tokenizer}")
     return tok
 
 
 def _config(plan, tok, commands) -> None:
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import template_path, write_config
 
     path = write_config(plan, tok.vocab_size, tok.eod_id)
-    console.print(f"templates/{template_path(plan.model).name} -> {plan.config} (data, vocab, steps, "
-                  f"checkpoint dir overridden; see the header of {path.name})", highlight=False)
+    say(f"templates/{template_path(plan.model).name} -> {plan.config} (data, vocab, steps, "
+        f"checkpoint dir overridden; see the header of {path.name})")
     _mftk(plan, commands["validate-config"])
     _mftk(plan, commands["plan-parallel"])
 
 
 def _train(plan, commands) -> None:
-    from commands._render import console
+    from commands._render import say
     from mftk.quickstart import set_aside_previous_output
 
     previous = set_aside_previous_output(plan)
     if previous is not None:
-        console.print(f"the previous run's {plan.output_dir}/ is now {previous.name}/", highlight=False)
+        say(f"the previous run's {plan.output_dir}/ is now {previous.name}/")
     _mftk(plan, commands["train"])
 
 
@@ -130,29 +131,61 @@ def _mftk(plan, argv: list[str]) -> None:
 
     from commands._render import console, err_console
 
-    from rich.markup import escape
 
     console.print(f"[dim]$ mftk {escape(' '.join(_quote(a) for a in argv))}[/]", highlight=False, soft_wrap=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS=str(console.width))
     if console.is_terminal:
         env["FORCE_COLOR"] = "1"  # the child's stdout is a pipe; let it draw tables and bars in colour anyway
+    # Its own session: a terminal's Ctrl-C reaches only us, and we pass on exactly what we get (a kill of
+    # this process too), so the stage sees one signal per Ctrl-C and saves-then-exits 75 as `mftk train` does.
     proc = subprocess.Popen([sys.executable, "-m", "mftk", *argv], cwd=plan.workdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
     pumps = [threading.Thread(target=_pump, args=(stream, target), daemon=True)
              for stream, target in ((proc.stdout, console), (proc.stderr, err_console))]
     for t in pumps:
         t.start()
     try:
-        code = proc.wait()
+        with _forward_signals(proc):
+            code = proc.wait()
     finally:
         for t in pumps:
             t.join()
     if code != 0:
         from mftk.errors import SubcommandFailed
 
+        rerun = f"cd {plan.workdir} && mftk {' '.join(_quote(a) for a in argv)}"
+        if code in (75, 130):
+            raise SubcommandFailed(message=f"`mftk {argv[0]}` was stopped by a signal (exit code {code})",
+                                   exit_code=code, hint=f"rerun the stage by hand when you want: {rerun}"
+                                   + (" (or continue it with mftk resume)" if argv[0] == "train" else ""))
         raise SubcommandFailed(message=f"`mftk {argv[0]}` exited with code {code}", exit_code=code,
-                               hint=f"fix the problem above, then rerun the stage by hand: "
-                                    f"cd {plan.workdir} && mftk {' '.join(_quote(a) for a in argv)}")
+                               hint=f"fix the problem above, then rerun the stage by hand: {rerun}")
+
+
+class _forward_signals:
+    """While a stage runs: SIGTERM/SIGINT sent to the quick-start go on to the stage's process."""
+
+    def __init__(self, proc) -> None:
+        self.proc, self.old = proc, {}
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
 
 
 def _pump(stream, console) -> None:
@@ -177,32 +210,47 @@ def _quote(arg: str) -> str:
 
 def _finish(plan, wall_s: float) -> None:
     """Where everything is, the loss curve in two numbers, and what to try next."""
-    from rich.table import Table
-
-    from commands._render import console, err_console
+    from commands._render import add_row, column, console, notice, print_table, say, styled, table
     from mftk.logs.report import parse_log
     from mftk.quickstart import checkpoint_steps, list_outputs
 
     console.rule("[bold]done[/]", align="left")
-    table = Table(title=f"outputs under {plan.workdir}", title_justify="left")
-    for col in ("what", "path", "size"):
-        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    t = table("what", "path", column("size", justify="right"), title=f"outputs under {plan.workdir}")
     for out in list_outputs(plan):
-        table.add_row(out.what, str(out.path), _human(out.bytes) if out.bytes else "[red]missing[/]")
-    console.print(table)
+        add_row(t, out.what, str(out.path), _human(out.bytes) if out.bytes else styled("missing", "red"))
+    print_table(t)
     steps = checkpoint_steps(plan)
-    console.print(f"checkpoints at steps {', '.join(map(str, steps)) or 'none'}", highlight=False)
+    say(f"checkpoints at steps {', '.join(map(str, steps)) or 'none'}")
     summary = parse_log([plan.at(plan.rank0_log)]).runs[0].summary
     if summary.loss_first is not None:
         drop = summary.loss_first - summary.loss_last
-        colour = "green" if drop > 0 else "yellow"
-        console.print(f"loss [{colour}]{summary.loss_first:.3f} -> {summary.loss_last:.3f}[/] (min "
-                      f"{summary.loss_min:.3f}) over steps {summary.first_step}..{summary.last_step}", highlight=False)
+        say("loss ", (f"{summary.loss_first:.3f} -> {summary.loss_last:.3f}", "green" if drop > 0 else "yellow"),
+            f" (min {summary.loss_min:.3f}) over steps {summary.first_step}..{summary.last_step}")
         if drop <= 0:
-            err_console.print("[yellow]warning:[/] the loss did not drop; try more --steps", highlight=False)
-    console.print(f"total wall time {wall_s:.0f} s", highlight=False)
-    console.print(f"next: cd {plan.workdir} && mftk parse-log {plan.rank0_log} --follow   "
-                  f"[dim]or edit {plan.config} and mftk train it[/]", highlight=False)
+            notice("warning", "the loss did not drop; try more --steps")
+    say(f"total wall time {wall_s:.0f} s")
+    say(f"next: cd {plan.workdir} && mftk parse-log {plan.rank0_log} --follow   ",
+        (f"or edit {plan.config} and mftk train it", "dim"))
+    activate = activate_hint()
+    if activate:
+        say(activate)
+
+
+def activate_hint() -> str:
+    """How to get `mftk` on PATH when it is not (after `make demo` it lives in .venv/bin), else ''."""
+    import os
+    import shutil
+    import sys
+
+    if shutil.which("mftk"):
+        return ""
+    bindir = Path(sys.executable).parent
+    if not (bindir / "mftk").exists():
+        return ""
+    where = os.path.relpath(bindir)
+    if (bindir / "activate").exists():
+        return f"mftk is not on PATH: run `source {where}/activate` first (or call {where}/mftk)"
+    return f"mftk is not on PATH: call {where}/mftk"
 
 
 def _human(n: int) -> str:

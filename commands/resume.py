@@ -47,7 +47,7 @@ def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOp
                          launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join))
     if dry_run:
         plan = result.resume
-        _render_plan(plan, result.total_steps, json_out)
+        _render_plan(plan, result.total_steps, json_out, [n for n in result.notes if n not in plan.notes])
         if plan.missing or plan.unexpected or plan.mismatched:
             from mftk.errors import CheckpointError
 
@@ -68,20 +68,19 @@ def _default_source(config: Path, overrides: Optional[list[str]]) -> Optional[Pa
     return Path(path)
 
 
-def _render_plan(plan, total_steps: int, json_out: bool) -> None:
+def _render_plan(plan, total_steps: int, json_out: bool, run_notes: list[str]) -> None:
+    """The plan as a table; ``run_notes`` are the run's warnings about it (an LR jump, a changed model)."""
     import attrs
 
-    from commands._render import console, print_json
+    from commands._render import add_row, print_json, print_table, table
 
     if json_out:
-        print_json(attrs.asdict(plan))
+        print_json(attrs.asdict(plan) | {"warnings": run_notes})
         return
-    from rich.table import Table
-
     from mftk.ckpt.resume import ResumeScenario
 
     scenario = ResumeScenario(plan.scenario)
-    t = Table(title=f"resume plan: scenario {scenario.value} ({scenario.title})", show_header=False)
+    t = table("what", "value", title=f"resume plan: scenario {scenario.value} ({scenario.title})", show_header=False)
     rows = [("source", f"{plan.step_dir} ({plan.kind})"), ("saved step", str(plan.saved_step)),
             ("global batch size", f"{plan.saved_global_batch_size} -> {plan.global_batch_size}"),
             ("world", f"{plan.saved_world} -> {plan.world}"),
@@ -91,6 +90,7 @@ def _render_plan(plan, total_steps: int, json_out: bool) -> None:
     rows += [("missing", ", ".join(plan.missing) or "none"), ("unexpected", ", ".join(plan.unexpected) or "none")]
     rows += [("mismatched", m) for m in plan.mismatched]
     rows += [("note", n) for n in plan.notes]
+    rows += [("warning", n) for n in run_notes]
     for k, v in rows:
-        t.add_row(k, v)
-    console.print(t)
+        add_row(t, k, v)
+    print_table(t)

@@ -16,17 +16,14 @@ working directory first, then next to the YAML, so a template validates and trai
 
 def templates(json_out: JsonOpt = False) -> None:
     """List the YAML templates that ship with mftk and where they are installed."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from commands._render import console, print_json
+    from commands._render import add_row, print_json, print_table, table
     from mftk.config.templates import shipped_templates
 
     found = shipped_templates()
     if json_out:
         print_json([{"name": t.name, "path": str(t.path), "summary": t.summary} for t in found])
         return
-    table = Table("template", "path", "what it is", title="templates shipped with mftk")
-    for t in found:
-        table.add_row(escape(t.name), escape(str(t.path)), escape(t.summary))
-    console.print(table)
+    t = table("template", "path", "what it is", title="templates shipped with mftk")
+    for tpl in found:
+        add_row(t, tpl.name, str(tpl.path), tpl.summary)
+    print_table(t)

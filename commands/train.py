@@ -65,12 +65,16 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
 
     world = launcher.world if launcher is not None else nproc
     loaded = load_config(config, overrides=overrides or [], world_size=world)
-    if world > 1 and not dry_run:  # the layout was checked by load_config, before any worker starts
+    if world > 1 and not dry_run:  # the layout was checked by load_config (config.runnable), before any worker starts
+        from mftk.ckpt.guard import hold_save_path
         from mftk.engine.device import select
 
-        _check_save_path(loaded.config, resume_from, weights_only, new_run)
         device = select(loaded.config.context.device_target)  # one device for every worker, checked here first
-        return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run, device)
+        ck = loaded.config.checkpoint  # this process outlives every worker: it holds the save path (node 0)
+        with hold_save_path(ck.save_path, enabled=ck.enable_save and launcher.join and launcher.node_rank == 0):
+            _check_save_path(loaded.config, resume_from, weights_only, new_run)
+            return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run,
+                                    loaded.config, device)
     from mftk.engine.run import train as run_train
     from mftk.logs.sinks import mf_console_handler, train_logger
 
@@ -84,7 +88,7 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     finally:
         display.close()
         logger.removeHandler(handler)
-    render(result)
+    render(result, loaded.config)
     return result
 
 
@@ -105,7 +109,7 @@ def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: boo
 
 def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
                      resume_from: Optional[Path], weights_only: bool, new_run: bool = False,
-                     device: Optional[str] = None) -> Any:
+                     loaded_config: Any = None, device: Optional[str] = None) -> Any:
     """msrun with ``launcher.nproc`` workers here; rank 0's log lines are echoed to stdout as they come."""
     from mftk.engine.workers import train_distributed
 
@@ -121,29 +125,72 @@ def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: O
                                    on_log_line=echo, sinks=[display], new_run=new_run, device=device)
     finally:
         display.close()
-    render(result)
+    render(result, loaded_config)
     return result
 
 
-def render(result: Any) -> None:
-    from commands._render import console
+def render(result: Any, config: Any = None) -> None:
+    from commands._render import say
 
     if result.dry_run:
         return
     if not result.log_file:  # --no-join: the workers run on
         for note in result.notes:
-            console.print(note, highlight=False)
+            say(note)
         return
     done = result.final_step - result.start_step
     last = f", last loss {result.losses[-1]:.6f}" if result.losses else ""
-    console.print(f"trained steps {result.start_step + 1 if done else result.start_step}..{result.final_step} "
-                  f"of {result.total_steps}{last}", highlight=False)
+    say(f"trained steps {result.start_step + 1 if done else result.start_step}..{result.final_step} "
+        f"of {result.total_steps}{last}")
+    rates = run_summary(result, config) if done else ""
+    if rates:
+        say(rates)
     if result.skipped_steps:
-        console.print(f"skipped steps (non-finite loss): {result.skipped_steps}", highlight=False)
+        say(f"skipped steps (non-finite loss): {result.skipped_steps}")
     if result.checkpoint:
-        console.print(f"checkpoint: {result.checkpoint}", highlight=False)
-    console.print(f"logs: {result.log_file}  metrics: {result.metrics_file}", highlight=False)
-    console.print("start-up: " + ", ".join(f"{name} {s:.2f}s" for name, s in result.phases), highlight=False)
+        say(f"checkpoint: {_near(result.checkpoint)}")
+    say(f"logs: {result.log_file}  metrics: {result.metrics_file}")
+    say("start-up: " + ", ".join(f"{name} {s:.2f}s" for name, s in result.phases))
+
+
+def _near(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it (what the user typed), else as is."""
+    import os
+
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def run_summary(result: Any, config: Any) -> str:
+    """'model 623K parameters; 1,514 tokens/s, 3.42 GFLOP/s per device (steps 2..3)' from the run's exact
+    metrics (metrics.jsonl), in units that show the value on a CPU as on a cluster."""
+    from mftk.errors import MftkError
+    from mftk.logs.report import ParseOptions, parse_log
+    from mftk.units import count, flops_rate
+
+    parts = []
+    if config is not None:
+        from mftk.plan.flops import param_counts
+
+        total, active = param_counts(config.model)
+        parts.append(f"model {count(total)} parameters" + (f" ({count(active)} active)" if active != total else ""))
+    metrics = Path(result.metrics_file)
+    if metrics.is_file():
+        try:
+            s = parse_log([metrics], ParseOptions(fmt="mftk")).runs[0].summary
+        except MftkError:
+            s = None
+        if s is not None:
+            rates = [f"{s.tokens_per_s:,.0f} tokens/s" if s.tokens_per_s else "",
+                     f"{flops_rate(s.throughput_tflops)} per device" if s.throughput_tflops is not None else ""]
+            rates = [r for r in rates if r]
+            if rates:
+                steady = f"steps {s.first_step + s.warmup_skipped}..{s.last_step}"
+                parts.append(", ".join(rates) + f" ({steady})")
+    return "; ".join(parts)
 
 
 class LiveDisplay:

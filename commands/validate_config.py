@@ -34,7 +34,7 @@ def validate_config(
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="With --show-samples: decode tokens with this tokenizer.json.", rich_help_panel="Samples")] = None,
 ) -> None:
     """Check a training YAML: every problem at once, with its YAML path, the arithmetic and a fix."""
-    from commands._render import console, err_console, print_json
+    from commands._render import console, notice, print_json
     from mftk.config.load import load_config
     from mftk.errors import ConfigError, InputError, Problem
 
@@ -63,32 +63,77 @@ def validate_config(
                     "summary": summary.to_dict(), "resolved": resolved(loaded.config)})
         return
     for p in loaded.notes:
-        colour = "yellow" if p.severity == "warning" else "cyan"
-        err_console.print(f"[{colour}]{p.severity}:[/] {p.render()}", highlight=False)
+        notice(p.severity, p.render())
     if print_resolved:
         console.print(resolved_yaml(loaded), markup=False, highlight=False)
         return
-    _render_summary(console, str(config), summary)
+    _render_summary(str(config), summary)
 
 
 def _show_samples(config, world: int, rank: int, n: int, start: int, tokenizer, json_out: bool) -> None:
-    from commands._render import RichProgress, console, err_console, print_json
+    from commands._render import RichProgress, notice, print_json, say
     from mftk.data.preview import preview_samples
 
     result = preview_samples(config, world_size=world, rank=rank, n=n, start=start,
                              tokenizer=str(tokenizer) if tokenizer else None, progress=RichProgress())
     for w in result["warnings"]:
-        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        notice("warning", w)
     if json_out:
         print_json({"samples": result["samples"]})
         return
-    console.print(f"rank {rank} reads data shard {result['dp_rank']} of {result['dp_size']}")
-    for s in result["samples"]:
-        console.print(f"[bold]position {s['position']}[/]: blended sample {s['blended_index']} = dataset "
-                      f"{s['dataset']} ({s['prefix']}) sample {s['dataset_sample']}", highlight=False)
-        console.print(f"  input_ids[:16] {s['input_ids'][:16]} …  loss tokens {sum(s['loss_mask'])}", highlight=False)
-        if "text" in s:
-            console.print(f"  text: {s['text'][:200]!r}", highlight=False, markup=False)
+    say(f"rank {rank} reads data shard {result['dp_rank']} of {result['dp_size']} (the first 16 ids of each "
+        "column; --json prints them all)")
+    for smp in result["samples"]:
+        say((f"position {smp['position']}", "bold"), f": blended sample {smp['blended_index']} = dataset "
+            f"{smp['dataset']} ({smp['prefix']}) sample {smp['dataset_sample']}")
+        for label, text in sample_lines(smp):
+            say(f"  {label:<13} {text}")
+
+
+def sample_lines(smp: dict) -> list[tuple[str, str]]:
+    """(label, text) rows of one sample: token ids, labels, loss mask, position ids and the decoded text."""
+    ids = smp["input_ids"]
+    rows = [("input_ids", f"{_head(ids)} ({len(ids)} tokens)")]
+    if "labels" in smp:
+        shifted = smp["labels"][:-1] == ids[1:]
+        rows.append(("labels", _head(smp["labels"]) + (" (input_ids shifted by one)" if shifted else "")))
+    if "loss_mask" in smp:
+        mask = smp["loss_mask"]
+        zeros = [i for i, m in enumerate(mask) if not m]
+        where = f"; 0 at {_spans(zeros)}" if zeros else ""
+        rows.append(("loss_mask", f"{len(mask) - len(zeros)} of {len(mask)} tokens count in the loss{where}"))
+    if "position_ids" in smp:
+        pos = smp["position_ids"]
+        restarts = [i for i in range(1, len(pos)) if pos[i] != pos[i - 1] + 1]
+        text = f"{pos[0]}..{pos[-1]}" if not restarts else f"restart at {_spans(restarts)}"
+        rows.append(("position_ids", text))
+    for key in sorted(k for k in smp if k not in _SAMPLE_KEYS):
+        rows.append((key, _head(smp[key]) if isinstance(smp[key], list) else str(smp[key])))
+    if "text" in smp:
+        text = smp["text"]
+        more = f" … ({len(text):,} characters; --json has all)" if len(text) > 300 else ""
+        rows.append(("text", repr(text[:300]) + more))
+    return rows
+
+
+_SAMPLE_KEYS = {"dataset", "dataset_sample", "input_ids", "labels", "loss_mask", "position_ids", "position",
+                "blended_index", "prefix", "text"}
+
+
+def _head(values: list, n: int = 16) -> str:
+    return "[" + ", ".join(map(str, values[:n])) + (", …]" if len(values) > n else "]")
+
+
+def _spans(indices: list[int], limit: int = 8) -> str:
+    """'5, 77-79, 100' for sorted indices (the first `limit` spans)."""
+    spans: list[list[int]] = []
+    for i in indices:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:limit])
+    return text + (f", … ({len(spans)} spans)" if len(spans) > limit else "")
 
 
 def _problem_dict(p) -> dict:
@@ -97,27 +142,25 @@ def _problem_dict(p) -> dict:
             "hint": p.hint}
 
 
-def _render_summary(console, source: str, summary) -> None:
-    from rich.table import Table
+def _render_summary(source: str, summary) -> None:
+    from commands._render import add_row, print_table, say, table
 
-    console.print(f"[bold green]✓ valid:[/] {source}")
+    say(("✓ valid:", "bold green"), " ", source)
     for name, rows in summary.sections.items():
-        table = Table(title=name, title_justify="left", show_header=False, box=None, pad_edge=False)
-        table.add_column(style="bold")
-        table.add_column()
-        table.add_column(style="dim")
+        t = table("what", "value", "why", title=name, show_header=False, box=None, pad_edge=False)
+        t.columns[0].style, t.columns[2].style = "bold", "dim"
         for label, value, why in rows:
-            table.add_row(label, value, why)
-        console.print(table)
+            add_row(t, label, value, why)
+        print_table(t)
 
 
 def _print_hf_section(path: Path, json_out: bool) -> None:
-    from commands._render import console, err_console, print_json
+    from commands._render import console, notice, print_json
     from mftk.config.hf import hf_to_model_section, model_section_yaml, read_hf_config
 
     section, notes = hf_to_model_section(read_hf_config(path))
     for p in notes:
-        err_console.print(f"[cyan]{p.severity}:[/] {p.render()}", highlight=False)
+        notice(p.severity, p.render())
     if json_out:
         print_json({"model": section})
     else:

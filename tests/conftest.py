@@ -45,3 +45,19 @@ def gradcheck():
     from tests.helpers.models import directional_check
 
     return directional_check
+
+
+@pytest.fixture
+def tiny_dsv4():
+    """Factory: a tiny DeepSeek-V4 (sliding + hash-routed, CSA with indexer, HCA, MTP; 4 residual streams)."""
+    from tests.helpers.models import make_dsv4
+
+    return make_dsv4
+
+
+@pytest.fixture
+def tiny_qwen3_moe():
+    """Factory: a tiny Qwen3-MoE (one dense layer, softmax-routed experts)."""
+    from tests.helpers.models import make_qwen3_moe
+
+    return make_qwen3_moe

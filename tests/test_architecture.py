@@ -89,11 +89,12 @@ def test_version():
 
 
 # Which mftk packages each layer may import (at any depth, lazily too): arrows only run downwards.
-BASE = {"mftk.errors", "mftk.derive", "mftk.progress", "mftk.files", "mftk.lock"}  # the ground floor
+BASE = {"mftk.errors", "mftk.derive", "mftk.progress", "mftk.files", "mftk.lock", "mftk.units"}  # the ground floor
 LAYERS = {
     "mftk/derive.py": set(),                                     # pure helpers: nothing of mftk's
     "mftk/errors.py": set(),
     "mftk/progress.py": set(),
+    "mftk/units.py": set(),                                      # counts and rates for people
     "mftk/files.py": {"mftk.errors"},
     "mftk/config/": {"mftk.config"} | BASE,
     "mftk/plan/": {"mftk.plan", "mftk.config"} | BASE,
@@ -143,3 +144,15 @@ def test_one_family_table():
         assert callable(mapping.hf_to_mf) and callable(mapping.mf_to_hf), family.hf
     sources = "\n".join(p.read_text() for p in (ROOT / "mftk").rglob("*.py") if p.name != "families.py")
     assert "import_module(f\"mftk.engine.models" not in sources and "FAMILY_SPEC_MODULES" not in sources
+
+
+def test_tests_import_helpers_not_other_tests_or_bench():
+    """Shared test code lives in tests/helpers/ (and fixtures in conftest.py); no test reads bench/."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for module, line, _ in _imports(path):
+            parts = module.split(".")
+            if parts[0] == "bench" or (parts[0] == "tests" and len(parts) > 2
+                                      and (parts[-1].startswith("test_") or parts[-1] == "conftest")):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert bad == []

@@ -13,7 +13,8 @@ TEMPLATES = sorted((ROOT / "templates").glob("*.yaml"))
 
 def test_templates_exist():
     assert {p.name for p in TEMPLATES} >= {"qwen3_tiny.yaml", "deepseek_v3_tiny.yaml", "qwen3_0.6b.yaml",
-                                           "deepseek_v3_1b.yaml"}
+                                           "deepseek_v3_1b.yaml", "deepseek_v4_tiny.yaml", "deepseek_v4_flash.yaml",
+                                           "qwen3_moe_tiny.yaml"}
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)

@@ -118,10 +118,11 @@ class Checkpointer:
             self._error = exc
 
     def _write(self, step: int, payload: Payload, sink: StepSink) -> None:
-        from mftk.ckpt.save import save_checkpoint
+        from mftk.ckpt.save import check_finite, save_checkpoint
 
         t0 = time.perf_counter()
         try:
+            check_finite(step, payload.model, payload.optimizer)  # nothing non-finite is ever published
             if self.comm is not None:
                 path = self._write_distributed(step, payload)
             else:

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from mftk.errors import CheckpointError
+from mftk.files import SMALL_JSON_LIMIT, parse_json, read_text
 
 KEYS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size", "consumed_samples", "ckpt_status")
 # Extra keys MindSpore Transformers 2.1.0 itself accepts (and drops); any other one makes it raise TypeError.
@@ -72,11 +73,7 @@ class CommonInfo:
 
 def parse_common(text: str, path: str = "common.json") -> CommonInfo:
     """Parse and check types; missing keys read as null and extra keys are kept (both noted)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(message=f"{path}: not valid JSON ({exc})", path=path,
-                              hint="the file is damaged; use an earlier iteration_* dir") from None
+    data = parse_json(text, where=path, error=CheckpointError, hint="the file is damaged; use an earlier iteration_* dir")
     if not isinstance(data, dict):
         raise CheckpointError(message=f"{path}: expected a JSON object", path=path)
     problems = _type_problems(data)
@@ -104,10 +101,8 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
 def read_common(step_dir: str | os.PathLike) -> CommonInfo:
     path = Path(step_dir) / "common.json"
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, limit=SMALL_JSON_LIMIT, error=CheckpointError, what="common.json")
     except FileNotFoundError:
         raise CheckpointError(message=f"no common.json in {step_dir}", path=str(path),
                               hint="every MindSpore Transformers checkpoint dir has one; is this the right dir?") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(message=f"cannot read {path}: {exc}", path=str(path)) from None
     return parse_common(text, str(path))

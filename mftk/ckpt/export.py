@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from mftk.ckpt.load import iter_global
 from mftk.ckpt.run_config import saved_model_section
 from mftk.config.families import family_of
 from mftk.errors import CheckpointError, ConfigError, InputError, Problem
+from mftk.lock import exclusive_output
 from mftk.progress import NULL_PROGRESS, Progress
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default ("5GB")
@@ -68,6 +70,15 @@ def export_hf(path: str | os.PathLike, out: str | os.PathLike, *, model_config: 
         raise CheckpointError(message=f"{path} {what}; --export-hf needs a MindSpore Transformers checkpoint",
                               path=str(path), hint="pass the save_path of a run or one of its iteration_* dirs")
     out = Path(out)
+    with exclusive_output(out, EXPORT_WHAT):  # a second export into `out` waits for nobody: it is refused
+        return _export(loc, out, model_config, max_shard_bytes, progress)
+
+
+EXPORT_WHAT = "mftk inspect-ckpt --export-hf output"
+
+
+def _export(loc: Any, out: Path, model_config: str | os.PathLike | None, max_shard_bytes: int,
+            progress: Progress) -> ExportResult:
     _check_out(out)
     files = scan_step_dir(loc.step_dir)
     if files.problems or not files.model:
@@ -93,10 +104,15 @@ def export_hf(path: str | os.PathLike, out: str | os.PathLike, *, model_config: 
     hf.update(_zero_fill(cfg, hf, notes))
     del mf
     tensors = {k: (st.to_bf16(v) if dtype == "bfloat16" and v.dtype == np.float32 else v) for k, v in hf.items()}
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir(parents=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))  # unique to this run
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's 0700 would become the export's mode
+    except OSError as exc:
+        raise InputError(message=f"cannot write the export to {out}: {exc.strerror or exc}", path=str(out),
+                         hint="choose a writable directory with enough free space") from None
+    try:
         names, index = _write_weights(tmp, tensors, max_shard_bytes, progress)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
         _publish(tmp, out)
@@ -158,7 +174,7 @@ def _zero_fill(cfg: Any, hf: dict[str, np.ndarray], notes: list[str]) -> dict[st
     Qwen3 with ``attention_bias``: HF also puts a bias on ``o_proj``; mftk's projection has none.
     """
     add: dict[str, np.ndarray] = {}
-    if cfg.model_type == "qwen3" and cfg.attention_bias:
+    if cfg.model_type in ("qwen3", "qwen3_moe") and cfg.attention_bias:
         for i in range(cfg.num_hidden_layers):
             name = f"model.layers.{i}.self_attn.o_proj.bias"
             if name not in hf:

@@ -17,6 +17,7 @@ import numpy as np
 
 from mftk.ckpt.layout import state_file_name
 from mftk.errors import CheckpointError
+from mftk.files import SMALL_JSON_LIMIT, read_json
 
 FORMAT = "mftk-extra-state"
 VERSION = 1
@@ -63,10 +64,12 @@ def dumps(state: dict[str, Any], *, step: int, rank: int, world: int) -> str:
 def read_extra_state(step_dir: str | os.PathLike, rank: int, world: int) -> dict[str, Any] | None:
     """This rank's extra state, or None when the checkpoint has none (e.g. written by the reference)."""
     path = Path(step_dir) / state_file_name(rank, world)
-    if not path.exists():
+    hint = "resume with --weights-only, or from an earlier iteration_* dir"
+    try:
+        obj = read_json(path, limit=SMALL_JSON_LIMIT, error=CheckpointError, what="extra state file", hint=hint)
+    except FileNotFoundError:
         return None
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
         if obj.get("format") != FORMAT or obj.get("version") != VERSION:
             raise ValueError(f"format {obj.get('format')!r} version {obj.get('version')!r}")
         return decode(obj["state"])

@@ -10,11 +10,39 @@ in the same folder is the same run going on; dirs newer than the resumed step ar
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Iterator
 
 from mftk.ckpt.layout import TRACKER, iteration_dir_name, iteration_dirs, parse_iteration_dir_name, read_tracker
 from mftk.errors import CheckpointError
+from mftk.lock import exclusive_output
+
+SAVE_LOCK_WHAT = "mftk training checkpoints (checkpoint.save_path)"
+
+
+@contextlib.contextmanager
+def hold_save_path(save_path: str | os.PathLike, enabled: bool = True) -> Iterator[None]:
+    """The exclusive right to write checkpoints into ``save_path`` for a whole run (`mftk.lock`).
+
+    Two runs saving into one folder would interleave trackers and iteration dirs, and each one's
+    retention would count the other's saves. The process that owns the run holds it: a single-process
+    run itself; an msrun job's parent on node 0 (it starts before any worker, so a second job is
+    refused at once, and ends after the last one, so the lock outlives every save); rank 0 when the
+    parent does not wait (``--no-join``). The second run gets an error naming the holder's pid.
+    """
+    if not enabled or not save_path:
+        yield
+        return
+    try:
+        Path(save_path).mkdir(parents=True, exist_ok=True)  # the run needs it; the lock file sits beside it
+    except OSError as exc:
+        raise CheckpointError(message=f"cannot write checkpoints to {save_path}: {exc.strerror or exc}",
+                              path=str(save_path), hint="set checkpoint.save_path to a writable directory, or "
+                              "enable_save: false") from None
+    with exclusive_output(os.path.realpath(save_path), SAVE_LOCK_WHAT):  # one lock however the path is spelt
+        yield
 
 
 def check_save_path(save_path: str | os.PathLike, *, resume_dir: str | os.PathLike | None, weights_only: bool,
@@ -44,10 +72,16 @@ def check_save_path(save_path: str | os.PathLike, *, resume_dir: str | os.PathLi
     newest = max([*steps, *([tracked] if tracked is not None else [])])
     where = f"{iteration_dir_name(newest)}" if newest in steps else f"{TRACKER} names step {newest}"
     if not new_run:
-        start = "a weights-only start" if resume_dir is not None else "a fresh run"
+        if resume_dir is None:
+            start = "a fresh run would begin at step 0 and overwrite its tracker"
+        elif weights_only:
+            start = "a weights-only start would begin at step 0 and overwrite its tracker"
+        else:
+            start = (f"a run resumed from {resume_dir}, outside that folder, would save its steps there and "
+                     "move its tracker")
         raise CheckpointError(
             message=f"checkpoint.save_path {root} already holds checkpoints (newest: step {newest}, {where}); "
-                    f"{start} would begin at step 0 and overwrite its tracker",
+                    f"{start}",
             path=str(root),
             hint="continue that run with `mftk resume CONFIG`; to start a new run in the same folder pass --new-run "
                  "(the existing iteration dirs are kept); or set checkpoint.save_path to a new directory")

@@ -79,6 +79,7 @@ class CheckpointReport:
     problems: list[str]
     unused_optimizer_states: dict[str, list[str]] = attrs.field(factory=dict)  # skipped on resume, by state
     notes: list[str] = attrs.field(factory=list)  # what reading assumed (common.json defaults, kept keys)
+    finite_checked: bool = False  # every tensor read and found finite (or its problems listed)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -91,8 +92,11 @@ def tensor_kind(name: str, file_kind: str = "model") -> str:
 
 
 def inspect_checkpoint(path: str | os.PathLike, *, verify: bool = False, read_tensors: bool = False,
-                       progress: Progress = NULL_PROGRESS) -> CheckpointReport:
-    """Summarise (and with ``verify`` check) a save root, step dir, HF dir or single file."""
+                       finite: bool = False, progress: Progress = NULL_PROGRESS) -> CheckpointReport:
+    """Summarise (and with ``verify`` check) a save root, step dir, HF dir or single file.
+
+    ``finite`` reads every tensor once and reports those holding NaN or infinity (a diverged run's
+    weights pass every header check); ``read_tensors`` does that too, with counts and norms."""
     loc = locate(path)
     c = _Collector(loc)
     if loc.kind == "file":
@@ -106,7 +110,9 @@ def inspect_checkpoint(path: str | os.PathLike, *, verify: bool = False, read_te
         c.add_mf_dir(verify)
     if read_tensors and not c.problems:
         c.read_tensors(progress)
-    return c.report(verify, read_tensors)
+    elif finite and not c.problems:
+        c.check_finite(progress)
+    return attrs.evolve(c.report(verify, read_tensors), finite_checked=finite and not read_tensors)
 
 
 class _Collector:
@@ -219,19 +225,34 @@ class _Collector:
 
     def read_tensors(self, progress: Progress) -> None:
         """Whole tensors one at a time: NaN/Inf counts and L2 norms (float64 accumulation)."""
-        progress.start("reading tensors", total=len(self.rows))
+        def one(name: str, arr: np.ndarray) -> None:
+            a = arr.astype(np.float64, copy=False) if arr.dtype.kind in "fiub" else arr
+            finite = np.isfinite(a)
+            nan, inf = int(np.isnan(a).sum()), int((~finite).sum() - np.isnan(a).sum())
+            norm = float(np.sqrt(np.sum(np.square(a[finite]))))
+            self.rows[name] = attrs.evolve(self.rows[name], norm=norm, nan=nan, inf=inf)
+            if nan or inf:
+                self.problems.append(f"{name}: {nan} NaN and {inf} Inf value(s)")
+
+        self._each_tensor("reading tensors", one, progress)
+
+    def check_finite(self, progress: Progress) -> None:
+        """Every tensor once, whole: a problem for each that holds NaN or infinity (no counts, no copies)."""
+        from mftk.ckpt.save import non_finite
+
+        def one(name: str, arr: np.ndarray) -> None:
+            if non_finite({name: arr}):
+                self.problems.append(f"{name}: holds NaN or infinity")
+
+        self._each_tensor("checking tensors are finite", one, progress)
+
+    def _each_tensor(self, label: str, fn: Any, progress: Progress) -> None:
+        progress.start(label, total=len(self.rows))
         try:
             for name, arr in iter_global(self.loc.given if self.loc.kind != "mf" else self.loc.step_dir):
-                if name not in self.rows:
-                    continue
-                a = arr.astype(np.float64, copy=False) if arr.dtype.kind in "fiub" else arr
-                finite = np.isfinite(a)
-                nan, inf = int(np.isnan(a).sum()), int((~finite).sum() - np.isnan(a).sum())
-                norm = float(np.sqrt(np.sum(np.square(a[finite]))))
-                self.rows[name] = attrs.evolve(self.rows[name], norm=norm, nan=nan, inf=inf)
-                if nan or inf:
-                    self.problems.append(f"{name}: {nan} NaN and {inf} Inf value(s)")
-                progress.advance(1)
+                if name in self.rows:
+                    fn(name, arr)
+                    progress.advance(1)
         except CheckpointError as exc:
             self.fail(exc)
         finally:

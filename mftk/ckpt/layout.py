@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 import attrs
 
 from mftk.errors import CheckpointError, InputError
+from mftk.files import kind_of, read_text
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON = "common.json"
 METADATA = "metadata.json"
 RESOLVED_CONFIG = "mftk-config.json"  # the run's resolved config (mftk's; the reference ignores the file)
+TRACKER_LIMIT = 4096  # a decimal step; anything longer is not a tracker
 HF_INDEX = "model.safetensors.index.json"
 HF_SINGLE = "model.safetensors"
 KINDS = ("model", "opt")
@@ -94,11 +97,10 @@ def read_tracker(root: str | os.PathLike) -> int | None:
     """The step in ``latest_checkpointed_iteration.txt``, or None when there is no tracker."""
     path = Path(root) / TRACKER
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, limit=TRACKER_LIMIT, error=CheckpointError, what="tracker file",
+                         hint="write the step of the last complete iteration_* dir into it, or point at that dir")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(message=f"cannot read {path}: {exc}", path=str(path)) from None
     if not text.strip().isdigit():
         raise CheckpointError(message=f"{path}: expected a decimal step, found {text[:40]!r}", path=str(path),
                               hint="write the step of the last complete iteration_* dir into it, or point at that dir")
@@ -154,6 +156,21 @@ def _available_hint(root: Path) -> str:
     return f"complete dirs present: {shown}; pass one of them explicitly"
 
 
+def _foreign(f: Path, own: str) -> list[str]:
+    """A step dir's files are its own: a regular file inside it. A symlink to another step's shard would
+    pass every header check and resume the wrong weights; a FIFO or device would hang or never end."""
+    target = os.path.realpath(f)
+    if os.path.dirname(target) != own:
+        return [f"{f.name}: a symlink to {target}, outside this checkpoint dir (a step dir's files must be its own)"]
+    try:
+        mode = os.stat(f).st_mode
+    except OSError as exc:
+        return [f"{f.name}: cannot be read ({exc.strerror or exc})"]
+    if not stat.S_ISREG(mode):
+        return [f"{f.name}: {kind_of(mode)}, not a regular file"]
+    return []
+
+
 @attrs.frozen
 class StepFiles:
     """The rank files found in one step dir, keyed by rank; ``problems`` lists inconsistencies."""
@@ -184,12 +201,15 @@ def scan_step_dir(step_dir: str | os.PathLike) -> StepFiles:
     worlds: set[int] = set()
     prefixes: set[str | None] = set()
     problems: list[str] = []
+    own = os.path.realpath(d)
     for f in sorted(d.iterdir()):
         parsed = parse_shard_file_name(f.name)
         if parsed is None:
             if (rw := parse_state_file_name(f.name)) is not None:
                 state[rw[0]] = f
+                problems += _foreign(f, own)
             continue
+        problems += _foreign(f, own)
         worlds.add(parsed.world)
         prefixes.add(parsed.prefix)
         target = model if parsed.kind == "model" else opt

@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -21,6 +20,7 @@ from mftk.ckpt.extra_state import read_extra_state
 from mftk.ckpt.layout import HF_INDEX, HF_SINGLE, Located, locate, scan_step_dir
 from mftk.ckpt.metadata import read_metadata, safe_file_name, shard_slices
 from mftk.errors import CheckpointError
+from mftk.files import LARGE_JSON_LIMIT, read_json
 
 
 @attrs.frozen
@@ -71,9 +71,12 @@ def iter_global(path: str | os.PathLike, names: Iterable[str] | None = None, *,
     if loc.kind == "hf":
         yield from _iter_files(hf_weight_files(loc.step_dir), names)
         return
+    files = scan_step_dir(loc.step_dir)
+    if files.problems:  # e.g. a shard that is a symlink into another step: never read it as this one's
+        raise CheckpointError(message=f"{loc.step_dir}: inconsistent rank files", path=str(loc.step_dir),
+                              problems=list(files.problems))
     meta = read_metadata(loc.step_dir)
     if meta is None:
-        files = scan_step_dir(loc.step_dir)
         paths = [p for k in kinds for _, p in sorted((files.model if k == "model" else files.opt).items())]
         yield from _iter_files(paths, names)
         return
@@ -123,11 +126,12 @@ def hf_weight_files(d: str | os.PathLike) -> list[Path]:
     """``model.safetensors``, the files named by ``model.safetensors.index.json``, or every ``*.safetensors``."""
     d = Path(d)
     index = d / HF_INDEX
-    if index.is_file():
+    if os.path.lexists(index):  # a link to a device or a FIFO is read (and refused), not silently skipped
+        data = read_json(index, limit=LARGE_JSON_LIMIT, error=CheckpointError, what="index file")
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = data["weight_map"]
             names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(message=f"{index}: unreadable index ({exc})", path=str(index)) from None
         bad = [n for n in names if not safe_file_name(n)]
         if bad:

@@ -9,7 +9,6 @@ or an absolute path is rejected and never opened.
 from __future__ import annotations
 
 import ast
-import json
 import math
 import os
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from mftk.ckpt.layout import METADATA, shard_file_name
 from mftk.errors import CheckpointError
+from mftk.files import LARGE_JSON_LIMIT, read_json
 
 
 @attrs.frozen
@@ -193,10 +193,8 @@ def shard_slices(index: int, global_shape: tuple[int, ...], frag: tuple[int, ...
 def read_metadata(step_dir: str | os.PathLike) -> dict[str, GlobalTensor] | None:
     """The parsed metadata.json, or None for a single-card checkpoint (no file)."""
     path = Path(step_dir) / METADATA
-    if not path.exists():
-        return None
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(message=f"{path}: cannot be read as JSON ({exc})", path=str(path)) from None
+        obj = read_json(path, limit=LARGE_JSON_LIMIT, error=CheckpointError, what=METADATA)
+    except FileNotFoundError:
+        return None
     return parse_metadata(obj, str(path))

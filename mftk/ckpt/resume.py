@@ -142,7 +142,8 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[s
         scenario, start, consumed = ResumeScenario.WEIGHTS_ONLY, 0, 0
         notes.append("no_load_optim=True: refreshing fp32 master weights from loaded model params.")
     else:
-        loads += ["optimizer states (adam_m, adam_v, global_step)"]
+        states = "muon_m, adam_m, adam_v" if config.optimizer.type == "Muon" else "adam_m, adam_v"
+        loads += [f"optimizer states ({states}, global_step)"]
         consumed = common.consumed_samples if common.consumed_samples is not None else saved_step * (saved_gbs or gbs)
         if tr.rampup_batch_size or not saved_gbs or saved_gbs == gbs:
             scenario, start = ResumeScenario.STANDARD, saved_step

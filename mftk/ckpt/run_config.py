@@ -6,7 +6,6 @@ extra state, which is read as a fallback. A reference checkpoint has neither.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -14,18 +13,17 @@ from typing import Any
 from mftk.ckpt.extra_state import read_extra_state
 from mftk.ckpt.layout import RESOLVED_CONFIG
 from mftk.errors import CheckpointError
+from mftk.files import SMALL_JSON_LIMIT, read_json
 
 
 def read_run_config(step_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The resolved config saved with ``step_dir``, or None when it has none."""
     path = Path(step_dir) / RESOLVED_CONFIG
-    if not path.is_file():
-        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(message=f"{path}: unreadable ({exc})", path=str(path),
-                              hint="remove the file to fall back to the current YAML's model section") from None
+        data = read_json(path, limit=SMALL_JSON_LIMIT, error=CheckpointError, what=RESOLVED_CONFIG,
+                         hint="remove the file to fall back to the current YAML's model section")
+    except FileNotFoundError:
+        return None
     if not isinstance(data, dict):
         raise CheckpointError(message=f"{path}: expected a JSON object", path=str(path))
     return data

@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from mftk.errors import CheckpointError
+from mftk.files import open_regular, parse_json
 
 # safetensors dtype → (bytes per element, numpy dtype or None when numpy cannot hold it)
 DTYPES: dict[str, tuple[int, str | None]] = {
@@ -100,8 +101,8 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     """Parse and check a header without reading tensor data; every problem found goes in one error."""
     p = str(path)
     try:
-        file_bytes = os.path.getsize(p)
-        with open(p, "rb") as fh:
+        with open_regular(p, error=CheckpointError, what="safetensors file") as fh:
+            file_bytes = os.fstat(fh.fileno()).st_size
             head = fh.read(8)
             if len(head) < 8:
                 raise _bad(p, f"file is {file_bytes} bytes, too short for the 8-byte header length")
@@ -114,9 +115,9 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     except OSError as exc:
         raise CheckpointError(message=f"cannot read {p}: {exc.strerror or exc}", path=p) from None
     try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(p, f"header is not UTF-8 JSON ({exc})") from None
+        obj = parse_json(raw, where="header", error=CheckpointError)
+    except CheckpointError as exc:
+        raise _bad(p, f"header is not UTF-8 JSON ({exc.message.removeprefix('header: ')})") from None
     if not isinstance(obj, dict):
         raise _bad(p, f"header is JSON {type(obj).__name__}, expected an object")
     return _check_header(p, n, file_bytes, obj)
@@ -201,7 +202,7 @@ def read_tensors(path: str | os.PathLike, names: Iterable[str] | None = None,
         raise CheckpointError(message=f"{h.path}: {len(missing)} tensor(s) not in file", path=h.path,
                               problems=[f"missing: {n}" for n in missing[:20]])
     out: dict[str, np.ndarray] = {}
-    with open(h.path, "rb") as fh:
+    with open_regular(h.path, error=CheckpointError, what="safetensors file") as fh:
         for name in wanted:
             out[name] = _read_one(fh, h, h.tensors[name])
     return out

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import attrs
-import numpy as np  # noqa: F401 - in the Tensors alias
+import numpy as np
 
 from mftk.ckpt import extra_state, safetensors_io
 from mftk.ckpt.common import CommonInfo
@@ -78,6 +78,37 @@ def write_rank_files(tmp_dir: str | os.PathLike, *, rank: int, world: int, step:
     if extra is not None:
         total += _write_text(d / state_file_name(rank, world), extra_state.dumps(extra, step=step, rank=rank, world=world))
     return total
+
+
+def check_finite(step: int, model: Tensors, optimizer: Tensors | None) -> None:
+    """Refuse (CheckpointError) to save tensors holding NaN or infinity: a diverged update must never
+    become the latest checkpoint, which ``resume`` would load. Called before a byte is written."""
+    bad = non_finite(model) + (non_finite(optimizer) if optimizer is not None else [])
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise CheckpointError(message=f"step {step} not saved: {len(bad)} tensor(s) hold NaN or infinity ({shown})",
+                              hint="the update diverged; the previous checkpoint is intact: resume from it with a "
+                              "lower learning rate or training.max_norm")
+
+
+def non_finite(tensors: Tensors) -> list[str]:
+    """Names of the floating tensors holding a NaN or an infinity, found cheaply: one sum per tensor in its own
+    dtype (no temporary array; a NaN or infinity makes the sum non-finite, so a finite sum clears the tensor),
+    an exact element-wise check only when the sum is not finite (finite values can overflow it), and the
+    exponent bits of bf16 ones. About 35 ms per 256 MiB of float32 here, against 0.2-0.9 s to write it."""
+    bad = []
+    for name, arr in tensors.items():
+        if isinstance(arr, Bf16):
+            if np.any((arr.bits & 0x7F80) == 0x7F80):
+                bad.append(name)
+            continue
+        a = np.asarray(arr)
+        if a.dtype.kind != "f" or a.size == 0:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing sum is the expected signal
+            if not np.isfinite(a.sum()) and not np.isfinite(a).all():
+                bad.append(name)
+    return bad
 
 
 def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, world: int = 1,

@@ -20,6 +20,8 @@ from mftk.errors import Problem
 def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "null"
+    if tp is dict:
+        return "mapping"
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
@@ -132,6 +134,24 @@ def _any(value: Any, _: Any) -> Any:
     return value
 
 
+def _section(converter: cattrs.Converter):
+    """attrs classes (config sections) take a mapping; anything else is named as such, not as the
+    ``TypeError`` cattrs' generated code would raise ("argument of type 'int' is not iterable")."""
+    from cattrs.gen import make_dict_structure_fn
+
+    made: dict[type, Any] = {}
+
+    def hook(value: Any, cls: type) -> Any:
+        if not isinstance(value, dict):
+            raise StrictTypeError(value, dict)
+        if cls not in made:
+            made[cls] = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True,
+                                               _cattrs_detailed_validation=True)
+        return made[cls](value, cls)
+
+    return hook
+
+
 def make_converter() -> cattrs.Converter:
     c = cattrs.Converter(detailed_validation=True, forbid_extra_keys=True)
     c.register_structure_hook(int, _int)
@@ -142,6 +162,7 @@ def make_converter() -> cattrs.Converter:
     c.register_structure_hook_func(lambda t: typing.get_origin(t) is list, _list(c))
     c.register_structure_hook_func(lambda t: t is dict or typing.get_origin(t) is dict, _dict)
     c.register_structure_hook_func(_is_union, _union(c))
+    c.register_structure_hook_func(attrs.has, _section(c))
     return c
 
 

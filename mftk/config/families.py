@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import attrs
 
-from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig
+from mftk.config.model import DeepseekV3ModelConfig, DeepseekV4ModelConfig, Qwen3ModelConfig, Qwen3MoeModelConfig
 
 
 @attrs.frozen
@@ -47,6 +47,10 @@ FAMILIES: tuple[Family, ...] = (
            spec="mftk.engine.models.qwen3.spec:qwen3_spec", hf="mftk.ckpt.hf.qwen3"),
     Family("deepseek_v3", ("deepseek_v3", "deepseek_mtp"), DeepseekV3ModelConfig, ("DeepseekV3ForCausalLM",),
            spec="mftk.engine.models.deepseek_v3.spec:deepseek_v3_spec", hf="mftk.ckpt.hf.deepseek_v3"),
+    Family("deepseek_v4", ("deepseek_v4",), DeepseekV4ModelConfig, ("DeepseekV4ForCausalLM",),
+           spec="mftk.engine.models.deepseek_v4.spec:deepseek_v4_spec", hf="mftk.ckpt.hf.deepseek_v4"),
+    Family("qwen3_moe", ("qwen3_moe",), Qwen3MoeModelConfig, ("Qwen3MoeForCausalLM",),
+           spec="mftk.engine.models.qwen3_moe.spec:qwen3_moe_spec", hf="mftk.ckpt.hf.qwen3_moe"),
 )
 
 MODEL_TYPES: dict[str, Family] = {mt: f for f in FAMILIES for mt in f.model_types}

@@ -1,4 +1,4 @@
-"""Hugging Face `config.json` ↔ our `model:` section (Qwen3 and DeepSeek-V3).
+"""Hugging Face `config.json` ↔ our `model:` section (Qwen3, DeepSeek-V3; DeepSeek-V4 and Qwen3-MoE in `hf_families`).
 
 Users start from published models. The HF keys are already our field names (models.md §1.3/§1.4),
 so most values pass through; what changes is what HF leaves implicit and the reference needs
@@ -15,9 +15,12 @@ from typing import Any
 import attrs
 import yaml
 
-from mftk.config.model import (DELETED, NOTE, WARNING, DeepseekV3ModelConfig, Qwen3ModelConfig,
-                               TransformerFields, model_configs, normalize_model_dict)
+from mftk.config import hf_families as _fam
+from mftk.config.model import (ALIASES, DELETED, NOTE, WARNING, DeepseekV3ModelConfig, DeepseekV4ModelConfig,
+                               Qwen3ModelConfig, Qwen3MoeModelConfig, TransformerFields, model_configs,
+                               normalize_model_dict)
 from mftk.errors import ConfigError, DataFormatError, InputError, Problem
+from mftk.files import CONFIG_LIMIT, MAX_JSON_DEPTH, json_depth, read_text
 
 # HF-only keys with no place in the model section (beyond the reference's own deleted keys).
 _HF_ONLY = {
@@ -31,6 +34,7 @@ _HF_ONLY = {
 }
 
 DEFAULT_MTP_LOSS_SCALING_FACTOR = 0.3  # DeepSeek-V3 paper, first 10T tokens; pynative_ds3.yaml uses it too
+_FAMILY_HANDLED = {DeepseekV4ModelConfig: _fam.V4_HANDLED, Qwen3MoeModelConfig: _fam.QWEN3_MOE_HANDLED}
 
 
 def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> tuple[dict, list[Problem]]:
@@ -44,15 +48,18 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
         raise ConfigError(
             message=f"unsupported HF model_type {mt!r}",
             hint=f"supported: {', '.join(configs)}",
-            problems=[Problem(path="model_type", value=mt, message="unsupported model_type",
+            problems=[Problem(path="model_type", value=mt, message=f"{mt!r:.60} is not a model_type mftk trains",
                               hint=f"one of {', '.join(configs)}")])
     notes: list[Problem] = []
     fields = attrs.fields_dict(cls)
     raw: dict[str, Any] = {}
+    handled = _FAMILY_HANDLED.get(cls, frozenset())
     for key, value in config_json.items():
         if key == "architectures" and isinstance(value, list):
             value = value[0] if value else fields["architectures"].default
-        if key in fields:
+        if key in handled:
+            continue  # translated by the family's extras below
+        if key in fields or key in ALIASES[cls]:  # an alias (num_local_experts) is rewritten by normalize_model_dict
             raw[key] = value
         elif key in DELETED[cls] or key in _HF_ONLY:
             why = _HF_ONLY.get(key) or "only meaningful to HF / deleted by the reference"
@@ -62,11 +69,29 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
                                  message="HF key with no mftk equivalent; dropped"))
     if cls is DeepseekV3ModelConfig:
         raw.update(_deepseek_extras(config_json, notes))
+    elif cls is DeepseekV4ModelConfig:
+        raw.update(_fam.deepseek_v4_from_hf(config_json, notes))
+    elif cls is Qwen3MoeModelConfig:
+        raw.update(_fam.qwen3_moe_from_hf(config_json, notes))
     raw["hidden_dropout"] = 0.0
     raw["seq_length"] = seq_length if seq_length is not None else fields["seq_length"].default
     raw.setdefault("architectures", fields["architectures"].default)
     section, problems = normalize_model_dict(raw)
+    problems += _section_problems(section)
+    if any(p.severity == "error" for p in problems):  # never print a model: section that would not validate
+        raise ConfigError(message="the HF config.json does not give a valid model: section",
+                          problems=notes + [p for p in problems if p.severity != NOTE],
+                          hint="check the config.json's values (types, finiteness)")
     return _ordered(section, cls), notes + [p for p in problems if p.severity != NOTE]
+
+
+def _section_problems(section: dict) -> list[Problem]:
+    """What structuring the section into its typed class, and the number checks, find."""
+    from mftk.config.load import build_model_section
+    from mftk.config.numbers import model_number_problems
+
+    model, problems = build_model_section(dict(section))
+    return problems + (model_number_problems(model) if model is not None else [])
 
 
 def model_section_from_hf(config_json: dict, *, seq_length: int | None = None) -> dict:
@@ -108,18 +133,21 @@ def read_hf_config(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.exists():
-        raise InputError(message=f"{p}: no such file", path=str(p),
-                         hint="pass the config.json of a Hugging Face model directory")
+    hint = "pass the config.json of a Hugging Face model directory"
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(message=f"{p}: cannot read ({exc})", path=str(p)) from exc
+        text = read_text(p, limit=CONFIG_LIMIT, what="config.json", hint=hint)
+    except FileNotFoundError:
+        raise InputError(message=f"{p}: no such file", path=str(p), hint=hint) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataFormatError(message=f"{p}: not valid JSON ({exc.msg})", path=str(p), line=exc.lineno,
                               offset=exc.pos, expected="a JSON object", found=text[exc.pos:exc.pos + 20]) from exc
+    except RecursionError:
+        data = None
+    if data is None or json_depth(data) > MAX_JSON_DEPTH:
+        raise DataFormatError(message=f"{p}: JSON nested more than {MAX_JSON_DEPTH} levels deep", path=str(p),
+                              expected="a Hugging Face config.json", found="deeply nested JSON", hint=hint)
     if not isinstance(data, dict):
         raise DataFormatError(message=f"{p}: expected a JSON object", path=str(p), expected="a JSON object",
                               found=type(data).__name__)
@@ -153,8 +181,14 @@ def hf_config_from_model_section(cfg: Any, *, dtype: str = "float32") -> dict:
         raise ConfigError(message=f"this {cfg.model_type} model cannot be expressed as a transformers config "
                                   f"({len(problems)} problem(s))", problems=problems)
     out: dict[str, Any] = {"architectures": [_HF_ARCH[type(cfg)]], "model_type": _hf_model_type(cfg)}
-    out.update(_qwen3_keys(cfg) if isinstance(cfg, Qwen3ModelConfig) else _dsv3_keys(cfg))
-    out.update({"pad_token_id": cfg.pad_token_id, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+    if isinstance(cfg, DeepseekV4ModelConfig):
+        out.update(_fam.deepseek_v4_to_hf(cfg))
+    elif isinstance(cfg, Qwen3MoeModelConfig):
+        out.update({**_common_keys(cfg), **_fam.qwen3_moe_to_hf(cfg)})
+    else:
+        out.update(_qwen3_keys(cfg) if isinstance(cfg, Qwen3ModelConfig) else _dsv3_keys(cfg))
+    pad = None if cfg.pad_token_id < 0 else cfg.pad_token_id  # −1: no padding id (transformers wants None)
+    out.update({"pad_token_id": pad, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
                 "torch_dtype": HF_DTYPES.get(dtype, dtype), "use_cache": True})
     return out
 
@@ -176,10 +210,15 @@ def hf_export_problems(cfg: Any) -> list[Problem]:
     ignored("gated_linear_unit", cfg.gated_linear_unit, True)
     ignored("add_bias_linear", cfg.add_bias_linear, False)
     ignored("apply_residual_connection_post_layernorm", cfg.apply_residual_connection_post_layernorm, False)
-    if isinstance(cfg, Qwen3ModelConfig):
+    if isinstance(cfg, (Qwen3ModelConfig, Qwen3MoeModelConfig)):
         ignored("rope_scaling", cfg.rope_scaling, None)
         ignored("rotary_interleaved", cfg.rotary_interleaved, False)
         ignored("position_embedding_type", cfg.position_embedding_type, "rope")
+        if isinstance(cfg, Qwen3MoeModelConfig):
+            _fam.qwen3_moe_export_problems(cfg, err)
+        return ps
+    if isinstance(cfg, DeepseekV4ModelConfig):
+        _fam.deepseek_v4_export_problems(cfg, err)
         return ps
     ignored("tie_word_embeddings", cfg.tie_word_embeddings, False)
     if cfg.moe_router_score_function != "sigmoid":
@@ -225,11 +264,12 @@ def hf_export_notes(cfg: Any) -> list[Problem]:
     return [p for p in hf_export_problems(cfg) if p.severity != "error"]
 
 
-_HF_ARCH = {Qwen3ModelConfig: "Qwen3ForCausalLM", DeepseekV3ModelConfig: "DeepseekV3ForCausalLM"}
+_HF_ARCH = {Qwen3ModelConfig: "Qwen3ForCausalLM", DeepseekV3ModelConfig: "DeepseekV3ForCausalLM",
+            DeepseekV4ModelConfig: "DeepseekV4ForCausalLM", Qwen3MoeModelConfig: "Qwen3MoeForCausalLM"}
 
 
 def _as_config(cfg: Any) -> Any:
-    if isinstance(cfg, (Qwen3ModelConfig, DeepseekV3ModelConfig)):
+    if isinstance(cfg, tuple(_HF_ARCH)):
         return cfg
     from mftk.config.load import build_model_section
 
@@ -240,6 +280,8 @@ def _as_config(cfg: Any) -> Any:
 
 
 def _hf_model_type(cfg: Any) -> str:
+    if isinstance(cfg, (DeepseekV4ModelConfig, Qwen3MoeModelConfig)):
+        return cfg.model_type
     return "qwen3" if isinstance(cfg, Qwen3ModelConfig) else "deepseek_v3"  # deepseek_mtp is not an HF type
 
 

@@ -15,15 +15,15 @@ import typing
 from typing import Any, Iterable, Union
 
 import attrs
-import yaml
 
 from mftk.config import sections as S
 from mftk.config.compat import normalize_raw
 from mftk.config.converter import structure
+from mftk.config.numbers import number_problems
 from mftk.config.paths import resolve_data_paths
 from mftk.config.static import STATIC_TOP_LEVEL, is_static_config, static_config_message, static_markers
-from mftk.config.yamlio import LineMap, parse_yaml, read_config_file
-from mftk.errors import ConfigError, Problem
+from mftk.config.yamlio import LineMap, parse_value, parse_yaml, read_config_file
+from mftk.errors import ConfigError, InputError, Problem
 
 
 @attrs.frozen
@@ -58,6 +58,8 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
                                                            hint="a config starts with 'training:', 'model:', ... sections")])
     if is_static_config(data):
         raise ConfigError(message=static_config_message(source, static_markers(data)), source=source)
+    overrides = list(overrides)
+    set_keys = {item: parse_override(item)[0] for item in overrides}  # a malformed --set is a usage error
     raw = copy.deepcopy(data)
     problems: list[Problem] = []
     for item in overrides:
@@ -67,16 +69,30 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     config, found = build_config(raw, lines)
     problems += found
     if config is not None:
-        from mftk.config.rules import check
+        numbers = number_problems(config, _model_key(raw.get("model")))
+        problems += numbers
+        if not numbers:  # the rules do arithmetic with these numbers: NaN or 10**30 would break it
+            from mftk.config.rules import check
 
-        problems += check(config, world_size=world_size, check_files=check_files)
+            problems += check(config, world_size=world_size, check_files=check_files)
     for p in problems:
-        if p.line is None and p.path:
+        item = _set_by(p.path, set_keys)
+        if item is not None:  # the value came from --set, not from the YAML line it replaced
+            p.line = None
+            p.message += f" (from --set {item})"
+        elif p.line is None and p.path:
             p.line = lines.line(p.path)
     errors = [p for p in problems if p.severity == "error"]
     if errors or config is None:
         raise ConfigError(message=f"{len(errors)} problem(s) in {source}", source=source, problems=problems)
     return LoadedConfig(config=config, notes=problems, source=source, raw=raw)
+
+
+def _model_key(model_raw: Any) -> Any:
+    """Field name -> the key the YAML's model: section spelt it with (an alias such as num_layers)."""
+    from mftk.config.model import yaml_key_for
+
+    return (lambda name: yaml_key_for(model_raw, name)) if isinstance(model_raw, dict) else None
 
 
 def build_config(raw: dict, lines: LineMap | None = None) -> tuple[S.Config | None, list[Problem]]:
@@ -105,6 +121,10 @@ def build_model_section(model_raw: Any) -> tuple[Any, list[Problem]]:
     if not isinstance(model_raw, dict):
         return None, [Problem(path="model", message=f"expected a mapping, got {type(model_raw).__name__}")]
     model_type = model_raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        return None, [Problem(path="model.model_type", value=model_type,
+                              message=f"expected a string, got {type(model_type).__name__} {model_type!r:.40}",
+                              hint=f"one of: {', '.join(sorted(configs))}")]
     if model_type is None:
         return None, [Problem(path="model.model_type", message="required key is missing",
                               hint=f"one of: {', '.join(sorted(configs))}")]
@@ -233,28 +253,56 @@ def _did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str
 
 # ---------------------------------------------------------------------------- overrides
 
+def parse_override(item: str) -> tuple[str, str]:
+    """``a.b.c=value`` -> (``a.b.c``, ``value``); anything else is a usage error (`InputError`, exit 2)."""
+    if "=" not in item:
+        raise InputError(message=f"--set {item}: expected KEY=VALUE",
+                         hint=f"e.g. --set {item.strip() or 'training.steps'}=20")
+    dotted, text = item.split("=", 1)
+    dotted = dotted.strip()
+    if not dotted or not all(dotted.split(".")):
+        raise InputError(message=f"--set {item}: empty key in the dotted path {dotted!r}",
+                         hint="name the YAML key by its dotted path, e.g. --set training.steps=20")
+    return dotted, text
+
+
+def _set_by(path: str, set_keys: dict[str, str]) -> str | None:
+    """The ``--set`` item that supplied the value at ``path`` (or a section above it), if any."""
+    for item, key in set_keys.items():
+        if path == key or path.startswith((key + ".", key + "[")):
+            return item
+    return None
+
+
 def apply_override(raw: dict, item: str) -> list[Problem]:
     """Apply one `a.b.c=value` override to the raw YAML data (value parsed as YAML)."""
-    if "=" not in item:
-        return [Problem(path=item, message="override must look like section.key=value",
-                        hint="e.g. --set training.steps=20")]
-    dotted, text = item.split("=", 1)
-    keys = dotted.strip().split(".")
-    if not all(keys):
-        return [Problem(path=dotted, message="empty key in override path")]
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
+    dotted, text = parse_override(item)
+    keys = dotted.split(".")
     if _is_str_field(keys):
-        value = text
+        value: Any = text
+    else:
+        try:
+            value = parse_value(text, f"--set {dotted}") if text.strip() else ""
+        except ConfigError as exc:
+            return [Problem(path=dotted, message=f"the value of --set {dotted}: {exc.problems[0].message}",
+                            hint=exc.problems[0].hint)]
     node = raw
-    for key in keys[:-1]:
-        if not isinstance(node.get(key), dict):
+    for depth, key in enumerate(keys[:-1]):
+        if node.get(key) is None:
             node[key] = {}
+        elif not isinstance(node[key], dict):
+            where = ".".join(keys[:depth + 1])
+            return [Problem(path=where, message=f"is {_kind(node[key])}, not a section, so --set {dotted} cannot "
+                                                "set a key inside it",
+                            hint=f"give {where} a mapping first, or drop the --set that replaced it")]
         node = node[key]
     node[keys[-1]] = value
     return []
+
+
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list"}
+    return f"{names.get(type(value), type(value).__name__)} ({value!r:.40})"
 
 
 def _is_str_field(keys: list[str]) -> bool:

@@ -17,88 +17,19 @@ from typing import Any
 
 import attrs
 
+from mftk.config.model_base import (  # noqa: F401  (re-exported: other modules import these from here)
+    AUX_LOSS_TYPES, DTYPES, ERROR, HIDDEN_ACTS, NOTE, SCORE_FUNCTIONS, WARNING, RopeParams, TransformerFields, _err, _f, _g,
+    _positive,
+)
+from mftk.config import model_deepseek_v4 as _dsv4, model_qwen3_moe as _q3moe
+from mftk.config.model_deepseek_v4 import DeepseekV4ModelConfig
+from mftk.config.model_qwen3_moe import Qwen3MoeModelConfig
 from mftk.errors import Problem
-
-NOTE = "note"  # a rewrite that changes nothing the model computes (alias, deleted key, coercion)
-WARNING = "warning"
-ERROR = "error"
-
-DTYPES = ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
-HIDDEN_ACTS = ("silu", "fusedswiglu", "gelu")
-SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
-AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
-
-
-def _f(default: Any, help: str) -> Any:
-    """A field with its one-line meaning kept in metadata (one place for default and docs)."""
-    return attrs.field(default=default, metadata={"help": help})
-
-
-def _g(s: float, m: float) -> float:
-    """YaRN magnitude term g(s, m) = 0.1·m·ln s + 1 (1 when s ≤ 1), models.md §2.4."""
-    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
-
-
-@attrs.frozen
-class RopeParams:
-    """Rotary settings after `rope_scaling` has been expanded (models.md §1.7)."""
-
-    position_embedding_type: str
-    rotary_base: float
-    factor: float
-    original_max_position_embeddings: int
-    beta_fast: float
-    beta_slow: float
-    mscale: float
-    mscale_all_dim: float
-
-    @property
-    def rotary_mscale(self) -> float:
-        """YaRN angle multiplier g(factor, mscale)/g(factor, mscale_all_dim) (1.0 for plain RoPE)."""
-        if self.position_embedding_type != "yarn":
-            return 1.0
-        return _g(self.factor, self.mscale) / _g(self.factor, self.mscale_all_dim)
-
-
-@attrs.frozen(kw_only=True)
-class TransformerFields:
-    """`TransformerConfig` fields that both families share, with the same effective default."""
-
-    seq_length: int = _f(4096, "Training sequence length S: causal-mask size and FLOPs; must equal the dataset's.")
-    compute_dtype: str = _f("bfloat16", "Matmul/activation dtype and default storage dtype of Linear/experts.")
-    params_dtype: str = _f("float32", "Storage dtype where passed (Qwen3 linear_qkv / linear_proj only).")
-    embedding_params_dtype: str = _f("float32", "Word-embedding table storage dtype.")
-    layernorm_compute_dtype: str = _f("float32", "RMSNorm weight dtype (norm math is fp32).")
-    rotary_dtype: str = _f("float32", "Dtype of the RoPE math.")
-    hidden_act: str = _f("silu", "MLP activation: silu / fusedswiglu (same SwiGLU math) / gelu.")
-    initializer_range: float = _f(0.02, "Std of the normal init (the reference hard-codes 0.01; mftk honours this).")
-    rms_norm_eps: float = _f(1e-6, "Epsilon of every RMSNorm.")
-    rope_theta: float = _f(10000.0, "RoPE base θ.")
-    rope_scaling: dict | None = _f(None, "HF rope_scaling dict (type/factor/original_max_position_embeddings/...).")
-    attention_bias: bool = _f(False, "Bias on the QKV (MLA: down/up) projections.")
-    attention_dropout: float = _f(0.0, "Accepted; no effect (the attention kernel has no dropout).")
-    normalization: str = _f("RMSNorm", "Final norm type (layer norms are RMSNorm).")
-    fused_norm: bool = _f(True, "Must stay true (non-fused norms are rejected by the reference).")
-    add_bias_linear: bool = _f(False, "Biases on every Linear layer (must be false with MoE).")
-    gated_linear_unit: bool = _f(True, "Gated MLP (SwiGLU): fc1 is twice as wide.")
-    apply_residual_connection_post_layernorm: bool = _f(False, "Take residuals after the norm instead of before.")
-    position_embedding_type: str = _f("rope", "rope / yarn (MLA only) / none; rope_scaling.type overrides it.")
-    rotary_interleaved: bool = _f(False, "GPT-J style interleaved rotary pairs.")
-    apply_rope_fusion: bool = _f(False, "Ascend fused RoPE kernel; same math, no effect on CPU.")
-    tie_word_embeddings: bool = _f(False, "Share the embedding table with the LM head.")
-    ignore_token_id: int = _f(-100, "Labels equal to this are left out of the loss.")
-    is_dynamic: bool = _f(False, "Slice the causal mask for variable sequence lengths.")
-    use_flash_attention: bool = _f(True, "Accepted; the fused attention path is used either way.")
-    use_attn_mask_compression: bool = _f(False, "Compressed causal mask (Ascend FA sparse mode 2).")
-    use_eod_attn_mask_compression: bool = _f(False, "EOD-packed TND attention with actual_seq_len.")
-    track_max_attention_logit: bool = _f(False, "Keep per-head max attention logits (QK-clip / Muon).")
-    calculate_per_token_loss: bool = _f(False, "Return (sum, count) instead of the mean; unsupported by the trainer.")
-    chunk_loss_num: int = _f(0, "Compute the cross-entropy in this many sequence chunks (same value).")
 
 
 @attrs.frozen(kw_only=True)
 class Qwen3ModelConfig(TransformerFields):
-    """Qwen3 (dense GQA + qk-norm). Defaults: `Qwen3Config` signature + MF-injected (models.md §1.4)."""
+    """Qwen3 (dense GQA + qk-norm). Defaults: `Qwen3Config`'s signature plus what MindSpore Transformers injects."""
 
     model_type: str = _f("qwen3", "Selects the config class: qwen3.")
     architectures: str = _f("Qwen3ForCausalLM", "Selects the model class (a string, not a list).")
@@ -144,7 +75,7 @@ class Qwen3ModelConfig(TransformerFields):
 
 @attrs.frozen(kw_only=True)
 class DeepseekV3ModelConfig(TransformerFields):
-    """DeepSeek-V3 (MLA + MoE + MTP). Defaults: `DeepseekV3Config` signature + MF-injected (models.md §1.3)."""
+    """DeepSeek-V3 (MLA + MoE + MTP). Defaults: `DeepseekV3Config`'s signature plus what MindSpore Transformers injects."""
 
     model_type: str = _f("deepseek_v3", "Selects the config class: deepseek_v3 (or deepseek_mtp).")
     architectures: str = _f("DeepseekV3ForCausalLM", "Selects the model class (a string, not a list).")
@@ -255,7 +186,7 @@ class DeepseekV3ModelConfig(TransformerFields):
         return _g(rp.factor, rp.mscale) ** 2 / math.sqrt(self.q_head_dim())
 
 
-ModelConfig = Qwen3ModelConfig | DeepseekV3ModelConfig
+ModelConfig = Qwen3ModelConfig | DeepseekV3ModelConfig | DeepseekV4ModelConfig | Qwen3MoeModelConfig
 
 def model_configs() -> dict[str, type]:
     """``model_type`` → config class, from the one family table (`mftk.config.families`)."""
@@ -300,12 +231,16 @@ ALIASES: dict[type, dict[str, str]] = {
         "qk_head_dim": "qk_nope_head_dim",
         "qk_pos_emb_head_dim": "qk_rope_head_dim",
     },
+    DeepseekV4ModelConfig: _dsv4.ALIASES,
+    Qwen3MoeModelConfig: _q3moe.ALIASES,
 }
 
 _DELETED_COMMON = ("auto_map", "torch_dtype", "use_cache", "transformers_version")
 DELETED: dict[type, tuple[str, ...]] = {
     Qwen3ModelConfig: _DELETED_COMMON + ("max_window_layers", "sliding_window", "use_sliding_window", "layer_types"),
     DeepseekV3ModelConfig: _DELETED_COMMON + ("ep_size", "scoring_func"),
+    DeepseekV4ModelConfig: _dsv4.DELETED,
+    Qwen3MoeModelConfig: _q3moe.DELETED,
 }
 
 # Accepted by the reference but without effect in the PyNative DSv3/Qwen3 path (models.md §1.5).
@@ -396,7 +331,7 @@ def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
                 problems.append(Problem(path=path, value=value, message="DeepSeek-V3.2/V4 feature; not supported",
                                         hint="remove it or set it off"))
             continue
-        elif cls is Qwen3ModelConfig and key == "qk_layernorm":
+        elif cls in (Qwen3ModelConfig, Qwen3MoeModelConfig) and key == "qk_layernorm":
             problems.append(Problem(path=path, value=value, severity=NOTE if value is True else WARNING,
                                     message="Qwen3 always applies q/k RMSNorm (the reference ignores this key)"))
             continue
@@ -448,9 +383,9 @@ def _coerce(out: dict, source: dict, cls: type, floats: set[str], problems: list
                                     message=f"int {value} read as {float(value)}; MindSpore Transformers rejects an int here",
                                     hint=f"write {float(value)}"))
     if "pad_token_id" in out and out["pad_token_id"] is None:
-        out["pad_token_id"] = 0
+        out["pad_token_id"] = -1 if cls in (DeepseekV4ModelConfig, Qwen3MoeModelConfig) else 0
         problems.append(Problem(path=f"model.{source['pad_token_id']}", severity=NOTE, value=None,
-                                message="null pad_token_id means 0"))
+                                message=f"null pad_token_id means {out['pad_token_id']}"))
     if cls is DeepseekV3ModelConfig and "num_nextn_predict_layers" in out and out["num_nextn_predict_layers"] is None:
         out["num_nextn_predict_layers"] = 0
         problems.append(Problem(path=f"model.{source['num_nextn_predict_layers']}", severity=NOTE, value=None,
@@ -511,20 +446,13 @@ def model_problems(cfg: ModelConfig) -> list[Problem]:
     _check_common(cfg, ps)
     if isinstance(cfg, Qwen3ModelConfig):
         _check_qwen3(cfg, ps)
+    elif isinstance(cfg, DeepseekV4ModelConfig):
+        _dsv4.check_deepseek_v4(cfg, ps)
+    elif isinstance(cfg, Qwen3MoeModelConfig):
+        _q3moe.check_qwen3_moe(cfg, ps)
     else:
         _check_dsv3(cfg, ps)
     return ps
-
-
-def _err(ps: list[Problem], key: str, value: Any, message: str, hint: str = "", severity: str = ERROR) -> None:
-    ps.append(Problem(path=f"model.{key}", value=value, message=message, hint=hint, severity=severity))
-
-
-def _positive(cfg: Any, ps: list[Problem], names: tuple[str, ...]) -> None:
-    for n in names:
-        v = getattr(cfg, n)
-        if v is not None and v <= 0:
-            _err(ps, n, v, f"must be > 0, got {v}", "set a positive size")
 
 
 def _check_common(cfg: ModelConfig, ps: list[Problem]) -> None:

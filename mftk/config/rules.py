@@ -250,8 +250,9 @@ def _check_checkpoint(c: Config, r: _Rules) -> None:
 def _check_optimizer(c: Config, r: _Rules) -> None:
     o = c.optimizer
     _check_choices(r, "optimizer.type", o.type, {"AdamW", "Muon"})
-    if o.type == "Muon":
-        r.error("optimizer.type", "Muon is not available in mftk yet", o.type, "use AdamW")
+    from mftk.config.optimizer_muon import adamw_only_problems, muon_problems
+
+    r.problems += muon_problems(c) if o.type == "Muon" else adamw_only_problems(c)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         r.error("optimizer.betas", f"needs two values in [0, 1), got {o.betas}", o.betas)
     if o.eps < 0:
@@ -398,7 +399,7 @@ def _check_mindrecord_entry(entry: str, path: str, r: _Rules) -> None:
 
 def _check_balance(c: Config, layout: L.Layout | None, r: _Rules) -> None:
     """``train_dataset.balance_enabled`` (2.1 §1.6): the reference's loader and data-mode rules; dp = 1 is its
-    exact bypass; the dp > 1 redistribution is not implemented by mftk, so it is refused, not ignored."""
+    exact bypass; dp > 1 redistributes each step's micro-batches (`mftk.data.balance`)."""
     path, loader = "train_dataset.balance_enabled", c.train_dataset.dataloader
     if not c.train_dataset.balance_enabled or loader is None or loader.type is None:
         return
@@ -414,9 +415,13 @@ def _check_balance(c: Config, layout: L.Layout | None, r: _Rules) -> None:
     if layout is None:
         return
     if layout.dp > 1:
-        r.error(path, f"redistributing micro-batches across data-parallel ranks (dp = {layout.dp}) is not "
-                "implemented by mftk yet", True, "set balance_enabled: false, or train this run with "
-                "MindSpore Transformers")
+        if c.training.rampup_batch_size:
+            r.error(path, "balancing with training.rampup_batch_size is not implemented by mftk (the step's "
+                    "micro-batch count changes during the ramp)", True,
+                    "set balance_enabled: false, or remove rampup_batch_size")
+        else:
+            r.note(path, f"each step's micro-batches are redistributed over the {layout.dp} data-parallel ranks "
+                   "to even out attention work (Σ document length²); the step's gradient is unchanged", True)
     else:
         r.note(path, "no effect at data parallel 1: each step reads the original micro-batches (the reference's "
                "exact bypass)", True)
@@ -443,7 +448,8 @@ def _check_prefix_files(prefix: str, path: str, r: _Rules) -> None:
     missing = [ext for ext in (".bin", ".idx") if not Path(prefix + ext).is_file()]
     if missing:
         r.error(path, f"data files missing for prefix {prefix!r}: {', '.join(prefix + e for e in missing)}", prefix,
-                "run mftk preprocess, or use --no-check-files to skip this check")
+                "create them with mftk preprocess (a relative prefix is read from the working directory, then next "
+                "to the YAML); `mftk validate-config --no-check-files` checks the rest of the config without them")
 
 
 def _check_device(c: Config, r: _Rules) -> None:

@@ -11,7 +11,9 @@ What the engine runs (`engine/parallel/parallelize.py`): every combination of DP
 sequence parallel, EP, CP (colossal, ulysses, hybrid) and PP (1F1B, GPipe, interleaved 1F1B) over the
 reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
-exceptions are refused here with their reason.
+exceptions are refused here with their reason: the families without a tensor/context-parallel plan
+(DeepSeek-V4, Qwen3-MoE), DeepSeek-V4 under expert and pipeline parallel (hyper-connection streams and
+hash-routed experts), Qwen3-MoE under pipeline parallel, and Muon where it needs whole matrices.
 """
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ from mftk.derive import Layout, accumulation_steps, parse_layer_range, stage_chu
 
 # attention kind per model family: which tensor / context parallel plan applies (engine/parallel/parallelize.py)
 ATTENTION_KINDS = {"qwen3": "gqa", "deepseek_v3": "mla"}
+
+# dimensions besides TP and CP (no attention kind above) a family's parallel plan does not cover yet, and why
+FAMILY_GAPS: dict[str, dict[str, str]] = {
+    "deepseek_v4": {"ep": "its hash-routed experts inside hyper-connection layers have no expert-parallel plan",
+                    "pp": "its hyper-connection residual streams have no pipeline-parallel plan"},
+    "qwen3_moe": {"pp": "its pipeline-parallel run is not verified against one process"},
+}
 
 # rule name -> (mesh dimension it constrains, what it says); plan-parallel explains its rejections with these
 RULES: dict[str, tuple[str, str]] = {
@@ -49,6 +58,9 @@ RULES: dict[str, tuple[str, str]] = {
     "pp_global_aux": ("pp", "no global_aux_loss (its running counts would be added twice)"),
     "pp_interleave": ("pp", "interleaved 1F1B: pp > 1, a 1f1b schedule, micro-batches a multiple of pp"),
     "track_logits": ("tp", "max attention logit tracking only without TP, CP and PP"),
+    "family_dims": ("world", "the model family has a plan for this parallel dimension"),
+    "muon_tp": ("tp", "Muon without tensor parallel (it orthogonalises each weight's full matrix)"),
+    "muon_qk_clip": ("dp", "Muon's QK-clip without FSDP (it rescales head rows of the fp32 masters)"),
 }
 
 
@@ -74,10 +86,14 @@ class LayoutSettings:
     local_batch_size: int = 1
     rampup: tuple[int, ...] | None = None
     track_max_logits: bool = False
+    muon: bool = False  # optimizer.type: Muon
+    qk_clip: bool = False  # Muon's QK-clip is active (`optimizer_muon.qk_clip_active`)
 
 
 def settings_of(config: Any, *, track_max_logits: bool = False) -> LayoutSettings:
     """The `LayoutSettings` of a structured config."""
+    from mftk.config.optimizer_muon import qk_clip_active
+
     p, t = config.parallelism, config.training
     return LayoutSettings(sequence_parallel=bool(p.sequence_parallel), cp_method=p.context_parallel_method.lower(),
                           ulysses_degree=p.ulysses_degree_in_cp,
@@ -85,7 +101,8 @@ def settings_of(config: Any, *, track_max_logits: bool = False) -> LayoutSetting
                           schedule=(p.pipeline_parallel_schedule or "1f1b").lower(),
                           global_batch_size=t.global_batch_size, local_batch_size=t.local_batch_size,
                           rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
-                          track_max_logits=track_max_logits)
+                          track_max_logits=track_max_logits, muon=config.optimizer.type == "Muon",
+                          qk_clip=qk_clip_active(config))
 
 
 def ulysses_degree(method: str, cp: int, degree: int | None) -> int:
@@ -98,11 +115,15 @@ def ulysses_degree(method: str, cp: int, degree: int | None) -> int:
     return 1
 
 
-def attention_kind(model: Any) -> str | None:
+def family_name(model: Any) -> str | None:
     from mftk.config.families import MODEL_TYPES
 
     family = MODEL_TYPES.get(getattr(model, "model_type", None))
-    return ATTENTION_KINDS.get(family.name) if family is not None else None
+    return family.name if family is not None else None
+
+
+def attention_kind(model: Any) -> str | None:
+    return ATTENTION_KINDS.get(family_name(model) or "")
 
 
 def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refusal]:
@@ -114,7 +135,9 @@ def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refus
         out += _expert(model, layout)
         out += _context(model, layout, s)
         out += _pipeline(model, layout, s)
+        out += _family_gaps(model, layout)
         out += _fsdp(model, layout)
+    out += _muon(layout, s)
     if s.track_max_logits and (layout.tp > 1 or layout.cp > 1 or layout.pp > 1):
         out.append(Refusal("track_logits", "model.track_max_attention_logit",
                            f"max attention logit tracking with {layout.describe()} is not supported: the tracked "
@@ -141,6 +164,32 @@ def _mesh(lay: Layout, s: LayoutSettings) -> list[Refusal]:
                            "set parallelism.sequence_parallel: true"))
     out += _batch(lay, s)
     return out
+
+
+def _family_gaps(m: Any, lay: Layout) -> list[Refusal]:
+    """`FAMILY_GAPS`: the dimensions this family's parallel plan lacks (TP/CP: `_tensor`, `_context`)."""
+    gaps = FAMILY_GAPS.get(family_name(m) or "", {})
+    return [Refusal("family_dims", f"parallelism.{field}", f"{field}={degree} is not supported for model_type "
+                    f"{m.model_type!r} yet: {gaps[dim]}", f"set parallelism.{field}: 1")
+            for dim, field, degree in (("ep", "expert_parallel", lay.ep), ("pp", "pipeline_parallel", lay.pp))
+            if degree > 1 and dim in gaps]
+
+
+def _muon(lay: Layout, s: LayoutSettings) -> list[Refusal]:
+    """Muon orthogonalises each weight's whole matrix: split matrices (TP) are refused, and so is QK-clip
+    (it rescales head rows of the fp32 masters) on FSDP row shards."""
+    if not s.muon:
+        return []
+    if lay.tp > 1:
+        return [Refusal("muon_tp", "parallelism.tensor_parallel", f"Muon with tensor_parallel={lay.tp} is not "
+                        "supported yet (the orthogonalisation needs each weight's full matrix)",
+                        "set parallelism.tensor_parallel: 1, or optimizer.type: AdamW")]
+    if s.qk_clip and lay.dp_shard > 1:
+        return [Refusal("muon_qk_clip", "optimizer.qk_clip_enabled", "Muon's QK-clip with FSDP (data_parallel_shard "
+                        f"= {lay.dp_shard}) is not supported yet (it rescales head rows of the fp32 masters, which "
+                        "FSDP splits)", "set parallelism.data_parallel_shard: 1 (plain data parallel), or "
+                        "qk_clip_enabled: false")]
+    return []
 
 
 def _batch(lay: Layout, s: LayoutSettings) -> list[Refusal]:

@@ -118,6 +118,25 @@ class OptimizerConfig:
     amsgrad: bool = field(False, "AMSGrad variant (fused path).")
     maximize: bool = field(False, "Maximise instead of minimise (fused path).")
     enable_cpu_offload: bool = field(False, "Not supported (the reference raises).")
+    # --- Muon (optimizer.type: Muon); `betas` is unused by Muon, `eps` is its Newton-Schulz norm floor ---
+    matched_adamw_rms: float = field(0.2, "Muon: update RMS matched to AdamW's; scales every orthogonalised update.")
+    momentum: float = field(0.95, "Muon: momentum mu of M <- mu*M + G.")
+    nesterov: bool = field(True, "Muon: orthogonalise G + mu*M (Nesterov) instead of M.")
+    ns_steps: int = field(5, "Muon: Newton-Schulz steps for flat ns_coefficients (ignored by the segmented form).")
+    ns_coefficients: list = field(factory=lambda: [3.4445, -4.775, 2.0315],
+                                  help="Muon: Newton-Schulz (a, b, c), or segments [[[a, b, c], steps], ...].")
+    adamw_betas: list[float] = field(factory=lambda: [0.95, 0.95], help="Muon: (beta1, beta2) of the AdamW fallback.")
+    adamw_eps: float = field(1e-8, "Muon: epsilon of the AdamW fallback.")
+    adamw_include: Optional[Union[str, list[str]]] = field(
+        None, "Muon: fnmatch globs of 2-D/3-D parameters updated by AdamW; null: *word_embeddings*, *output_layer*.")
+    qk_clip_enabled: bool = field(True, "Muon: rescale MLA query/key weights whose max attention logit exceeds the threshold.")
+    qk_clip_threshold: float = field(100.0, "Muon: QK-clip threshold tau on the per-head max attention logit.")
+    comm_strategy: str = field("allgather", "Muon: allgather / allgather_deredundency (one implementation in mftk).")
+    use_fused_adamw: bool = field(False, "Muon: fused AdamW kernel for the fallback (same update).")
+    phase0_batch_memory_gb: float = field(1.0, "Muon allgather_deredundency: momentum batching budget (no effect in mftk).")
+    ns_batch_memory_gb: float = field(1.0, "Muon allgather_deredundency: Newton-Schulz batching budget (no effect in mftk).")
+    phase4_batch_memory_gb: float = field(4.0, "Muon allgather_deredundency: apply batching budget (no effect in mftk).")
+    swap: bool = field(False, "Optimizer-state swap: Muon rejects true (as the reference); AdamW ignores it.")
 
 
 @section(allow_extra=True)
@@ -195,8 +214,8 @@ class TrainDatasetConfig:
     prefetch_size: int = field(1, "Batches prefetched.")
     numa_enable: bool = field(False, "NUMA binding for dataset workers.")
     use_distribute_dataset: bool = field(False, "First rank of each tp*cp group reads and broadcasts.")
-    balance_enabled: bool = field(False, "Balance attention work across DP ranks (needs the compressed EOD mask); "
-                                  "no effect at dp 1, refused at dp > 1 (not in mftk yet).")
+    balance_enabled: bool = field(False, "Balance attention work across DP ranks (needs the compressed EOD mask): "
+                                  "each step's micro-batches are redistributed; no effect at dp 1.")
 
 
 @section
@@ -296,10 +315,14 @@ KNOWN_CALLBACKS = (MAX_LOGITS_MONITOR, "MaxLogitsReset")  # MaxLogitsReset: depr
 
 
 def tracking_requested(config: Any) -> bool:
-    """Max-logit tracking is on when the model asks for it or a ``MaxLogitsMonitor`` callback is configured."""
+    """Max-logit tracking is on when the model asks for it, a ``MaxLogitsMonitor`` callback is configured, or
+    Muon's QK-clip needs it (MLA models; the reference adds the monitor the same way)."""
+    from mftk.config.optimizer_muon import qk_clip_active
+
     model = getattr(config, "model", None)
     return bool(getattr(model, "track_max_attention_logit", False)) or any(
-        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ())
+        getattr(cb, "type", None) == MAX_LOGITS_MONITOR for cb in getattr(config, "callbacks", None) or ()) or (
+        hasattr(config, "optimizer") and qk_clip_active(config))
 
 
 @section
@@ -347,10 +370,10 @@ class Config:
     checkpoint: CheckpointConfig = field(factory=CheckpointConfig, help="Saving and loading checkpoints.")
     training: TrainingConfig = field(factory=TrainingConfig, help="Steps, batch sizes, clipping, seed.")
     parallelism: ParallelismConfig = field(factory=ParallelismConfig, help="DP/FSDP/TP/PP/CP/EP degrees.")
-    optimizer: OptimizerConfig = field(factory=OptimizerConfig, help="AdamW settings and weight-decay groups.")
+    optimizer: OptimizerConfig = field(factory=OptimizerConfig, help="AdamW or Muon settings and weight-decay groups.")
     lr_scheduler: LrSchedulerConfig = field(factory=LrSchedulerConfig, help="Learning-rate schedule.")
     train_dataset: TrainDatasetConfig = field(factory=TrainDatasetConfig, help="Training data.")
-    model: Any = field(None, "Model architecture (typed by model_type: qwen3, deepseek_v3).")
+    model: Any = field(None, "Model architecture (typed by model_type: qwen3, deepseek_v3, deepseek_v4, qwen3_moe).")
     monitor: MonitorConfig = field(factory=MonitorConfig, help="Training-state monitoring and TensorBoard.")
     context: ContextConfig = field(factory=ContextConfig, help="Accepted for compatibility; ignored.")
     profiler: ProfilerConfig = field(factory=ProfilerConfig, help="MindSpore profiler window.")

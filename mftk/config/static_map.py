@@ -23,6 +23,8 @@ _DATASET_KEYS = ("num_parallel_workers", "drop_remainder", "numa_enable", "prefe
 _CONTEXT_KEYS = ("device_target", "max_device_memory")
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved_1f1b": "interleaved_1f1b"}
 _MODEL_RENAMES = {"mtp_loss_factor": "mtp_loss_scaling_factor", "router_dense_type": "moe_router_dtype"}
+# Static-graph values the PyNative router rejects, and the PyNative value computing the same loss (§6.3).
+_MODEL_VALUES = {("moe_router_load_balancing_type", "gbs_aux_loss"): "global_aux_loss"}
 _RUN_MODES = {"train": "train", "finetune": "train", "eval": "train", "predict": "predict"}
 
 
@@ -226,6 +228,10 @@ def _model(w: _Walk, layout: dict[str, int]) -> None:
         elif key in _MODEL_RENAMES:
             model[_MODEL_RENAMES[key]] = value
             w.mapped.append((path, f"model.{_MODEL_RENAMES[key]}"))
+        elif (key, value) in _MODEL_VALUES:
+            model[key] = _MODEL_VALUES[(key, value)]
+            w.mapped.append((path, f"model.{key}: {model[key]!r} (static {value!r}: the aux loss over the global "
+                             "batch; PyNative's router rejects the static name)"))
         else:
             model[key] = value
             w.mapped.append((path, f"model.{key}"))

@@ -23,13 +23,14 @@ _ROWS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("activation_func_clamp_value", lambda v: v is None, "the experts' SwiGLU is not clamped"),
 ]
 _FP32_ON_CPU = ("compute_dtype", "params_dtype", "embedding_params_dtype")
+_IMPLEMENTED_FOR = {"activation_func_clamp_value": ("deepseek_v4",)}  # rows a family's own layers do implement
 
 
 def unsupported_model_settings(model: Any) -> list[Problem]:
     """Errors for settings the engine does not implement; notes for dtypes computed in fp32."""
     problems: list[Problem] = []
     for name, accepted, does in _ROWS:
-        if not hasattr(model, name):
+        if not hasattr(model, name) or getattr(model, "model_type", "") in _IMPLEMENTED_FOR.get(name, ()):
             continue
         value = getattr(model, name)
         if not accepted(value):

@@ -12,13 +12,24 @@ TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 class Template:
     name: str  # file name without .yaml
     path: Path
-    summary: str  # the file's first comment line
+    summary: str  # the first sentence of the file's leading comment
 
 
 def shipped_templates() -> list[Template]:
     """Every shipped template, by name."""
     out = []
     for path in sorted(TEMPLATES_DIR.glob("*.yaml")):
-        first = next((ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("#")), "")
-        out.append(Template(path.stem, path, first.lstrip("# ").strip()))
+        out.append(Template(path.stem, path, _first_sentence(path.read_text(encoding="utf-8"))))
     return out
+
+
+def _first_sentence(text: str) -> str:
+    """The leading comment block's first sentence (up to '. ' or its end), joined onto one line."""
+    comment = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        comment.append(line.lstrip("#").strip())
+    joined = " ".join(c for c in comment if c)
+    end = joined.find(". ")
+    return joined[: end + 1] if end >= 0 else joined

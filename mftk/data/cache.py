@@ -22,6 +22,8 @@ import numpy as np
 
 from mftk.data.gpt_dataset import (GPTIndices, build_sample_index, num_epochs, num_samples_in,
                                    separate_final_epoch)
+from mftk.errors import InputError
+from mftk.files import SMALL_JSON_LIMIT, read_text, regular_file_or_error
 
 ARRAYS = ("document_index", "sample_index", "shuffle_index")
 DEFAULT_SUBDIR = Path("cache") / "GPTDataset_indices"
@@ -103,17 +105,19 @@ class IndexCache:
         if not desc_path.is_file():
             return None
         try:
-            text = desc_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            text = read_text(desc_path, limit=SMALL_JSON_LIMIT, what="cache description")
+        except (OSError, InputError) as exc:
             self.notes.append(f"{desc_path}: unreadable ({exc}); rebuilt")
             return None
         if text != self.text:
             self.notes.append(f"{desc_path}: written by a different config; rebuilt")
             return None
         try:
+            for name in ARRAYS:
+                regular_file_or_error(self.path(f"{name}.npy"), what="cache file")
             arrays = {name: np.load(self.path(f"{name}.npy"), allow_pickle=False, mmap_mode="r")
                       for name in ARRAYS}
-        except (OSError, ValueError, EOFError) as exc:
+        except (OSError, ValueError, EOFError, InputError) as exc:
             self.notes.append(f"{self.directory}: cache entry {self.md5} is corrupt ({exc}); rebuilt")
             return None
         problem = check_indices(arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"],

@@ -11,7 +11,11 @@ never leaves a pair that looks complete.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import glob
 import os
+import secrets
 import struct
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -19,6 +23,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from mftk.errors import DataFormatError, InputError
+from mftk.files import regular_file_or_error
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -80,7 +85,7 @@ class IndexedDataset:
         self.path_prefix = os.fspath(path_prefix)
         self.idx_path, self.bin_path = data_paths(path_prefix)
         for p in (self.idx_path, self.bin_path):
-            if not p.is_file():
+            if not p.is_file() and not (p.exists() and not p.is_dir()):  # a FIFO or device: _map names it
                 raise InputError(
                     message=f"{p}: no such file" + (" (it is a directory)" if p.is_dir() else ""),
                     path=str(p),
@@ -198,21 +203,52 @@ class IndexedDataset:
 def _map(path: Path) -> memoryview | bytes:
     """Memory-map a file read-only; an empty file (which mmap refuses) reads as b''."""
     try:
-        if path.stat().st_size == 0:
+        if regular_file_or_error(path, what=f"{path.suffix or 'data'} file").st_size == 0:
             return b""
         return memoryview(np.memmap(path, dtype=np.uint8, mode="r"))
     except OSError as exc:
         raise InputError(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None
 
 
+def new_run_id() -> str:
+    """A name part no other run shares: temporary files of two runs can never collide."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def remove_partials(path_prefix: str | os.PathLike, keep_run: str | None = None) -> None:
+    """Delete the temporary files earlier (stopped) builders left for this prefix.
+
+    ``keep_run`` spares those of the run being resumed. Only safe while holding the output's
+    lock (`mftk.lock.exclusive_output`): then no other run can be writing them.
+    """
+    prefix = glob.escape(os.fspath(path_prefix))
+    for part in (".bin", ".idx", ".lengths", ".docs"):
+        for name in glob.glob(prefix + part + ".*partial"):
+            if keep_run is None or name != f"{os.fspath(path_prefix)}{part}.{keep_run}.partial":
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+
+
+def write_error(exc: OSError, path: str | os.PathLike) -> InputError:
+    """An `InputError` (exit 2) for a failed write, naming the file and, for a full disk, what to do."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    reason = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+    return InputError(message=f"{os.fspath(path)}: cannot write ({reason})", path=os.fspath(path),
+                      hint="free space on that filesystem (or raise the quota), or choose another "
+                      "--output-prefix; nothing partial was kept" if full else
+                      "check the output directory's permissions and filesystem")
+
+
 class IndexedDatasetBuilder:
     """Writes a `.bin`/`.idx` pair under temporary names; ``finalize()`` renames both into place.
 
-    Tokens go to ``<prefix>.bin.partial``; sequence lengths and document ends go to side files
-    (``.lengths.partial``, ``.docs.partial``) rather than memory, so memory stays bounded for any
-    corpus size and a run can be resumed from a ``checkpoint()``. Use as a context manager: an
-    exception inside the block calls ``abort()``. Nothing ever carries the final names until
-    the pair is complete.
+    Tokens go to ``<prefix>.bin.<run>.partial``; sequence lengths and document ends go to side
+    files (``.lengths.<run>.partial``, ``.docs.<run>.partial``) rather than memory, so memory stays
+    bounded for any corpus size and a run can be resumed from a ``checkpoint()``. ``<run>`` is
+    unique per builder, so two writers never share a temporary file. Use as a context manager:
+    an exception inside the block calls ``abort()``. Nothing ever carries the final names until
+    the pair is complete. A failed write (full disk) removes every temporary file and raises
+    `InputError`.
     """
 
     def __init__(self, path_prefix: str | os.PathLike, dtype: np.dtype | type, *,
@@ -223,10 +259,12 @@ class IndexedDatasetBuilder:
             raise ValueError(f"dtype {self.dtype} has no Megatron dtype code")
         self._le = self.dtype.newbyteorder("<")
         self.idx_path, self.bin_path = data_paths(path_prefix)
-        self.tmp_bin = Path(self.path_prefix + ".bin.partial")
-        self.tmp_idx = Path(self.path_prefix + ".idx.partial")
-        self.tmp_lengths = Path(self.path_prefix + ".lengths.partial")
-        self.tmp_docs = Path(self.path_prefix + ".docs.partial")
+        self.run_id = resume["run"] if resume and "run" in resume else new_run_id()
+        tmp = f"{self.run_id}.partial"
+        self.tmp_bin = Path(f"{self.path_prefix}.bin.{tmp}")
+        self.tmp_idx = Path(f"{self.path_prefix}.idx.{tmp}")
+        self.tmp_lengths = Path(f"{self.path_prefix}.lengths.{tmp}")
+        self.tmp_docs = Path(f"{self.path_prefix}.docs.{tmp}")
         self.sequence_count = self.document_count = self.token_count = 0
         self._range = None
         if self.dtype.kind in "iu":
@@ -297,9 +335,10 @@ class IndexedDatasetBuilder:
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < self._range[0] or hi > self._range[1]:
                 raise ValueError(f"token id {hi if hi > self._range[1] else lo} does not fit in {self.dtype.name}")
-        self._bin.write(np.ascontiguousarray(tokens, dtype=self._le).data)
-        self._lengths.write(np.ascontiguousarray(lengths, dtype="<i4").data)
-        self._docs.write((self.sequence_count + np.cumsum(per_doc)).astype("<i8").data)
+        with self._writing():
+            self._bin.write(np.ascontiguousarray(tokens, dtype=self._le).data)
+            self._lengths.write(np.ascontiguousarray(lengths, dtype="<i4").data)
+            self._docs.write((self.sequence_count + np.cumsum(per_doc)).astype("<i8").data)
         self.sequence_count += len(lengths)
         self.document_count += len(per_doc)
         self.token_count += len(tokens)
@@ -314,11 +353,12 @@ class IndexedDatasetBuilder:
                 hint="merge only prefixes written with the same --compat and tokenizer vocabulary size")
         self._check_open()
         data = src._bin
-        for start in range(0, len(data), chunk_bytes):
-            self._bin.write(data[start:start + chunk_bytes])
-        self._lengths.write(np.ascontiguousarray(src.sequence_lengths, dtype="<i4").data)
-        self._docs.write((self.sequence_count + np.asarray(src.document_indices[1:], dtype=np.int64))
-                         .astype("<i8").data)
+        with self._writing():
+            for start in range(0, len(data), chunk_bytes):
+                self._bin.write(data[start:start + chunk_bytes])
+            self._lengths.write(np.ascontiguousarray(src.sequence_lengths, dtype="<i4").data)
+            self._docs.write((self.sequence_count + np.asarray(src.document_indices[1:], dtype=np.int64))
+                             .astype("<i8").data)
         self.sequence_count += len(src)
         self.document_count += src.document_count
         self.token_count += src.total_tokens
@@ -326,11 +366,12 @@ class IndexedDatasetBuilder:
     def checkpoint(self) -> dict:
         """Flush everything to disk and return the state ``IndexedDatasetBuilder(resume=...)`` takes."""
         self._check_open()
-        for f in self._files:
-            f.flush()
-            os.fsync(f.fileno())
+        with self._writing():
+            for f in self._files:
+                f.flush()
+                os.fsync(f.fileno())
         return {"dtype": self.dtype.name, "tokens": self.token_count, "sequences": self.sequence_count,
-                "documents": self.document_count}
+                "documents": self.document_count, "run": self.run_id}
 
     def finalize(self) -> None:
         """Write the `.idx`, then rename `.bin` and `.idx` into place (in that order)."""
@@ -347,6 +388,9 @@ class IndexedDatasetBuilder:
             self.idx_path.unlink(missing_ok=True)
             os.replace(self.tmp_bin, self.bin_path)
             os.replace(self.tmp_idx, self.idx_path)
+        except OSError as exc:
+            self.abort()
+            raise write_error(exc, self.tmp_idx) from None
         except BaseException:
             self.abort()
             raise
@@ -364,10 +408,21 @@ class IndexedDatasetBuilder:
         self._remove(self.tmp_bin, self.tmp_idx, self.tmp_lengths, self.tmp_docs)
         self._closed = True
 
+    @contextlib.contextmanager
+    def _writing(self):
+        """A failed write (ENOSPC, EIO...) removes every temporary file and becomes an `InputError`."""
+        try:
+            yield
+        except OSError as exc:
+            self.abort()
+            raise write_error(exc, self.tmp_bin) from None
+
     def _close_files(self) -> None:
+        """Close every file; a close that fails (its last flush hits a full disk) still closes it."""
         for f in self._files:
             if not f.closed:
-                f.close()
+                with contextlib.suppress(OSError):
+                    f.close()
 
     @staticmethod
     def _remove(*paths: Path) -> None:

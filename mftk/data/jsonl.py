@@ -1,9 +1,19 @@
-"""Reading corpora: JSONL or JSON-array files, plain or gzip, as a stream of validated records.
+"""Reading corpora: JSONL or JSON-array files, plain or gzip, as chunks of validated documents.
 
-Every line is either a `Record` (texts per key) or a `Reject` (line number and a reason a
-person can act on); the caller decides whether a reject stops the run or is skipped. Files
-are read in large binary chunks and split on ``\\n`` only, so memory is bounded by the chunk
-size plus the longest line, whatever the file size.
+A `CorpusReader` yields `Chunk`s: the accepted documents of a few MB of lines as flat lists of
+texts (no object per document), plus a `Reject` (line number and a reason a person can act on)
+for every line that cannot be used; the caller decides whether a reject stops the run or is
+skipped. Files are read in binary chunks and split on ``\\n`` only, so memory is bounded by the
+chunk size plus the longest line, whatever the file size. A reader can cover a byte range of a
+file (``start``/``end`` at line starts, see `mftk.data.shards`).
+
+Parsing is done once per line, in bulk: ``msgspec`` decodes each line straight into the
+requested keys (other keys are skipped without building Python objects; 10-15x faster than
+``json`` on short documents). A chunk in which any line fails that fast path is re-read line by
+line by the careful path, which gives each bad line its reason, so a line is accepted or
+rejected the same way wherever it sits. The careful path accepts exactly what the reference
+tools' ``json.loads`` accepts (NaN, Infinity, lone surrogates in keys that are not read) and
+also deep nesting in keys that are not read, which ``json`` would give up on.
 
 Documented choices for unusual input:
 - CRLF line ends are accepted (``\\r`` before ``\\n`` is JSON whitespace), as is a UTF-8
@@ -12,26 +22,32 @@ Documented choices for unusual input:
   rejected, as the reference tools' ``json.loads`` rejects it; between tokens it is whitespace.
 - Blank and whitespace-only lines are rejected, not silently skipped, because they usually
   mean a broken export.
-- A lone UTF-16 surrogate escape (``"\\ud800"``) cannot be encoded and is rejected.
+- A line that is not valid UTF-8 anywhere (even in a key that is not read) is rejected.
+- A lone UTF-16 surrogate escape (``"\\ud800"``) in a text cannot be encoded and is rejected.
 """
 from __future__ import annotations
 
 import glob
 import gzip
 import json
+import operator
 import os
 import re
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator, Union
 
 import attrs
+import msgspec
+import numpy as np
 
 from mftk.errors import DataFormatError, InputError
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 4 << 20  # a few MB: small enough to overlap parsing with encoding, large per call
 BOM = b"\xef\xbb\xbf"
+GZIP_MAGIC = b"\x1f\x8b"
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _DECODER = json.JSONDecoder()
+_FAST_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
 @attrs.define(slots=True)
@@ -51,11 +67,39 @@ class Reject:
     reason: str
 
 
+@attrs.define(slots=True)
+class Chunk:
+    """The accepted documents of a stretch of lines, flat: per key, every sentence in order.
+
+    ``sentences[k]`` is the number of sentences of each document for key ``k``, or None when
+    every document is one string (the usual case, kept free of per-document arrays).
+    """
+
+    texts: list[list[str]]
+    sentences: list[np.ndarray | None]
+    documents: int
+    rejects: list[Reject]
+    lines: int
+    first_line: Callable[[], int]  # line number in the file of the chunk's first line (computed on demand)
+    lines_of: list[int] | None = None  # line of each accepted document; set by the careful path only
+
+    def document_lines(self) -> list[int]:
+        """Line number in the file of each accepted document, for errors found after parsing."""
+        if self.lines_of is not None:
+            return self.lines_of
+        first = self.first_line()
+        return list(range(first, first + self.documents))
+
+
 def expand_inputs(patterns: list[str]) -> list[Path]:
-    """Input paths in a stable order: each pattern as given, globs expanded and sorted, no duplicates."""
+    """Input paths in a stable order: each pattern as given, globs expanded and sorted, no duplicates.
+
+    A pattern that names an existing file is taken literally even if it contains glob characters
+    (a file called ``data[1].jsonl``).
+    """
     paths: list[Path] = []
     for pattern in patterns:
-        if glob.has_magic(pattern):
+        if glob.has_magic(pattern) and not os.path.exists(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
             matches = [m for m in matches if os.path.isfile(m)]
             if not matches:
@@ -86,75 +130,281 @@ def open_input(path: Path) -> BinaryIO:
         f = open(path, "rb")
     except OSError as exc:
         raise InputError(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None
-    if f.read(2) == b"\x1f\x8b":
+    if f.read(2) == GZIP_MAGIC:
         f.seek(0)
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
     f.seek(0)
     return f
 
 
-class CorpusReader:
-    """Iterates the records of one input file; ``bytes_read`` tracks progress on disk."""
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
 
-    def __init__(self, path: Path, keys: list[str]) -> None:
-        self.path = path
-        self.keys = keys
+
+def is_json_array(path: Path) -> bool:
+    """A ``.json`` file whose first character is ``[``: one array of objects, not JSON Lines."""
+    if not path.name.removesuffix(".gz").endswith(".json"):
+        return False
+    stream = open_input(path)
+    try:
+        data = stream.read(4096).removeprefix(BOM).lstrip()
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return False
+    finally:
+        stream.close()
+    return data[:1] == b"["
+
+
+def count_lines(path: Path, end: int) -> int:
+    """Number of ``\\n`` in the first ``end`` bytes of a plain file (line numbers of a byte range)."""
+    count = 0
+    with open(path, "rb") as f:
+        while end > 0:
+            block = f.read(min(end, 16 << 20))
+            if not block:
+                break
+            count += block.count(b"\n")
+            end -= len(block)
+    return count
+
+
+def sample_texts(paths: list[Path], keys: list[str], count: int = 256, max_chars: int = 2048) -> list[str]:
+    """About ``count`` texts spread evenly over the inputs (by size), each cut to ``max_chars``.
+
+    What the tokenizer backend check encodes: real input, cheap to read (a seek and a line per
+    text in a plain file; the first few MB of a gzip or JSON-array file). Lines that do not parse
+    are left out here; the run itself reports them.
+    """
+    sizes = [max(p.stat().st_size, 1) for p in paths]
+    total = sum(sizes)
+    texts: list[str] = []
+    for path, size in zip(paths, sizes):
+        want = max(1, round(count * size / total))
+        try:
+            lines = _sample_lines(path, want)
+        except (OSError, EOFError, gzip.BadGzipFile):
+            continue
+        for raw in lines:
+            try:
+                obj = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(obj, dict):
+                continue
+            for key in keys:
+                value = obj.get(key)
+                values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+                texts.extend(v[:max_chars] for v in values[:4] if isinstance(v, str) and _encodable(v))
+    return list(dict.fromkeys(texts))  # a small file is sampled at the same lines again and again
+
+
+def _sample_lines(path: Path, want: int) -> list[bytes]:
+    if is_gzip(path) or is_json_array(path):
+        with open_input(path) as f:
+            head = f.read(4 << 20)
+        if is_json_array(path):
+            return []  # arrays are not split into lines; the edge cases still apply
+        lines = head.split(b"\n")[:-1] or head.split(b"\n")
+        step = max(1, len(lines) // want)
+        return lines[::step][:want]
+    size = path.stat().st_size
+    out = []
+    with open(path, "rb") as f:
+        for i in range(want):
+            offset = size * i // want
+            f.seek(offset)
+            if offset:
+                f.readline(1 << 20)  # the rest of the line the seek landed in
+            line = f.readline(1 << 20)
+            if line.endswith(b"\n") or f.tell() == size:
+                out.append(line.removeprefix(BOM) if f.tell() - len(line) == 0 else line)
+    return out
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _doc_type(keys: list[str], *, only: bool) -> type:
+    """A msgspec Struct with one required ``str | list[str]`` field per key.
+
+    ``only``: no other key allowed. Then every string of a line is decoded, so msgspec has checked
+    the UTF-8 of every byte of it; otherwise other keys are skipped unchecked.
+    """
+    fields = [(f"f{i}", Union[str, list[str]]) for i in range(len(keys))]
+    return msgspec.defstruct("Doc", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
+                             forbid_unknown_fields=only)
+
+
+class CorpusReader:
+    """Iterates the `Chunk`s of one input file, or of the lines starting in ``[start, end)`` of it.
+
+    ``bytes_read`` tracks progress on disk; ``had_lines`` says whether any line was seen.
+    ``line_offset`` (or a function giving it, called only when a line number is first needed)
+    is the number of lines before ``start``.
+    """
+
+    def __init__(self, path: Path, keys: list[str], *, start: int = 0, end: int | None = None,
+                 chunk_bytes: int = CHUNK_BYTES, line_offset: int | Callable[[], int] = 0) -> None:
+        self.path, self.keys, self.start, self.end = path, keys, start, end
+        self.chunk_bytes = max(int(chunk_bytes), 1)
+        self._line_offset = line_offset
         self._stream = open_input(path)
         self._raw = getattr(self._stream, "fileobj", None) or self._stream
+        if start:
+            self._stream.seek(start)
         self.bytes_read = 0
+        self.had_lines = False
+        self._decode_only = msgspec.json.Decoder(_doc_type(keys, only=True)).decode
+        self._decode = msgspec.json.Decoder(_doc_type(keys, only=False)).decode
+        self._other_keys = False  # set once lines turn out to hold keys that are not read
+        self._getters = [operator.attrgetter(f"f{i}") for i in range(len(keys))]
 
     def close(self) -> None:
         self._stream.close()
         if self._raw is not self._stream:
             self._raw.close()
 
+    def line_offset(self) -> int:
+        if callable(self._line_offset):
+            self._line_offset = self._line_offset()
+        return self._line_offset
+
+    # -- reading ----------------------------------------------------------------------------
     def _chunks(self) -> Iterator[bytes]:
+        left = None if self.end is None else self.end - self.start
         try:
-            while True:
-                chunk = self._stream.read(CHUNK_BYTES)
-                self.bytes_read = self._raw.tell()
+            while left is None or left > 0:
+                size = self.chunk_bytes if left is None else min(self.chunk_bytes, left)
+                chunk = self._stream.read(size)
+                self.bytes_read = self._raw.tell() - self.start
                 if not chunk:
                     return
+                if left is not None:
+                    left -= len(chunk)
                 yield chunk
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
             raise DataFormatError(message=f"{self.path}: cannot read compressed data ({exc})", path=str(self.path),
                                   hint="the gzip file is truncated or corrupt") from None
 
-    def _lines(self) -> Iterator[tuple[int, bytes]]:
-        """(line number, raw line without its ``\\n``); the last line may lack one."""
-        rest = b""
-        number = 0
-        first = True
+    def _blocks(self) -> Iterator[tuple[bytes, int]]:
+        """(data, end): ``data[:end]`` is a run of whole lines, about a chunk (the file's last line
+        may lack its ``\\n``). Only a line that crosses a chunk boundary is copied."""
+        pending: list[bytes] = []
+        first = self.start == 0
         for chunk in self._chunks():
             if first:
                 first = False
                 if chunk.startswith(BOM):
                     chunk = chunk[3:]
-            parts = (rest + chunk).split(b"\n")
-            rest = parts.pop()
-            for part in parts:
-                number += 1
-                yield number, part
-        if rest:
-            yield number + 1, rest
+            if chunk.rfind(b"\n") < 0:
+                pending.append(chunk)  # one line longer than a chunk: gather it, bounded by its size
+                continue
+            data = b"".join((*pending, chunk)) if pending else chunk
+            end = data.rfind(b"\n") + 1
+            pending = [data[end:]] if end < len(data) else []
+            yield data, end
+        if pending:
+            data = b"".join(pending)
+            yield data, len(data)
 
-    def __iter__(self) -> Iterator[Record | Reject]:
-        head = self._peek()
-        if head == b"[" and self.path.name.removesuffix(".gz").endswith(".json"):
-            yield from self._array()
+    def __iter__(self) -> Iterator[Chunk]:
+        if is_json_array(self.path):
+            yield from self._array_chunks()
             return
-        for number, raw in self._lines():
-            yield self._parse_line(number, raw)
+        number = 1
+        for data, end in self._blocks():
+            self.had_lines = True
+            chunk = self._parse(data, end, number)
+            del data  # the chunk's texts are all that stays alive while it is encoded
+            number += chunk.lines
+            yield chunk
 
-    def _peek(self) -> bytes:
-        stream = open_input(self.path)
-        try:
-            data = stream.read(4096).removeprefix(BOM).lstrip()
-        except (OSError, EOFError, gzip.BadGzipFile):
-            return b""
-        finally:
-            stream.close()
-        return data[:1]
+    def _parse(self, data: bytes, end: int, number: int) -> Chunk:
+        """Lines as zero-copy views of ``data[:end]`` (split on ``\\n`` by numpy), then parsed."""
+        arr = np.frombuffer(data, np.uint8, count=end)
+        ends = np.flatnonzero(arr == 10).tolist()
+        if not ends or ends[-1] != end - 1:
+            ends.append(end)  # the last line of the file, without its \n
+        view = memoryview(data)
+        lines = [view[a:b] for a, b in zip([0, *(e + 1 for e in ends[:-1])], ends)]
+        chunk = self._fast(lines, number, arr, ends)
+        if chunk is None:
+            chunk = self._careful([line.tobytes() for line in lines], number)
+        return chunk
+
+    # -- parsing ----------------------------------------------------------------------------
+    def _fast(self, lines: list[memoryview], number: int, arr: np.ndarray, ends: list[int]) -> Chunk | None:
+        """Every line valid: one msgspec call per line, no per-document Python beyond the texts."""
+        docs = None
+        if not self._other_keys:
+            try:
+                decode = self._decode_only
+                docs = [decode(line) for line in lines]  # UTF-8 of every byte checked by msgspec
+            except _FAST_ERRORS:
+                pass
+        if docs is None:
+            try:
+                high = np.flatnonzero(arr & 0x80)
+                if len(high):  # msgspec does not check the UTF-8 of keys it skips: check lines with non-ASCII
+                    for i in np.unique(np.searchsorted(ends, high)).tolist():
+                        str(lines[i], "utf-8")
+                decode = self._decode
+                docs = [decode(line) for line in lines]
+            except _FAST_ERRORS:
+                return None
+            self._other_keys = True  # the lines hold keys that are not read: go here first from now on
+        texts, sentences = [], []
+        for get in self._getters:
+            values = list(map(get, docs))
+            if all(type(v) is str for v in values):
+                texts.append(values)
+                sentences.append(None)
+            else:
+                texts.append([s for v in values for s in ((v,) if type(v) is str else v)])
+                sentences.append(np.fromiter((1 if type(v) is str else len(v) for v in values), np.int64,
+                                             count=len(values)))
+        return Chunk(texts, sentences, len(docs), [], len(lines), lambda: number + self.line_offset())
+
+    def _careful(self, lines: list[bytes], number: int) -> Chunk:
+        """Line by line: each bad line becomes a `Reject` with its reason."""
+        records: list[Record] = []
+        rejects: list[Reject] = []
+        number += self.line_offset()
+        for i, raw in enumerate(lines):
+            item = self._parse_line(number + i, raw)
+            (records if isinstance(item, Record) else rejects).append(item)
+        return self._chunk(records, rejects, len(lines), number)
+
+    def _chunk(self, records: list[Record], rejects: list[Reject], lines: int, number: int) -> Chunk:
+        texts, sentences = [], []
+        for k in range(len(self.keys)):
+            texts.append([s for r in records for s in r.texts[k]])
+            sentences.append(np.fromiter((len(r.texts[k]) for r in records), np.int64, count=len(records)))
+        return Chunk(texts, sentences, len(records), rejects, lines, lambda: number, [r.line for r in records])
+
+    def _array_chunks(self) -> Iterator[Chunk]:
+        """A JSON array file: its elements grouped into chunks (the file is parsed whole)."""
+        records: list[Record] = []
+        rejects: list[Reject] = []
+        size = 0
+        for item in self._array():
+            self.had_lines = True
+            if isinstance(item, Reject):
+                rejects.append(item)
+                continue
+            records.append(item)
+            size += item.nbytes
+            if size >= self.chunk_bytes:
+                yield self._chunk(records, rejects, len(records) + len(rejects), records[0].line)
+                records, rejects, size = [], [], 0
+        if records or rejects:
+            yield self._chunk(records, rejects, len(records) + len(rejects), records[0].line if records else 0)
 
     def _parse_line(self, number: int, raw: bytes) -> Record | Reject:
         if not raw.strip():
@@ -165,6 +415,13 @@ class CorpusReader:
             return Reject(number, f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line")
         if text.startswith("\ufeff"):
             return Reject(number, "UTF-8 byte-order mark in the middle of the file (only allowed at its start)")
+        try:
+            doc = self._decode(raw)
+        except _FAST_ERRORS:
+            pass
+        else:
+            values = [get(doc) for get in self._getters]
+            return Record(number, [[v] if type(v) is str else v for v in values], len(raw))
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -63,6 +63,8 @@ class DataLoader:
     dp_rank: int
     drop_remainder: bool = True
     compressed_eod_mask: bool = False
+    balance_accum: int = 0  # > 0: ``balance_enabled``, steps of balance_accum micro-batches per rank
+    peers: tuple[np.ndarray, ...] = ()  # with balance_accum: every data rank's sample ids (the plan needs all)
 
     def __len__(self) -> int:
         n = len(self.sample_ids)
@@ -87,10 +89,31 @@ class DataLoader:
         """Batches from micro-batch ``start`` on, forever (each epoch restarts at batch 0)."""
         if not len(self):
             return
+        if self.balance_accum and self.dp_size > 1:
+            yield from self._balanced(start)
+            return
         b = start
         while True:
             yield self.batch(b)
             b = (b + 1) % len(self)
+
+    def _balanced(self, start: int) -> Iterator[dict[str, np.ndarray]]:
+        """Step by step, this rank's share of the step's dp·accum baseline micro-batches (`data.balance`)."""
+        from mftk.data.balance import assign, sample_load
+
+        accum, b, n = self.balance_accum, start, len(self)
+        while True:
+            items = [(r, (b + a) % n) for r in range(self.dp_size) for a in range(accum)]
+            loads = [sum(sample_load(self.dataset[int(i)]["actual_seq_len"]) for i in self._ids_of(r, batch))
+                     for r, batch in items]
+            for k in assign(loads, self.dp_size, accum)[self.dp_rank]:
+                r, batch = items[k]
+                yield collate([self.dataset[int(i)] for i in self._ids_of(r, batch)], self.compressed_eod_mask)
+            b = (b + accum) % n
+
+    def _ids_of(self, rank: int, batch: int) -> np.ndarray:
+        size = self.local_batch_size
+        return self.peers[rank][batch * size:(batch + 1) * size]
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for b in range(len(self)):
@@ -143,7 +166,8 @@ def _sample_options(cfg: Any) -> SampleOptions:
 def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_size: int, dp_size: int = 1,
                         dp_rank: int = 0, drop_remainder: bool = True, cache_dir: str | None = None,
                         max_epochs: int | None = None, use_cache: bool = True, open_dataset: Any = None,
-                        seq_length: int | None = None, progress: Progress = NULL_PROGRESS) -> TrainData:
+                        seq_length: int | None = None, balance_accum: int = 0,
+                        progress: Progress = NULL_PROGRESS) -> TrainData:
     """Build the training samples MindSpore Transformers would build, and this rank's loader.
 
     ``dataloader`` is the typed ``train_dataset.dataloader`` section (`config.sections.DataloaderConfig`)
@@ -160,6 +184,9 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
     ``type: MindDataset`` reads MindRecord files instead (``dataset_files`` or ``dataset_dir``;
     see ``mftk.data.mindrecord``); its sample length is ``config.seq_length`` when given, else
     ``seq_length`` (pass the model's), else the files' own.
+
+    ``balance_accum`` (``train_dataset.balance_enabled``, the step's accumulation count): each step's
+    micro-batches of all data ranks are redistributed to balance attention work (`mftk.data.balance`).
     """
     for name, value in (("global_batch_size", global_batch_size), ("local_batch_size", local_batch_size),
                         ("dp_size", dp_size)):
@@ -184,9 +211,14 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
         warnings.append(f"only {len(dataset)} samples available, fewer than sizes[0]={train}; "
                         f"the run uses {used // global_batch_size} steps of data per epoch")
     sample_ids = _rank_order(dataloader, used, cfg.seed, dp_size, dp_rank, warnings)
+    peers: tuple[np.ndarray, ...] = ()
+    if balance_accum and dp_size > 1:
+        peers = tuple(sample_ids if r == dp_rank else _rank_order(dataloader, used, cfg.seed, dp_size, r, [])
+                      for r in range(dp_size))
     loader = DataLoader(dataset=dataset, sample_ids=sample_ids, local_batch_size=local_batch_size,
                         dp_size=dp_size, dp_rank=dp_rank, drop_remainder=drop_remainder,
-                        compressed_eod_mask=options.create_compressed_eod_mask)
+                        compressed_eod_mask=options.create_compressed_eod_mask, balance_accum=balance_accum,
+                        peers=peers)
     return TrainData(loader=loader, dataset=dataset, sources=sources, train_samples=train,
                      warnings=warnings, notes=notes)
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from mftk.data.gpt_dataset import SampleOptions, make_sample
 from mftk.errors import ConfigError, DataFormatError, InputError, Problem
+from mftk.files import open_regular
 from mftk.progress import NULL_PROGRESS, Progress
 
 LOADER_TYPE = "MindDataset"
@@ -38,6 +39,14 @@ _LOADER = "train_dataset.dataloader"
 def output_path(prefix: str) -> Path:
     """``<prefix>.mindrecord`` (a prefix already ending in .mindrecord is kept as is)."""
     return Path(prefix if prefix.endswith(".mindrecord") else prefix + ".mindrecord")
+
+
+def remove_partial_dirs(path: Path) -> None:
+    """Delete the temporary directories of earlier (stopped) writers of ``path``; hold its lock."""
+    import glob
+
+    for name in glob.glob(os.path.join(glob.escape(str(path.parent)), glob.escape(f".{path.name}.") + "*.partial")):
+        shutil.rmtree(name, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,9 +70,9 @@ class MindRecordBuilder:
 
     Same batch interface as ``IndexedDatasetBuilder`` so the preprocess pipeline drives either.
     FileWriter stores the file's own name inside it, so the output is written under its final
-    name in a hidden temporary directory next to it and both files (``X.mindrecord`` and its
-    SQLite index ``X.mindrecord.db``) are moved into place only after ``commit``, the data
-    file last: a ``.mindrecord`` at the final path is always complete.
+    name in a hidden temporary directory next to it (named uniquely per run) and both files
+    (``X.mindrecord`` and its SQLite index ``X.mindrecord.db``) are moved into place only after
+    ``commit``, the data file last: a ``.mindrecord`` at the final path is always complete.
     """
 
     def __init__(self, path: str | os.PathLike, sample_length: int) -> None:
@@ -72,8 +81,9 @@ class MindRecordBuilder:
         self.path = Path(path)
         self.path_prefix = str(self.path)
         self.sample_length = int(sample_length)
-        self.tmp_dir = self.path.parent / f".{self.path.name}.partial"
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        from mftk.data.indexed import new_run_id
+
+        self.tmp_dir = self.path.parent / f".{self.path.name}.{new_run_id()}.partial"  # unique per run
         self.tmp_dir.mkdir(parents=True)
         self._writer = FileWriter(str(self.tmp_dir / self.path.name), shard_num=1, overwrite=True)
         self._writer.add_schema(SCHEMA, SCHEMA_DESC)
@@ -176,7 +186,7 @@ def find_files(entries: list[str], yaml_path: str) -> list[Path]:
 def _check_header(path: Path) -> None:
     """Cheap format check before MindSpore's reader, whose errors name neither file nor cause well."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, what="MindRecord file") as f:
             head = f.read(24)
     except OSError as exc:
         raise InputError(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None

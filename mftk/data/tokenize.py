@@ -1,49 +1,217 @@
-"""Hugging Face `tokenizers` loading and batched encoding into flat numpy token arrays.
+"""Tokenizer loading and batched encoding into flat numpy token arrays, with two backends.
 
-Only the Rust `tokenizers` library is used (no `transformers`, no download): its
-``encode_batch_fast`` runs the batch on its own thread pool with the GIL released, so the
-Python side can parse the next batch meanwhile. Ids are identical to what
-``transformers``' fast tokenizer returns for ``tokenizer(text).input_ids`` (the reference
-preprocessing scripts), because both call the same Rust encoder with special tokens added.
+- ``hf``: the Rust `tokenizers` library (no `transformers`, no download). Its ids are what
+  ``transformers``' fast tokenizer returns for ``tokenizer(text).input_ids`` (what the reference
+  preprocessing scripts call), because both run the same encoder with special tokens added.
+- ``gigatoken``: the `gigatoken` package (what Megatron-LM's ``preprocess_data_fast.py`` uses),
+  20-40x faster and returning one token array per batch instead of a Python object per token.
+  It does not run the tokenizer's post-processor, so the special tokens that post-processor adds
+  (a BOS, say) are derived from the HF tokenizer and added here.
+
+gigatoken is only used when it reproduces the HF tokenizer exactly, and that is checked, not
+assumed: `choose_backend` encodes a sample of the actual input plus `EDGE_CASES` with both and
+compares every id; on any difference (or a tokenizer gigatoken cannot load) ``auto`` falls back
+to ``hf`` and records why, so the run's summary can say so.
 """
 from __future__ import annotations
 
 import itertools
-import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import numpy as np
 
 from mftk.errors import DataFormatError, InputError
+from mftk.files import CONFIG_LIMIT, LARGE_JSON_LIMIT, read_bytes, read_json, regular_file_or_error
 
 # Tried in order when neither --eod-token nor tokenizer_config.json names the end-of-document token.
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>")
+BACKENDS = ("auto", "gigatoken", "hf")
+
+# Fixed strings every check includes, named so a difference says which kind of text differs.
+EDGE_CASES: tuple[tuple[str, str], ...] = (
+    ("empty", ""),
+    ("one space", " "),
+    ("whitespace only", " \t\n\r\n  \u3000\u00a0 "),
+    ("newlines", "line one\n\nline two\r\nthree\n"),
+    ("leading and trailing spaces", "   padded text   "),
+    ("non-ASCII", "Ünïcödé façade naïve café — 東京 😀 ¿Qué? Привет мир مرحبا नमस्ते"),
+    ("decomposed accents (NFD)", "e\u0301 a\u0308 n\u0303 cafe\u0301"),
+    ("compatibility characters (NFKC)", "ﬁne ﬂow Ｆｕｌｌ ①②③ ㎞ ½ ™"),
+    ("case", "HeLLo WORLD It'S I'M WE'LL they'VE"),
+    ("contractions", "it's we're they've I'm you'll he'd don't"),
+    ("digits", "1234567890 3.14159 2026-12-01 0x1F 1,000,000 ١٢٣"),
+    ("control characters", "a\x00b\x07c\x1bd\x7fe\u200bf\u2028g\ufeffh"),
+    ("emoji sequences", "👩‍👩‍👧‍👦 🏳️‍🌈 👍🏽 🇫🇷"),
+    ("code", "def f(x):\n\treturn {'a': [1, 2]}  # comment\n    if x != None: pass"),
+    ("very long word", "a" * 5000),
+    ("very long mixed word", "xY9" * 2000),
+    ("long whitespace run", " " * 3000 + "x" + "\n" * 500),
+    ("long emoji run", "😀" * 1000),
+    ("long non-ASCII word", "东京" * 1500),
+)
+
+
+class Encoder(Protocol):
+    """Turns texts into (flat uint32 ids of every text in order, int64 length of each)."""
+
+    name: str
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class HFEncoder:
+    """`tokenizers` ``encode_batch_fast`` on its own thread pool (GIL released), special tokens added."""
+
+    name = "hf"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = [e.ids for e in self._encode(texts, add_special_tokens=True)]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
+        return flat, lengths
+
+    def encode_lists(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._encode(texts, add_special_tokens=True)]
+
+
+class GigatokenEncoder:
+    """`gigatoken` ``encode_batch``: the batch's ids stay one array (offsets + content), never lists.
+
+    gigatoken memoizes the ids of every distinct piece of text it has seen, per tokenizer object,
+    without a bound: text with many unique words (code, URLs, hashes) grows it by several times
+    the text's size. The tokenizer is therefore loaded afresh (which drops the memo and changes
+    no id) whenever the process has grown ``memo_budget`` bytes since the last load.
+    """
+
+    name = "gigatoken"
+
+    def __init__(self, tokenizer_json: bytes, prefix: list[int], suffix: list[int], *,
+                 memo_budget: int = 256 << 20) -> None:
+        self._json = tokenizer_json
+        self.prefix = np.asarray(prefix, dtype=np.uint32)
+        self.suffix = np.asarray(suffix, dtype=np.uint32)
+        self.memo_budget = memo_budget
+        self.reloads = 0
+        self._load()
+
+    def _load(self) -> None:
+        import gigatoken
+
+        if getattr(self, "_tok", None) is not None:
+            self._tok = None  # the old memo goes before the new tokenizer is built
+            _return_freed_memory()
+        self._tok = gigatoken.Tokenizer.from_json(self._json)
+        self._rss_at_load = _rss()
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if not texts:
+            return np.zeros(0, np.uint32), np.zeros(0, np.int64)
+        flat, lengths = _flat(self._tok.encode_batch(texts))  # parallel unless in a forked worker
+        if _rss() - self._rss_at_load > self.memo_budget:
+            self.reloads += 1
+            self._load()
+        if len(self.prefix) or len(self.suffix):
+            flat, lengths = wrap_sequences(flat, lengths, self.prefix, self.suffix)
+        return flat.astype(np.uint32, copy=False), lengths
+
+    def encode_lists(self, texts: list[str]) -> list[list[int]]:
+        flat, lengths = self.encode(texts)
+        return [a.tolist() for a in np.split(flat, np.cumsum(lengths)[:-1])] if len(texts) else []
+
+
+def _rss() -> int:
+    """Resident set size of this process in bytes (0 where /proc is missing: then never reloads)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _return_freed_memory() -> None:
+    """Ask glibc to give freed heap back to the system (``malloc_trim``; a no-op elsewhere).
+
+    Without it the memory of a dropped memo stays in the allocator's per-thread arenas and the
+    process keeps growing by part of it at every reload.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _flat(array) -> tuple[np.ndarray, np.ndarray]:
+    """(content, lengths) of an awkward list array: zero-copy views in the usual offsets layout."""
+    layout = array.layout
+    offsets = getattr(layout, "offsets", None)
+    content = getattr(getattr(layout, "content", None), "data", None)
+    if offsets is not None and isinstance(content, np.ndarray) and not hasattr(layout, "mask"):
+        off = np.asarray(offsets.data, dtype=np.int64)
+        return content[off[0]:off[-1]], np.diff(off)
+    import awkward as ak  # any other layout: let awkward flatten it
+
+    return ak.to_numpy(ak.flatten(array, axis=1)), ak.to_numpy(ak.num(array, axis=1)).astype(np.int64)
+
+
+def wrap_sequences(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray,
+                   suffix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Put ``prefix`` before and ``suffix`` after every sequence of a flat batch, vectorised."""
+    p, s = len(prefix), len(suffix)
+    n = len(lengths)
+    new_lengths = lengths + p + s
+    out = np.empty(int(new_lengths.sum()), dtype=flat.dtype)
+    starts = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        np.cumsum(new_lengths[:-1], out=starts[1:])
+    body = np.ones(len(out), dtype=bool)
+    for j in range(p):
+        out[starts + j] = prefix[j]
+        body[starts + j] = False
+    for j in range(s):
+        pos = starts + new_lengths - s + j
+        out[pos] = suffix[j]
+        body[pos] = False
+    out[body] = flat
+    return out, new_lengths
 
 
 @attrs.define
 class LoadedTokenizer:
-    """A tokenizer ready to encode, with the facts the output depends on."""
+    """A tokenizer ready to encode, with the facts the output depends on and the backend in use."""
 
-    tokenizer: object  # tokenizers.Tokenizer
+    tokenizer: object  # tokenizers.Tokenizer: vocabulary facts, and the reference for the backend check
     path: str
     vocab_size: int  # including added tokens, as Megatron's len(hf_tokenizer)
     eod_id: int | None
     eod_token: str | None
+    encoder: Encoder = attrs.field(default=None)
+    backend_note: str = ""  # why auto did not take gigatoken, or the check that it passed
+
+    def __attrs_post_init__(self) -> None:
+        if self.encoder is None:
+            self.encoder = HFEncoder(self.tokenizer)
+
+    @property
+    def backend(self) -> str:
+        return self.encoder.name
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(flat int64 ids of every text, int32 length of each), special tokens added."""
-        tok = self.tokenizer
-        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-        ids = [e.ids for e in encode(texts, add_special_tokens=True)]
-        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-        return flat, lengths
+        """(flat uint32 ids of every text, int64 length of each), special tokens added."""
+        return self.encoder.encode(texts)
 
 
 def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> LoadedTokenizer:
-    """Load ``tokenizer.json`` (or a directory holding one) and resolve the EOD id.
+    """Load ``tokenizer.json`` (or a directory holding one) and resolve the EOD id; backend ``hf``.
 
     The EOD token is, in order: ``eod_token``; the ``eos_token`` of a ``tokenizer_config.json``
     next to it (what Megatron's HF tokenizer uses as ``eod``); the first of
@@ -53,10 +221,14 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
 
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
-    if not file.is_file():
-        raise InputError(message=f"{file}: no such tokenizer file", path=str(file),
-                         hint="pass a Hugging Face tokenizer.json or the directory that holds it "
-                         "(nothing is downloaded)")
+    hint = "pass a Hugging Face tokenizer.json or the directory that holds it (nothing is downloaded)"
+    try:
+        size = regular_file_or_error(file, what="tokenizer file", hint=hint).st_size
+    except FileNotFoundError:
+        raise InputError(message=f"{file}: no such tokenizer file", path=str(file), hint=hint) from None
+    if size > LARGE_JSON_LIMIT:
+        raise InputError(message=f"{file}: {size:,} bytes is not a tokenizer.json (limit {LARGE_JSON_LIMIT:,})",
+                         path=str(file), hint=hint)
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the Rust side raises a plain Exception for any parse error
@@ -78,12 +250,104 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
     return LoadedTokenizer(tok, str(file), tok.get_vocab_size(with_added_tokens=True), eod_id, eod_token)
 
 
+def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str]) -> None:
+    """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf) after checking gigatoken's ids.
+
+    ``sample`` is text from the actual input. ``auto`` falls back to HF with the reason in
+    ``tok.backend_note``; an explicit ``gigatoken`` that cannot reproduce HF is an error.
+    """
+    if choice not in BACKENDS:
+        raise InputError(message=f"--tokenizer-backend must be one of {', '.join(BACKENDS)}, not {choice!r}")
+    tok.encoder = HFEncoder(tok.tokenizer)
+    if choice == "hf":
+        tok.backend_note = "chosen with --tokenizer-backend hf"
+        return
+    encoder, problem = _gigatoken_if_exact(tok, sample)
+    if encoder is not None:
+        tok.encoder = encoder
+        tok.backend_note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and " \
+                           f"{len(EDGE_CASES) + len(_added_token_cases(tok.tokenizer))} edge cases"
+        return
+    if choice == "gigatoken":
+        raise InputError(message=f"{tok.path}: --tokenizer-backend gigatoken cannot be used: {problem}",
+                         path=tok.path, hint="use --tokenizer-backend auto (falls back to HF tokenizers) or hf")
+    tok.backend_note = f"gigatoken not used: {problem}"
+
+
+def _gigatoken_if_exact(tok: LoadedTokenizer, sample: list[str]) -> tuple[GigatokenEncoder | None, str]:
+    hf = tok.tokenizer
+    if getattr(hf, "truncation", None) or getattr(hf, "padding", None):
+        return None, "the tokenizer.json enables truncation or padding"
+    try:
+        import gigatoken  # noqa: F401
+    except ImportError:
+        return None, "the gigatoken package is not installed"
+    wrap = _special_wrap(hf)
+    if wrap is None:
+        return None, "its post-processor does more than add fixed special tokens around the text"
+    cases = [(name, text) for name, text in EDGE_CASES] + _added_token_cases(hf)
+    cases += [(f"input text {i + 1} of the sample", text) for i, text in enumerate(sample)]
+    texts = [text for _, text in cases]
+    reference = HFEncoder(hf)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check") as pool:
+        expected = pool.submit(reference.encode_lists, texts)  # GIL released: runs beside gigatoken's load
+        try:
+            encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
+        except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
+            expected.result()
+            return None, f"gigatoken cannot load it ({_first_line(exc)})"
+        try:
+            got = encoder.encode_lists(texts)
+        except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
+            expected.result()
+            return None, f"gigatoken fails on the check texts ({_first_line(exc)})"
+        want = expected.result()
+    for (name, text), a, b in zip(cases, want, got):
+        if a != b:
+            return None, f"its ids differ from HF tokenizers on {name} {_preview(text)}"
+    return encoder, ""
+
+
+def _special_wrap(hf) -> tuple[list[int], list[int]] | None:
+    """(prefix, suffix) ids the post-processor puts around every single text, or None if it does more."""
+    found = None
+    for probe in ("a", "Hello world", "x y z 1 2 3"):
+        plain = hf.encode(probe, add_special_tokens=False).ids
+        full = hf.encode(probe, add_special_tokens=True).ids
+        at = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), None)
+        if not plain or at is None:
+            return None
+        wrap = (full[:at], full[at + len(plain):])
+        if found is not None and wrap != found:
+            return None
+        found = wrap
+    if hf.encode("", add_special_tokens=True).ids != found[0] + found[1]:
+        return None
+    return found
+
+
+def _added_token_cases(hf) -> list[tuple[str, str]]:
+    """Every added token inside text, alone and glued to words (special tokens in documents)."""
+    tokens = sorted(t.content for t in hf.get_added_tokens_decoder().values())[:64]
+    return [(f"added token {t!r} inside text", f"{t}a{t} b {t}\n{t}{t}x{t}") for t in tokens]
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _preview(text: str) -> str:
+    shown = text if len(text) <= 40 else text[:40] + "…"
+    return repr(shown) + (f" ({len(text)} characters)" if len(text) > 40 else "")
+
+
 def _config_eos(config: Path) -> str | None:
     if not config.is_file():
         return None
     try:
-        value = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
-    except (OSError, ValueError, AttributeError):
+        value = read_json(config, limit=CONFIG_LIMIT, what="tokenizer_config.json").get("eos_token")
+    except (OSError, InputError, AttributeError):
         return None
     if isinstance(value, dict):
         value = value.get("content")

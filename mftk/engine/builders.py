@@ -11,6 +11,7 @@ import attrs
 import numpy as np
 
 from mftk.errors import ConfigError, Problem
+from mftk.units import count_exact
 
 log = logging.getLogger("mftk.train")
 
@@ -38,7 +39,7 @@ def build_model(config: Any, *, lazy: bool = False) -> Any:
     model = build(cfg, seed=config.training.seed)
     total = sum(int(np.prod(p.shape)) for p in model.get_parameters())
     train = sum(int(np.prod(p.shape)) for p in model.trainable_params())
-    log.info("Got total parameters: %sM, trainable parameters: %sM", total // 1e6, train // 1e6)
+    log.info("Got total parameters: %s, trainable parameters: %s", count_exact(total), count_exact(train))
     return model
 
 
@@ -50,11 +51,16 @@ def build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     """This data rank's loader over the blended training samples (`mftk.data.loader`)."""
     from mftk.data.loader import build_train_dataset
 
+    from mftk.derive import accumulation_steps
+
     tr = config.training
+    balance = config.train_dataset.balance_enabled and dp > 1  # the rules allow it with a static batch only
     data = build_train_dataset(config.train_dataset.dataloader, global_batch_size=tr.global_batch_size,
                                local_batch_size=tr.local_batch_size, dp_size=dp, dp_rank=dp_rank,
                                drop_remainder=config.train_dataset.drop_remainder,
-                               seq_length=config.model.seq_length)
+                               seq_length=config.model.seq_length,
+                               balance_accum=accumulation_steps(tr.global_batch_size, tr.local_batch_size, dp)[0]
+                               if balance else 0)
     for w in data.warnings:
         log.warning("data: %s", w)
     if not len(data.loader):
@@ -66,8 +72,8 @@ def build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     return data
 
 
-def build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
-    """AdamW over the trainable parameters; under FSDP over this rank's rows of each (sharded states)."""
+def build_optimizer(config: Any, model: Any, sharding: Any = None, dist: Any = None) -> Any:
+    """AdamW (or Muon) over the trainable parameters; under FSDP over this rank's rows of each (sharded states)."""
     from mftk.engine.optim import AdamW, decide_weight_decay
 
     o = config.optimizer
@@ -75,11 +81,30 @@ def build_optimizer(config: Any, model: Any, sharding: Any = None) -> Any:
     decisions = decide_weight_decay([(p.name, tuple(p.shape)) for p in params], float(o.weight_decay),
                                     include=o.weight_decay_include, exclude=o.weight_decay_exclude)
     for d in decisions:
-        log.info(d.log_line())
+        log.debug(d.log_line())
+    log.info(weight_decay_summary(decisions))
     arrays = [p.asnumpy() for p in params]
     if sharding is not None:
         arrays = [sharding.local(i, a) for i, a in enumerate(arrays)]
+    if o.type == "Muon":
+        from mftk.engine.muon import build_muon
+
+        opt = build_muon(config, model, [p.name for p in params], arrays, decisions, [tuple(p.shape) for p in params],
+                         dist=dist)
+        log.info("Muon: %d parameters orthogonalised, %d by the AdamW fallback", len(opt.muon_names()),
+                 len(params) - len(opt.muon_names()))
+        return opt
     return AdamW([p.name for p in params], arrays, decisions, betas=o.betas, eps=o.eps)
+
+
+def weight_decay_summary(decisions: Any) -> str:
+    """One line for the per-parameter decisions (each is logged at debug level, ``MFTK_DEBUG=1``)."""
+    from collections import Counter
+
+    groups = Counter((d.weight_decay, d.reason) for d in decisions)
+    parts = [f"{wd:.4f} on {n} parameter{'s' if n != 1 else ''} ({reason})"
+             for (wd, reason), n in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1]))]
+    return "Weight decay: " + ", ".join(parts) + "; each parameter's decision is logged with MFTK_DEBUG=1"
 
 
 def build_schedule(config: Any) -> Any:

@@ -8,10 +8,23 @@ worker dies it kills the others but then waits ~30 s for the scheduler's heartbe
 (mindspore-cpu.md §4). So on the first failure the launcher kills the whole process tree itself
 and raises `TrainingError` with that rank's last error lines within seconds.
 
+Signals: msrun runs in its own session and each worker in its own, so neither a terminal's Ctrl-C nor a
+``kill`` of the parent reaches them; and msrun's own SIGINT handler SIGKILLs every worker. So while it
+supervises, the parent catches SIGTERM/SIGINT itself and forwards SIGTERM to every worker (those that
+announce themselves later too, so a signal during start-up is not lost), never to msrun or the
+scheduler. The workers stop together after their current step, save, and report it; the parent then
+raises `TrainingInterrupted` (exit 75) with the saved step. A second Ctrl-C stops the tree at once.
+
 Worker side (`python -m mftk.engine.launch worker --target pkg.mod:fn --payload file.json`):
 initialises the `mccl` collective backend, patches the send/recv default-group bug, calls
-``fn(**payload)`` and writes its JSON-able return value to ``result_<rank>.json``. Any exception
-prints the traceback and a one-line marker, then hard-exits so no rank hangs in finalisation.
+``fn(**payload)`` and writes its JSON-able return value to ``result_<rank>.json``. A signal that
+arrives before the target installs its own handler is kept (`take_pending_signal`). A
+`TrainingInterrupted` (the target saved and stopped on a signal) is a clean stop: it goes to
+``stopped_<rank>.json`` with a marker and the worker exits 0, so msrun does not kill the ranks still
+saving. A library error (`MftkError`: the user's, not a bug) goes to ``error_<rank>.json`` and the parent
+raises it as it is, with the message and exit code one process would give. Any other exception prints
+the traceback; either way a one-line marker follows and the worker hard-exits so no rank hangs in
+finalisation.
 """
 from __future__ import annotations
 
@@ -25,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -32,12 +46,13 @@ from typing import Any, Callable
 
 import attrs
 
-from mftk.errors import InputError, TrainingError
+from mftk.errors import InputError, MftkError, TrainingError, TrainingInterrupted
 from mftk.files import write_atomic
 
 START_MARK = "MFTK_WORKER_START"
 DONE_MARK = "MFTK_WORKER_DONE"
 ERROR_MARK = "MFTK_WORKER_ERROR"
+STOPPED_MARK = "MFTK_WORKER_STOPPED"  # stopped by a signal after saving (stopped_<rank>.json says where)
 _PORT_OFFSETS = (0, 1, 256, 512, 768)  # scheduler + the worker ports msrun derives (mindspore-cpu.md §4)
 _ERROR_TAIL_LINES = 24
 _POLL_S = 0.2
@@ -101,27 +116,37 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     first = spec.node_rank * spec.nproc
     logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
     started = time.monotonic()
-    with open(log_dir / "msrun.log", "w", encoding="utf-8") as msrun_out:
-        proc = subprocess.Popen(cmd, stdout=msrun_out, stderr=subprocess.STDOUT, env=_worker_env(spec, env),
-                                start_new_session=True)
     if not spec.join:
+        proc = _start(cmd, log_dir, spec, env)
         proc.wait()
         return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=proc.returncode,
                             elapsed_s=time.monotonic() - started, worker_logs=logs, results={}, detached=True)
     watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=first, on_line=on_line)
-    try:
-        rc = _supervise(proc, watcher, started, timeout_s)
-    except BaseException:
-        _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
-        raise
-    finally:
-        _stop_tree(proc.pid, grace_s=0.0)
+    forward = _Forwarder(watcher)
+    with forward:  # from before msrun starts: a signal can never leave it running without us
+        proc = _start(cmd, log_dir, spec, env)
+        try:
+            rc = _supervise(proc, watcher, started, timeout_s, forward)
+        except BaseException:
+            _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
+            raise
+        finally:
+            _stop_tree(proc.pid, grace_s=0.0)
     elapsed = time.monotonic() - started
     failure = watcher.failure()
     if failure is not None or rc != 0:
         raise _failure_error(failure, watcher, rc, log_dir, elapsed)
+    stopped = _read_rank_files(log_dir, logs, "stopped")
+    if stopped:  # (a signal that came as every worker was finishing changed nothing: the job completed)
+        raise _interrupted_error(stopped, forward.signal)
     return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=rc, elapsed_s=elapsed,
-                        worker_logs=logs, results=_read_results(log_dir, logs))
+                        worker_logs=logs, results=_read_rank_files(log_dir, logs, "result"))
+
+
+def _start(cmd: list[str], log_dir: Path, spec: LaunchSpec, env: dict[str, str] | None) -> subprocess.Popen:
+    with open(log_dir / "msrun.log", "w", encoding="utf-8") as msrun_out:
+        return subprocess.Popen(cmd, stdout=msrun_out, stderr=subprocess.STDOUT, env=_worker_env(spec, env),
+                                start_new_session=True)
 
 
 def _check_spec(spec: LaunchSpec, target: str) -> None:
@@ -225,7 +250,7 @@ class _Watcher:
         elif line.startswith(ERROR_MARK) and rank not in self.errors:
             reason = line[len(ERROR_MARK):].strip()
             self.errors[rank] = reason.split(" ", 1)[1] if reason.startswith("rank=") and " " in reason else reason
-        elif line.startswith(DONE_MARK):
+        elif line.startswith((DONE_MARK, STOPPED_MARK)):
             self.done.add(rank)
 
     def _scan_msrun(self) -> None:
@@ -259,11 +284,53 @@ class _Watcher:
         return len(self.done) == len(self.logs)
 
 
-def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeout_s: float | None) -> int:
+class _Forwarder:
+    """While the parent supervises: SIGTERM/SIGINT are forwarded to the workers as SIGTERM (each worker
+    once, as it announces itself); a second SIGINT raises KeyboardInterrupt (the tree is then killed)."""
+
+    def __init__(self, watcher: _Watcher) -> None:
+        self.watcher = watcher
+        self.signal: str | None = None
+        self.sent: set[int] = set()
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Forwarder":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = self.signal or signal.Signals(signum).name
+        self.deliver()
+
+    def deliver(self) -> None:
+        """SIGTERM to every announced worker not signalled yet (no-op before a signal came)."""
+        if self.signal is None:
+            return
+        for pid in list(self.watcher.pids):
+            if pid not in self.sent:
+                self.sent.add(pid)
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+
+def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeout_s: float | None,
+               forward: _Forwarder | None = None) -> int:
     """Poll logs until msrun exits, a worker fails, or the time limit passes; returns msrun's code."""
     done_at: float | None = None
     while True:
         watcher.poll()
+        if forward is not None:
+            forward.deliver()
         rc = proc.poll()
         if rc is not None:
             watcher.poll()
@@ -309,10 +376,13 @@ def _stop_tree(pid: int, *, grace_s: float) -> None:
 
 
 def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc: int, log_dir: Path,
-                   elapsed: float) -> TrainingError:
+                   elapsed: float) -> MftkError:
     rank, reason = failure if failure is not None else (None, f"msrun exited with code {rc}")
     if rank == -1:
         return TrainingError(message=f"distributed job stopped: {reason}", hint=f"worker logs are in {log_dir}")
+    typed = _read_error(log_dir / f"error_{rank}.json") if rank is not None else None
+    if typed is not None:  # a library error on a worker: the same error (and exit code) as in one process
+        return typed
     log = watcher.logs.get(rank) if rank is not None else None
     tail = _error_tail(log) if log is not None else ""
     who = f"worker {rank}" if rank is not None else "a worker"
@@ -339,10 +409,48 @@ def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:
     return "\n".join(keep[:2] + ["  ..."] + keep[-(n - 2):] if len(keep) > n else keep)
 
 
-def _read_results(log_dir: Path, logs: dict[int, Path]) -> dict[int, Any]:
+def _write_error(path: Path, exc: MftkError) -> None:
+    """A worker's typed error as JSON (its class name and fields), for the parent to raise again."""
+    try:
+        write_atomic(path, json.dumps({"type": type(exc).__name__, "fields": attrs.asdict(exc)}, default=str))
+    except (OSError, TypeError, ValueError, MftkError):
+        pass  # the marker and the log still report it, as a generic failure
+
+
+def _read_error(path: Path) -> MftkError | None:
+    """The typed error a worker wrote (`_write_error`), rebuilt; None when there is none or it cannot be."""
+    from mftk import errors
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        cls = getattr(errors, data["type"], None)
+        if not (isinstance(cls, type) and issubclass(cls, MftkError)):
+            return None
+        fields = dict(data["fields"])
+        if cls is errors.ConfigError:
+            fields["problems"] = [errors.Problem(**p) for p in fields.get("problems", [])]
+        return cls(**fields)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _interrupted_error(stopped: dict[int, dict[str, Any]], parent_signal: str | None) -> TrainingInterrupted:
+    """The job stopped on a signal: the lowest rank's report (the one holding rank 0's checkpoint dir)."""
+    first = stopped[min(stopped)]
+    step, path = first.get("step"), first.get("saved_path") or ""
+    what = parent_signal or first.get("signal") or "a signal"
+    text = (f"{what} received: the job stopped after step {step}"
+            + (f", checkpoint saved to {path}" if path else " (checkpoints disabled: nothing saved)"))
+    return TrainingInterrupted(message=text, step=step, saved_path=path,
+                               hint="continue with: mftk resume CONFIG" if path else "")
+
+
+def _read_rank_files(log_dir: Path, logs: dict[int, Path], kind: str) -> dict[int, Any]:
+    """rank -> the JSON a local worker left in ``<kind>_<rank>.json`` (``result``: its return value;
+    ``stopped``: where it saved when a signal stopped it)."""
     out = {}
     for rank in logs:
-        path = log_dir / f"result_{rank}.json"
+        path = log_dir / f"{kind}_{rank}.json"
         if path.exists():
             out[rank] = json.loads(path.read_text(encoding="utf-8"))
     return out
@@ -350,7 +458,7 @@ def _read_results(log_dir: Path, logs: dict[int, Path]) -> dict[int, Any]:
 
 def _clear_old_outputs(log_dir: Path) -> None:
     """A reused --log-dir must not let a previous job's markers or results look like this job's."""
-    for pattern in ("worker_*.log", "result_*.json", "scheduler.log", "msrun.log"):
+    for pattern in ("worker_*.log", "result_*.json", "stopped_*.json", "error_*.json", "scheduler.log", "msrun.log"):
         for p in log_dir.glob(pattern):
             p.unlink()
 
@@ -404,6 +512,7 @@ def worker_main(target: str, payload_path: str) -> int:
         communication.init()  # serves the cluster until every worker is gone
         return 0
     rank = int(os.environ.get("RANK_ID", "-1"))
+    _keep_signals()  # before the parent can know our pid: a signal from now on is never lost
     _emit(f"{START_MARK} rank={rank} pid={os.getpid()}")
     try:
         rank, _ = init_distributed()
@@ -411,14 +520,43 @@ def worker_main(target: str, payload_path: str) -> int:
         result = resolve_target(target)(**payload)
         out = Path(payload_path).with_name(f"result_{rank}.json")
         write_atomic(out, json.dumps(result))
+    except TrainingInterrupted as exc:  # saved and stopped on a signal: a clean stop, so exit 0
+        out = Path(payload_path).with_name(f"stopped_{rank}.json")
+        write_atomic(out, json.dumps({"message": exc.message, "step": exc.step, "saved_path": exc.saved_path,
+                                      "signal": exc.message.split(" ", 1)[0]}))
+        _emit(f"{STOPPED_MARK} rank={rank} step={exc.step}")
+        return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a marker
-        traceback.print_exc()
+        if isinstance(exc, MftkError):  # the user's error, not a bug: the parent raises it as it is
+            _write_error(Path(payload_path).with_name(f"error_{rank}.json"), exc)
+            sys.stderr.write(f"{type(exc).__name__}: {exc.message}\n")
+        else:
+            traceback.print_exc()
         summary = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.flush()
         _emit(f"{ERROR_MARK} rank={rank} {summary}")
         os._exit(1)  # never hang in collective teardown while peers wait
     _emit(f"{DONE_MARK} rank={rank}")
     return 0
+
+
+_PENDING: list[str] = []  # signals that arrived before the target installed its own handler
+
+
+def _keep_signals() -> None:
+    """Until the target installs its handler, SIGTERM/SIGINT are recorded, not fatal."""
+    def keep(signum: int, frame: Any) -> None:
+        _PENDING.append(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, keep)
+
+
+def take_pending_signal() -> str | None:
+    """The first signal this worker received before its target took over signal handling (then forgotten)."""
+    name = _PENDING[0] if _PENDING else None
+    _PENDING.clear()
+    return name
 
 
 def _emit(line: str) -> None:
@@ -438,4 +576,8 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # the process entry msrun starts; its status is the worker's exit code
-    raise SystemExit(_main())
+    # Run the importable module's copy, not this __main__ one: the worker's state (the signals kept before
+    # the target took over, `take_pending_signal`) must be the one `mftk.engine.launch` importers see.
+    from mftk.engine import launch as _launch
+
+    raise SystemExit(_launch._main())

@@ -84,8 +84,6 @@ class TrainStateMonitor:
                     log.info('{ "%s": %s: %10.6f }', key, name, float(np.sqrt(np.dot(g, g))))
 
 
-
-
 def max_logits_cells(model: Any) -> list:
     """Every core-attention cell that keeps ``max_logits_val``, in layer order."""
     return [c for _, c in model.cells_and_names() if getattr(c, "max_logits_val", None) is not None]

@@ -222,6 +222,10 @@ class AdamW:
         p -= tmp2
 
     # ---------------------------------------------------------------------------------- state
+    def state_buffers(self, i: int) -> dict[str, np.ndarray]:
+        """Checkpoint prefix → flat buffer of parameter ``i``'s optimizer state (Muon names some differently)."""
+        return {"adam_m": self.m, "adam_v": self.v}
+
     def state_dict(self, *, with_masters: bool = False) -> dict[str, np.ndarray]:
         """Reference names: ``adam_m.<p>``, ``adam_v.<p>`` (fp32), ``global_step`` ([1] int64).
 
@@ -230,8 +234,8 @@ class AdamW:
         """
         out: dict[str, np.ndarray] = {}
         for i, n in enumerate(self.names):
-            for state, buffer in zip(opt_names.ADAMW_STATES, (self.m, self.v)):
-                out[opt_names.state_name(state, n)] = self.view(buffer, i).copy()
+            for state, buf in self.state_buffers(i).items():
+                out[opt_names.state_name(state, n)] = self.view(buf, i).copy()
             if with_masters:
                 out[opt_names.state_name(opt_names.MASTER, n)] = self.view(self.master, i).copy()
         out[opt_names.STEP] = np.array([self.global_step], np.int64)
@@ -246,7 +250,7 @@ class AdamW:
         """
         problems, known = [], {opt_names.STEP}
         for i, n in enumerate(self.names):
-            for state in opt_names.ADAMW_STATES + (opt_names.MASTER,):
+            for state in (*self.state_buffers(i), opt_names.MASTER):
                 key = opt_names.state_name(state, n)
                 known.add(key)
                 if state == opt_names.MASTER and key not in tensors:
@@ -261,20 +265,25 @@ class AdamW:
         if opt_names.STEP not in tensors:
             problems.append(f"missing tensor: {opt_names.STEP}")
         if problems:
-            muon = "; it holds Muon states (muon_m.*), which mftk's AdamW cannot continue" if "muon_m" in unused else ""
-            raise CheckpointError(message=f"{where} does not fit this model's optimizer ({len(problems)} problems)"
-                                  + muon, problems=problems[:50], path=where,
-                                  hint="resume with --weights-only (no_load_optim: true) to start a fresh optimizer")
+            raise CheckpointError(message=f"{where} does not fit this model's {type(self).__name__} optimizer "
+                                  f"({len(problems)} problems){self._foreign_states(tensors)}", problems=problems[:50],
+                                  path=where, hint="resume with --weights-only (no_load_optim: true) to start a fresh "
+                                                   "optimizer")
         for line in opt_names.describe_unused(unused):
-            log.warning("Optimizer states not used by mftk's AdamW, skipped: %s", line)
+            log.warning("Optimizer states not used by mftk's %s, skipped: %s", type(self).__name__, line)
         for i, n in enumerate(self.names):
-            for state, buffer in zip(opt_names.ADAMW_STATES, (self.m, self.v)):
-                buffer[self.slices[i]] = np.asarray(tensors[opt_names.state_name(state, n)], np.float32).reshape(-1)
+            for state, buf in self.state_buffers(i).items():
+                buf[self.slices[i]] = np.asarray(tensors[opt_names.state_name(state, n)], np.float32).reshape(-1)
             master = opt_names.state_name(opt_names.MASTER, n)
             if master in tensors:
                 self.master[self.slices[i]] = np.asarray(tensors[master], np.float32).reshape(-1)
         self.global_step = int(np.asarray(tensors[opt_names.STEP]).reshape(-1)[0])
         return skipped
+
+    def _foreign_states(self, tensors: dict[str, np.ndarray]) -> str:
+        """Why the file cannot continue here when another optimizer wrote it (Muon's momentum, say)."""
+        muon = any((opt_names.split_state(k) or ("",))[0] == "muon_m" for k in tensors)
+        return "; it holds Muon states (muon_m.*), which AdamW cannot continue" if muon else ""
 
 
 def global_norm(flat: np.ndarray) -> float:

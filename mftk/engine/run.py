@@ -24,6 +24,7 @@ from mftk.ckpt.resume import ResumePlan, ResumeScenario
 from mftk.errors import CheckpointError
 from mftk.logs.sinks import attach_file_log, detach, log, phase_line
 from mftk.progress import StepSink
+from mftk.units import every_steps, plural
 
 
 @attrs.frozen
@@ -64,29 +65,40 @@ class _Phases:
 
 def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (),
           resume_from: str | os.PathLike | None = None, weights_only: bool = False, dry_run: bool = False,
-          world_size: int = 1, install_signals: bool = True, stop: Any = None, new_run: bool = False) -> TrainResult:
+          world_size: int = 1, install_signals: bool = True, stop: Any = None, new_run: bool = False,
+          lock_save_path: bool = True) -> TrainResult:
     """Train (or resume) on this process as the config says; returns what happened.
 
     ``resume_from`` overrides ``checkpoint.load_path``; ``weights_only`` is ``no_load_optim``; ``new_run``
     allows a run that starts at step 0 in a ``save_path`` holding checkpoints (`mftk.ckpt.guard`).
     ``dry_run`` decides the resume plan (or checks the start) and returns without training.
+    ``lock_save_path``: hold ``checkpoint.save_path``'s lock for the run (`mftk.ckpt.guard.hold_save_path`);
+    False when another process of the job (an msrun parent) holds it.
     """
+    from mftk.ckpt.guard import hold_save_path
     from mftk.config.runnable import runnable_layout
 
     layout = runnable_layout(loaded, world_size)
     rank = _rank() if world_size > 1 and not dry_run else 0
     out_dir = Path(output_dir)
     log_dir = out_dir / "log" / f"rank_{rank}"
-    handler = None if dry_run else attach_file_log(log_dir)
-    run = _Run(loaded, layout=layout, out_dir=out_dir, log_dir=log_dir, sinks=list(sinks), rank=rank)
-    try:
-        run.phases.timed("process setup", _setup_process, loaded.config)
-        return run.execute(resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
-                           install_signals=install_signals, stop=stop, new_run=new_run)
-    finally:
-        run.close()
-        if handler is not None:
-            detach(handler)
+    ck = loaded.config.checkpoint
+    if stop is None:
+        from mftk.engine.trainer import StopFlag
+
+        stop = StopFlag()
+    with hold_save_path(ck.save_path, enabled=lock_save_path and ck.enable_save and not dry_run):  # before any log
+        handler = None if dry_run else attach_file_log(log_dir)
+        run = _Run(loaded, layout=layout, out_dir=out_dir, log_dir=log_dir, sinks=list(sinks), rank=rank)
+        try:
+            with _signals(stop, install_signals and not dry_run):  # from start-up on: none is lost
+                run.phases.timed("process setup", _setup_process, loaded.config)
+                return run.execute(resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
+                                   stop=stop, new_run=new_run)
+        finally:
+            run.close()
+            if handler is not None:
+                detach(handler)
 
 
 class _Run:
@@ -103,8 +115,7 @@ class _Run:
         for s in self.own_sinks:
             s.close()
 
-    def execute(self, *, resume_from: Any, weights_only: bool, dry_run: bool, install_signals: bool, stop: Any,
-                new_run: bool) -> TrainResult:
+    def execute(self, *, resume_from: Any, weights_only: bool, dry_run: bool, stop: Any, new_run: bool) -> TrainResult:
         from mftk.engine import builders
         from mftk.engine.restore import load_checkpoint, restore_state
 
@@ -154,8 +165,7 @@ class _Run:
             log.info(self.notes[-1])
         start_step = state.global_step
         log.info("Start training loop...")
-        with _signals(trainer.stop, install_signals):
-            trainer.fit(state)
+        trainer.fit(state)  # a signal (now, or during start-up) stops it after a step, with a save
         if trainer.first_step_seconds is not None:
             self.phases.items.append(("first step", trainer.first_step_seconds))
         ckpt = trainer.checkpointer
@@ -198,6 +208,10 @@ class _Run:
             log.warning(self.notes[-1])
         for n in plan.notes:
             log.info(n)
+        jump = _lr_jump(plan, self.config)
+        if jump:
+            self.notes.append(jump)
+            log.warning(jump)
         return model, plan
 
     def _check_save_path(self, plan: ResumePlan | None, new_run: bool) -> None:
@@ -222,7 +236,7 @@ class _Run:
     def _optimizer(self, model: Any, dist: Any, plan: ResumePlan | None, loaded: Any) -> Any:
         from mftk.engine import builders
 
-        optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None)
+        optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None, dist)
         if dist is not None:
             from mftk.engine.state import share_masters
 
@@ -251,14 +265,31 @@ class _Run:
             checkpointer = Checkpointer(root=root, interval=ck.save_interleaved_steps, save_max=ck.save_max,
                                         prefix=ck.prefix, save_optim=not ck.no_save_optim, async_save=ck.async_save,
                                         comm=dist, start_step=state.global_step, last_saved_step=on_disk)
-            log.info("Checkpoints will be saved every %d steps starting from step %d, first save at step %d.",
-                     ck.save_interleaved_steps, state.global_step, state.global_step + ck.save_interleaved_steps)
+            log.info("Checkpoints will be saved every %s starting from step %d, first save at step %d.",
+                     every_steps(ck.save_interleaved_steps), state.global_step,
+                     state.global_step + ck.save_interleaved_steps)
         monitor, monitor_sinks = build_monitors(self.loaded, rank=self.rank, world=self.layout.world, model=model)
         self.own_sinks.extend(monitor_sinks)  # closed at the end (stops the profiler, flushes TensorBoard)
         return Trainer.from_config(self.config, model=model, optimizer=optimizer, loader=loader, state=state,
                                    dist=dist, layout=self.layout, checkpointer=checkpointer,
                                    sinks=[metrics, *self.sinks, *monitor_sinks],
                                    monitor=monitor if monitor.enabled else None, stop=stop)
+
+
+def _lr_jump(plan: ResumePlan, config: Any) -> str | None:
+    """A warning when the resumed run's LR schedule does not continue the saved run's (e.g. a larger
+    training.steps with a decaying schedule), with the numbers; None for a weights-only start."""
+    if plan.kind != "mf" or plan.scenario == ResumeScenario.WEIGHTS_ONLY:
+        return None
+    from mftk.ckpt.run_config import read_run_config
+    from mftk.engine.schedule import lr_change_at_resume
+
+    saved = read_run_config(plan.step_dir) or {}
+    section, steps = saved.get("lr_scheduler"), (saved.get("training") or {}).get("steps")
+    if not isinstance(section, dict) or not isinstance(steps, int):
+        return None
+    return lr_change_at_resume(section, steps, plan.saved_step, config.lr_scheduler, config.training.steps,
+                               plan.start_step)
 
 
 def _saved_architecture(plan: ResumePlan, current: Any) -> tuple[Any, list[str]]:
@@ -328,12 +359,21 @@ def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
                  layout.pp, stage.my_layers, chunks, ", the embedding" if stage.is_first else "",
                  ", the final norm and output layer" if stage.is_last else "",
                  "interleaved_1f1b" if len(stage.chunks) > 1 else (p.pipeline_parallel_schedule or "1f1b"))
-    fsdp = [t for t in table if t.split_over("fsdp")]
+    fsdp = sum(1 for t in table if t.split_over("fsdp"))
     if fsdp:
-        log.info("FSDP: %d of %d parameters sharded along dim 0 over %d ranks, with their gradients and optimizer "
-                 "states; each unit (layer, embedding, output layer) gathers them for its forward and again for its "
-                 "replayed backward (the rest replicated: outside every unit, or dim 0 does not divide evenly)",
-                 len(fsdp), sum(1 for t in table if t.trainable), groups.fsdp.size)
+        log.info("FSDP: %s along dim 0 over %d ranks, with their gradients and optimizer states; each unit (layer, "
+                 "embedding, output layer) gathers them for its forward and again for its replayed backward",
+                 sharded_phrase(fsdp, sum(1 for t in table if t.trainable)), groups.fsdp.size)
+
+
+def sharded_phrase(sharded: int, total: int) -> str:
+    """'all 19 parameters sharded' or '17 of 19 parameters sharded (the other 2 replicated: dim 0 does not
+    divide evenly)'."""
+    if sharded == total:
+        return f"all {plural(total, 'parameter')} sharded"
+    rest = total - sharded
+    return (f"{sharded} of {plural(total, 'parameter')} sharded (the other {rest} replicated: outside every unit, "
+            "or dim 0 does not divide evenly)")
 
 
 def _release_freed_memory() -> None:
@@ -404,7 +444,9 @@ def _check_writable(save_path: str) -> None:
 
 
 class _signals:
-    """SIGTERM/SIGINT set the stop flag (save, then exit 75); a second SIGINT interrupts at once."""
+    """SIGTERM/SIGINT set the stop flag (the loop saves after the current step, then exit 75); a second
+    SIGINT interrupts at once. Installed for the whole run, so a signal during start-up stops the run
+    after its first step; in an msrun worker, one that came before (`launch.take_pending_signal`) counts."""
 
     def __init__(self, stop: Any, enabled: bool) -> None:
         self.stop, self.enabled, self.old = stop, enabled and threading.current_thread() is threading.main_thread(), {}
@@ -414,6 +456,12 @@ class _signals:
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.old[sig] = signal.signal(sig, self._handle)
+        from mftk.engine.launch import take_pending_signal
+
+        early = take_pending_signal()
+        if early is not None and not self.stop.requested:
+            log.warning("%s received during start-up: the run stops after its first step, saving it", early)
+            self.stop.request(early)
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name

@@ -151,3 +151,31 @@ def build_schedule(s: Any, total_steps: int) -> Schedule:
         return polynomial_warmup(peak, warm, total, lr_end=1e-7 if s.lr_end is None else float(s.lr_end),
                                  power=float(s.power), decay_steps=_steps(s.decay_steps, s.decay_ratio, total, None))
     raise ValueError(f"unknown lr_scheduler.type {kind!r} (validate the config first)")
+
+
+def lr_change_at_resume(saved: Any, saved_steps: int, saved_step: int, current: Any, steps: int,
+                        start_step: int) -> str | None:
+    """What a resume does to the LR when the schedule differs from the saved run's (``saved``: its
+    ``lr_scheduler`` section, a mapping or the typed section), or None when the curve continues.
+
+    A decaying schedule is a function of ``training.steps``: resuming with a larger target recomputes it,
+    and the LR jumps (a cosine run that ended at 3e-4 restarts near the middle of a longer cosine).
+    """
+    if isinstance(saved, dict):
+        import types
+
+        saved = types.SimpleNamespace(**saved)
+    try:
+        before = build_schedule(saved, saved_steps)(saved_step)
+    except (ValueError, TypeError, AttributeError):  # a saved section this version cannot read
+        return None
+    schedule = build_schedule(current, steps)
+    after, next_logged = schedule(start_step), schedule(start_step + 1)
+    if abs(after - before) <= 0.01 * max(abs(before), abs(after), 1e-30):
+        return None
+    what = (f"training.steps {saved_steps} -> {steps} recomputes the {current.type} schedule"
+            if steps != saved_steps else "the lr_scheduler section differs from the saved run's")
+    return (f"the learning rate jumps at the resume: {what}, so the first resumed update uses {after:.3e} where "
+            f"the saved run was at {before:.3e} ({after / before:.2f}x; step {saved_step}'s log line shows lr "
+            f"{before:.6e}, step {start_step + 1}'s will show {next_logged:.6e})" if before else
+            f"the learning rate jumps at the resume: {what}, from {before:.3e} to {after:.3e}")

@@ -24,12 +24,17 @@ class ModuleSpec:
 
 @attrs.frozen
 class LayerSpec:
-    """One transformer layer: pre-norm attention then pre-norm MLP (dense or MoE)."""
+    """One transformer layer: pre-norm attention then pre-norm MLP (dense or MoE).
+
+    ``layer``: the layer class (None: `gpt.TransformerLayer`, one residual stream); ``hyper``: the
+    hyper-connection of each sub-block for a multi-stream layer (DeepSeek-V4's mHC)."""
 
     attention: ModuleSpec
     mlp: ModuleSpec
     norm: ModuleSpec
     is_moe: bool = False
+    layer: Callable[..., Any] | None = None
+    hyper: ModuleSpec | None = None
 
 
 @attrs.frozen
@@ -47,6 +52,8 @@ class ModelSpec:
     init_std: float = 0.02
     pad_token_id: int = 0
     hidden_dropout: float = 0.0
+    hc_head: ModuleSpec | None = None  # multi-stream residual: expands the embedding, collapses before the final norm
+    indexer_loss_coeff: float = 0.0  # weight of the layers' ``core_attention.indexer_loss`` (DeepSeek-V4)
 
 
 def build_spec(model_cfg: Any) -> ModelSpec:

@@ -106,6 +106,7 @@ class StepOutput:
     mtp: list[float]  # per MTP depth, mean over micro-batches (× λ/D)
     tokens_per_expert: np.ndarray | None  # (n_moe, E) summed over micro-batches
     local_losses: list[float]
+    indexer: list[float] = attrs.field(factory=list)  # DeepSeek-V4: [mean over indexer layers × coeff] or []
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -248,7 +249,7 @@ class Trainer:
         layout = self.dist.sharding if self.sharded else self.optimizer
         acc = layout.zeros_full() if self.sharded else self.optimizer.grad_buffer()  # reused; filled below
         scale = 1.0 / plan.accumulation
-        losses, aux_sum, mtp_sum, counts = [], None, None, None
+        losses, aux_sum, mtp_sum, counts, indexer = [], None, None, None, []
         for _ in range(plan.accumulation):
             t = time.perf_counter()
             batch = next(self.batches)
@@ -274,10 +275,13 @@ class Trainer:
             if tpe:
                 c = np.stack([x.asnumpy() for x in tpe]).astype(np.float64)
                 counts = c if counts is None else counts + c
+            if getattr(self.model, "last_indexer_loss", None) is not None:
+                indexer.append(self.model.last_indexer_loss)
             timer.add("forward_backward", time.perf_counter() - t)
         n = plan.accumulation
         out = StepOutput(loss=float(np.mean(losses)), aux=list(aux_sum / n), mtp=list(mtp_sum / n),
-                         tokens_per_expert=counts, local_losses=[x * scale for x in losses])
+                         tokens_per_expert=counts, local_losses=[x * scale for x in losses],
+                         indexer=[float(np.mean(indexer))] if indexer else [])
         if self.dist is not None:
             t = time.perf_counter()
             acc, out = self.sync(acc, out)
@@ -296,12 +300,12 @@ class Trainer:
         acc = d.sync_grads(acc)
         if self.sharded:
             acc = d.sharding.scatter(acc, self.optimizer)
-        means = d.mean([out.loss, *out.aux, *out.mtp])
-        na = len(out.aux)
+        means = d.mean([out.loss, *out.aux, *out.mtp, *out.indexer])
+        na, nm = len(out.aux), len(out.mtp)
         counts = d.sum_counts(out.tokens_per_expert) if out.tokens_per_expert is not None else None
         return acc, StepOutput(loss=float(means[0]), aux=[float(x) for x in means[1:1 + na]],
-                               mtp=[float(x) for x in means[1 + na:]], tokens_per_expert=counts,
-                               local_losses=out.local_losses)
+                               mtp=[float(x) for x in means[1 + na:1 + na + nm]], tokens_per_expert=counts,
+                               local_losses=out.local_losses, indexer=[float(x) for x in means[1 + na + nm:]])
 
     def grad_norm(self, grads: np.ndarray) -> float:
         if self.dist is not None:  # each element counted once over the whole world
@@ -374,6 +378,8 @@ class Trainer:
                              "per_step_time": int(step_ms)}
         if out.aux:
             m["load_balancing_loss"] = float(np.mean(out.aux))
+        if out.indexer:
+            m["indexer_loss"] = out.indexer[0]
         if self.show_mtp:
             for k, v in enumerate(out.mtp, start=1):
                 m[f"mtp_{k}_loss"] = v

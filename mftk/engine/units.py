@@ -137,19 +137,20 @@ class ReplayedUnit(nn.Cell):
 
 # ------------------------------------------------------------------------------------ installing
 def _layer_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
-    """A transformer layer: ``(x, rope, mask) -> (x, aux or None, counts or None)``."""
+    """A transformer layer: ``(x, rope, mask, input_ids=None) -> (x, aux or None, counts or None)``."""
     original = cell.construct
     pattern: list = []
 
-    def fn(x, cos, sin, mask):
-        out = original(x, (cos, sin), mask)
+    def fn(x, cos, sin, mask, *ids):
+        out = original(x, (cos, sin), mask, ids[0] if ids else None)
         pattern[:] = [o is None for o in out]
         return tuple(o for o in out if o is not None)
 
     unit._u_fn[:] = [fn]
 
-    def construct(x, rope, mask):
-        outs = iter(unit.run(x, rope[0], rope[1], mask, *params))
+    def construct(x, rope, mask, input_ids=None):
+        ids = () if input_ids is None else (input_ids,)
+        outs = iter(unit.run(x, rope[0], rope[1], mask, *ids, *params))
         return tuple(None if none else next(outs) for none in pattern)
 
     return construct

@@ -22,11 +22,12 @@ WORKER_TARGET = "mftk.engine.workers:train_worker"
 
 
 def train_worker(config: str, overrides: list[str], output_dir: str, resume_from: str | None = None,
-                 weights_only: bool = False, new_run: bool = False) -> dict[str, Any]:
+                 weights_only: bool = False, new_run: bool = False, lock_save_path: bool = False) -> dict[str, Any]:
     """The msrun worker body (`launch.worker_main` calls it after ``communication.init()``).
 
     Loads the config for this job's world size, logs to stdout (msrun's ``worker_<rank>.log``; the
-    parent follows rank 0's) and returns the `TrainResult` as JSON-able data.
+    parent follows rank 0's) and returns the `TrainResult` as JSON-able data. ``lock_save_path``: rank 0
+    holds the save path's lock (the parent does not wait for the job, so it cannot).
     """
     from mindspore import communication
 
@@ -38,7 +39,8 @@ def train_worker(config: str, overrides: list[str], output_dir: str, resume_from
     log.addHandler(handler)
     try:
         result = train(loaded, output_dir=output_dir, resume_from=resume_from, weights_only=weights_only,
-                       world_size=world, new_run=new_run)
+                       world_size=world, new_run=new_run,
+                       lock_save_path=lock_save_path and communication.get_rank() == 0)
     finally:
         log.removeHandler(handler)
     return attrs.asdict(result)
@@ -70,7 +72,7 @@ def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (
     out = Path(output_dir).resolve()
     payload = {"config": str(Path(config).resolve()), "overrides": list(overrides), "output_dir": str(out),
                "resume_from": str(Path(resume_from).resolve()) if resume_from else None, "weights_only": weights_only,
-               "new_run": new_run}
+               "new_run": new_run, "lock_save_path": not spec.join}  # joined: the caller holds the lock
     sinks = list(sinks)
 
     def on_line(line: str) -> None:

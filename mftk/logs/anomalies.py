@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any, Iterable
 
 import attrs
@@ -147,19 +147,39 @@ def _slow_steps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[An
 
 
 def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
-    """Flag lr changes that neither a flat nor a linear continuation explains (warm-up ends are fine)."""
+    """Flag LR changes that no schedule explains: neither a flat nor a linear continuation of the last two
+    steps predicts them, and they are either large against the run's LR (the largest of the last
+    ``window`` steps) or turn against the trend (up during a decay or from a plateau, down during a
+    warm-up) by a large fraction of the current LR. Warm-up ends, cosine tails that approach 0 and cool-down steps to a final
+    LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
+    """
     out = []
-    for a, b, c in zip(recs, recs[1:], recs[2:]):
+    recent: deque[tuple[int, float]] = deque()  # (index, |lr|), decreasing: the window's max is recent[0]
+    for i, r in enumerate(recs):
+        lr = r.get("lr")
+        if _finite(lr):
+            while recent and recent[-1][1] <= abs(lr):
+                recent.pop()
+            recent.append((i, abs(lr)))
+        while recent and recent[0][0] <= i - t.window:
+            recent.popleft()
+        if i < 2:
+            continue
+        a, b, c = recs[i - 2], recs[i - 1], r
         if not (c["step"] == b["step"] + 1 == a["step"] + 2):
             continue
         la, lb, lc = a.get("lr"), b.get("lr"), c.get("lr")
         if not (_finite(la) and _finite(lb) and _finite(lc)):
             continue
-        scale = max(abs(lb), abs(lc))
-        if scale == 0:
+        local = max(abs(lb), abs(lc))
+        if local == 0:
             continue
-        flat, linear = abs(lc - lb), abs(lc - (2 * lb - la))
-        if flat > t.lr_jump * scale and linear > t.lr_jump * scale:
+        before, now = lb - la, lc - lb
+        flat, linear = abs(now), abs(lc - (2 * lb - la))
+        unexplained = flat > t.lr_jump * local and linear > t.lr_jump * local
+        large = flat > t.lr_jump * recent[0][1]
+        against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
+        if unexplained and (large or against_trend):
             out.append(Anomaly(kind="lr_jump", step=c["step"], field="lr", ranks=[rank], value=lc, reference=lb,
                                message=f"lr jumped from {lb:.3e} to {lc:.3e}"))
     return out

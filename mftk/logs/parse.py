@@ -12,6 +12,7 @@ same code serves a one-shot parse and `--follow` on a growing log.
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import attrs
 
 from mftk.errors import DataFormatError, InputError
+from mftk.files import open_regular
 from mftk.logs.format import read_fields, parse_metrics_record, parse_number, parse_step_line
 
 FORMATS = ("auto", "mindformers", "megatron", "mftk")
@@ -115,9 +117,22 @@ class FileSummary:
     records: int = 0
     malformed: int = 0
     examples: list[str] = attrs.field(factory=list)  # "line N: reason: text" for malformed lines
+    nul_bytes: int = 0  # NUL bytes skipped (the zero-filled tail a crash leaves in a log)
+    long_lines: int = 0  # lines over MAX_LINE_BYTES, skipped
+    interleaved: int = 0  # > 1: this many ranks' step lines were interleaved in the file
+    truncations: int = 0  # times the file shrank while followed (its earlier lines were dropped)
 
 
 _RANK_IN_PATH = (re.compile(r"worker_(\d+)\.log"), re.compile(r"rank_(\d+)"))
+READ_CHUNK = 16 << 20  # bytes read at a time: memory stays bounded whatever the log's size
+MAX_LINE_BYTES = 1 << 20  # no log line is this long; longer ones are skipped (and counted)
+# The zero-filled blocks a crashed writer leaves (the file grew, its data never reached the disk): a run of
+# NUL bytes at the end of what was read, one that fills whole lines, or a long one. Short NUL runs among
+# other bytes are what binary files (.idx, .bin, safetensors) look like.
+_HOLE = rb"\x00{512,}|(?:^|(?<=\n))\x00+(?=\n|\Z)"
+_NUL_RUN = re.compile(_HOLE + rb"|\x00+\Z")
+_NUL_RUN_INSIDE = re.compile(_HOLE.replace(rb"|\Z", rb""))  # for a window that is not the end of the data
+_INTERLEAVE_LAG = 2  # ranks of one job log a step at most this many steps apart
 
 
 def rank_from_path(path: Path) -> int | None:
@@ -131,33 +146,70 @@ def rank_from_path(path: Path) -> int | None:
 
 
 class LogReader:
-    """Reads the complete lines appended to one log since the last call."""
+    """Reads the complete lines appended to one log since the last call.
+
+    The file is read in chunks (bounded memory); runs of NUL bytes where a line would start are
+    skipped and counted (a crashed writer leaves a zero-filled tail, which is not a binary file);
+    a file that shrank since the last read was truncated or rotated: it is read again from the start
+    and `restarted` tells the caller to drop what it kept from the earlier content.
+    """
 
     def __init__(self, path: Path, *, fmt: str = "auto", rank: int = 0) -> None:
         self.path = Path(path)
         self.summary = FileSummary(path=str(path), format=fmt, rank=rank)
         self._offset = 0
         self._pending = b""
+        self._skipping = False  # inside a line longer than MAX_LINE_BYTES
+        self.restarted = False
 
     def read_new(self, *, final: bool = True) -> list[dict[str, Any]]:
         """Parse new complete lines; with `final`, a last line without newline counts too."""
+        self.restarted = False
+        out: list[dict[str, Any]] = []
         try:
-            with open(self.path, "rb") as f:
-                size = f.seek(0, 2)
+            with open_regular(self.path, what="log file", hint="pass the training log file or its directory") as f:
+                size = os.fstat(f.fileno()).st_size
                 if size < self._offset:  # truncated or rotated: start over
-                    self._offset, self._pending = 0, b""
+                    self._start_over()
                 f.seek(self._offset)
-                data = f.read()
+                while chunk := f.read(READ_CHUNK):
+                    if self._offset == 0:
+                        _reject_binary(self.path, chunk)
+                    self._offset += len(chunk)
+                    out += self._feed(chunk, last=False)
+        except FileNotFoundError:
+            raise InputError(message=f"cannot read log {self.path}: it no longer exists", path=str(self.path),
+                             hint="check the path") from None
         except OSError as exc:
             raise InputError(message=f"cannot read log {self.path}: {exc.strerror or exc}", path=str(self.path),
                              hint="check the path and its permissions") from None
-        if self._offset == 0:
-            _reject_binary(self.path, data)
-        self._offset += len(data)
-        data = self._pending + data
-        cut = len(data) if final else data.rfind(b"\n") + 1
+        if final:
+            out += self._feed(b"", last=True)
+        return out
+
+    def _start_over(self) -> None:
+        fmt = self.summary.format if self.summary.format in PARSERS else "auto"
+        self.summary = FileSummary(path=self.summary.path, format=fmt, rank=self.summary.rank,
+                                   truncations=self.summary.truncations + 1)
+        self._offset, self._pending, self._skipping, self.restarted = 0, b"", False, True
+
+    def _feed(self, chunk: bytes, *, last: bool) -> list[dict[str, Any]]:
+        data = self._pending + chunk
+        cut = len(data) if last else data.rfind(b"\n") + 1
         self._pending = data[cut:]
-        return self._parse_text(data[:cut].decode("utf-8", errors="replace"))
+        if len(self._pending) > MAX_LINE_BYTES:  # a line with no end in sight: skip to its newline
+            self._pending, self._skipping = b"", True
+            self.summary.long_lines += 1
+        body = data[:cut]
+        if self._skipping and body:
+            newline = body.find(b"\n")
+            body = body[newline + 1:] if newline >= 0 else b""
+            self._skipping = newline < 0 and not last
+        if b"\0" in body:
+            kept = _NUL_RUN.sub(b"", body)
+            self.summary.nul_bytes += len(body) - len(kept)
+            body = kept
+        return self._parse_text(body.decode("utf-8", errors="replace"))
 
     def _parse_text(self, text: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -166,6 +218,9 @@ class LogReader:
         parsers = list(PARSERS.items()) if summary.format == "auto" else [(summary.format, PARSERS[summary.format])]
         for line in text.splitlines():
             lineno += 1
+            if len(line) > MAX_LINE_BYTES:
+                summary.long_lines += 1
+                continue
             for name, parse in parsers:
                 try:
                     record = parse(line)
@@ -191,12 +246,52 @@ def _reject_binary(path: Path, head: bytes) -> None:
         raise DataFormatError(message=f"{path} is gzip-compressed, not a text log", path=str(path),
                               expected="text log", found="gzip data",
                               hint=f"decompress it first: gunzip -k {path}")
-    nul = head.find(b"\0", 0, 8192)
+    window = head[:8192]
+    holes = _NUL_RUN if len(head) <= len(window) else _NUL_RUN_INSIDE
+    nul = holes.sub(lambda m: b"\n" * len(m.group()), window).find(b"\0")  # a crash's zero-filled holes are fine
     if nul >= 0:
         raise DataFormatError(message=f"{path} looks like a binary file (NUL byte at offset {nul}), not a text log",
                               path=str(path), offset=nul, expected="text log", found="binary data",
                               hint="pass the training log (msrun's worker_N.log, or rank_N/info.log), not a data "
                                    "or checkpoint file")
+
+
+def split_interleaved(records: list[dict[str, Any]], summary: FileSummary) -> list[dict[str, Any]]:
+    """One file's records, with the ranks told apart when several ranks' lines were written into it.
+
+    msrun's console (``--tail_worker_log``), ``tee`` of a job's output or ``cat worker_*.log`` put every
+    rank's step line into one file, and the line names no rank. Such a file shows each step R ≥ 2 times
+    in lockstep: every step (but the last two, which a stop may cut short) exactly R times, and never a
+    step more than `_INTERLEAVE_LAG` steps behind the newest one. Then the k-th line of a step is rank
+    ``base + k``. A resumed run does not look like that (its replayed steps repeat, the others do not;
+    a restart from scratch goes back further than the lag) and keeps one rank.
+    """
+    summary.interleaved = 0
+    order: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    newest = None
+    for r in records:
+        step = r["step"]
+        if step not in order:
+            order[step] = len(order)
+        counts[step] = counts.get(step, 0) + 1
+        if newest is not None and order[step] < order[newest] - _INTERLEAVE_LAG:
+            return records
+        if newest is None or order[step] > order[newest]:
+            newest = step
+    steps = list(order)
+    ranks = counts[steps[0]] if steps else 0
+    body = steps[:-2] if len(steps) > 2 else steps[:1]
+    if ranks < 2 or any(counts[s] != ranks for s in body) or any(counts[s] > ranks for s in steps):
+        return records
+    seen: dict[int, int] = {}
+    out = []
+    for r in records:
+        k = seen.get(r["step"], 0)
+        seen[r["step"]] = k + 1
+        out.append({**r, "rank": summary.rank + k})
+    summary.interleaved = ranks
+    return out
 
 
 # ---------------------------------------------------------------- a run: one or more files
@@ -243,7 +338,7 @@ def expand_paths(log: Path) -> list[Path]:
     if not log.exists():
         raise InputError(message=f"log not found: {log}", path=str(log),
                          hint="msrun writes worker_N.log under its --log_dir; MF writes output/log/rank_N/info.log")
-    if log.is_file():
+    if not log.is_dir():  # a file, or a FIFO/device the reader refuses by name
         return [log]
     for pattern in ("worker_*.log", "rank_*/info.log", "*.log", "*.jsonl"):
         found = sorted(log.glob(pattern), key=lambda p: (rank_from_path(p) or 0, p.name))
@@ -274,6 +369,17 @@ def collect(readers: list[LogReader], name: str, records: list[dict[str, Any]] |
             run.warnings.append(_no_steps_message(f))
         elif f.malformed:
             run.warnings.append(f"{f.path}: {f.malformed} step line(s) could not be read; first: {f.examples[0]}")
+        if f.nul_bytes:
+            run.warnings.append(f"{f.path}: {f.nul_bytes:,} NUL byte(s) skipped (the zero-filled tail a crash "
+                                "leaves in a log)")
+        if f.long_lines:
+            run.warnings.append(f"{f.path}: {f.long_lines} line(s) longer than {MAX_LINE_BYTES:,} bytes skipped")
+        if f.interleaved:
+            run.warnings.append(f"{f.path}: every step appears {f.interleaved} times: read as {f.interleaved} ranks "
+                                "interleaved in one file (numbered in order of appearance)")
+        if f.truncations:
+            run.warnings.append(f"{f.path}: the file was truncated or replaced while followed; only its current "
+                                "content is shown")
     return run
 
 
@@ -298,7 +404,7 @@ def _no_steps_message(f: FileSummary) -> str:
 def parse_run(logs: list[Path], *, fmt: str = "auto", name: str | None = None) -> Run:
     """Parse every file of one run (all ranks) in one pass."""
     readers = open_readers(logs, fmt=fmt)
-    records = [rec for reader in readers for rec in reader.read_new(final=True)]
+    records = [rec for reader in readers for rec in split_interleaved(reader.read_new(final=True), reader.summary)]
     run = collect(readers, name or ", ".join(str(p) for p in logs), records)
     require_steps(run)
     return run

@@ -11,11 +11,11 @@ from typing import Any, Callable
 
 import attrs
 
-from mftk.files import write_atomic
+from mftk.files import check_writable_target, write_atomic
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs import export
 from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
-from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps
+from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps, split_interleaved
 from mftk.logs.summary import Summary, summarize
 
 
@@ -92,6 +92,9 @@ def check_options(options: ParseOptions) -> None:
                          hint=f"choose from: all, {', '.join(KINDS)}")
     if options.skip_warmup < 0:
         raise InputError(message=f"--skip-warmup must be >= 0, got {options.skip_warmup}")
+    for target in (options.csv, options.jsonl, options.json, options.plot):
+        if target:
+            check_writable_target(target)  # before reading (or following) anything
 
 
 def _check_metrics(runs: list[Run], metrics: list[str] | None) -> None:
@@ -136,10 +139,10 @@ def write_outputs(report: LogReport) -> None:
         write_atomic(o.json, export.to_json(report.to_json()))
         report.written.append(str(o.json))
     if o.plot:
-        from mftk.logs.plot import plot_runs
+        from mftk.logs.plot import PlotRun, plot_runs
 
-        runs = [(r.name, r.series, sorted({a.step for a in r.anomalies if a.kind in ("nan", "spike")}))
-                for r in report.runs]
+        runs = [PlotRun(r.name, r.series, sorted({a.step for a in r.anomalies if a.kind in ("nan", "spike")}),
+                        sorted({a.step for a in r.anomalies if a.kind == "resume"})) for r in report.runs]
         plot_runs(runs, o.plot, x=o.x, metrics=o.metrics, seq_length=o.seq_length)
         report.written.append(str(o.plot))
 
@@ -165,26 +168,39 @@ def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
                timeout_s: float | None = None, sleep: Callable[[float], None] = time.sleep) -> LogReport | None:
     """Re-read growing logs every `poll_s` and call `on_update` with a fresh report when steps arrive.
 
-    Stops after `max_updates` updates or `timeout_s` seconds (None: until interrupted); then
-    writes the requested exports from the last report and returns it (None if no step came).
+    Stops after `max_updates` updates, `timeout_s` seconds or Ctrl-C (None: until interrupted); then
+    writes the requested exports from the last report and returns it (raises if no step came).
     """
     options = options or ParseOptions(fmt="auto")
     check_options(options)
     readers = open_readers(list(logs), fmt=options.fmt)
     name = ", ".join(map(str, logs))
+    kept: list[list[dict[str, Any]]] = [[] for _ in readers]  # per file: a truncated file's rows are dropped
     records: list[dict[str, Any]] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     report, updates = None, 0
-    while True:
-        new = [rec for reader in readers for rec in reader.read_new(final=False)]
-        if new:
-            records.extend(new)
-            report = analyze([collect(readers, name, records)], options)
-            on_update(report)
-            updates += 1
-        if (max_updates is not None and updates >= max_updates) or (deadline and time.monotonic() >= deadline):
-            break
-        sleep(poll_s)
+    try:
+        while True:
+            changed = False
+            for i, reader in enumerate(readers):
+                new = reader.read_new(final=False)
+                if reader.restarted:
+                    kept[i], changed = [], True
+                kept[i] += new
+                changed = changed or bool(new)
+            if changed:
+                records = [rec for i, reader in enumerate(readers) for rec in split_interleaved(kept[i], reader.summary)]
+            if changed and records:
+                report = analyze([collect(readers, name, records)], options)
+                on_update(report)
+                updates += 1
+            elif changed:  # every file was truncated to nothing: what was shown is gone
+                report = None
+            if (max_updates is not None and updates >= max_updates) or (deadline and time.monotonic() >= deadline):
+                break
+            sleep(poll_s)
+    except KeyboardInterrupt:  # Ctrl-C is how a follow ends: the exports are still written
+        pass
     if report is None:
         require_steps(collect(readers, name, records))
     write_outputs(report)

@@ -31,9 +31,9 @@ class _PathFilter(logging.Filter):
 
 
 def train_logger() -> logging.Logger:
-    """The ``mftk.train`` logger, at INFO, with the ``filepath`` filter (set up once)."""
+    """The ``mftk.train`` logger, at INFO (DEBUG with ``MFTK_DEBUG=1``), with the ``filepath`` filter."""
     log = logging.getLogger(TRAIN_LOGGER)
-    log.setLevel(logging.INFO)
+    log.setLevel(logging.DEBUG if os.environ.get("MFTK_DEBUG") else logging.INFO)
     if not any(isinstance(f, _PathFilter) for f in log.filters):
         log.addFilter(_PathFilter())
     return log
@@ -57,7 +57,6 @@ def attach_file_log(log_dir: Path) -> logging.Handler:
     except OSError as exc:
         raise InputError(message=f"cannot write logs to {log_dir}: {exc.strerror or exc}", path=str(log_dir),
                          hint="choose a writable --output-dir") from None
-    h.setLevel(logging.INFO)
     h.setFormatter(mf_formatter("file"))
     log.addHandler(h)
     return h

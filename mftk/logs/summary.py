@@ -33,6 +33,7 @@ class Summary:
     loss_min_step: int | None = None
     step_time_ms: dict[str, float] = attrs.field(factory=dict)  # p50, p90, p99, mean, max
     throughput_tflops: float | None = None  # per device
+    throughput_coarse: bool = False  # logged as %6.2fT values of a rate below 1 TFLOP/s: mostly rounding
     samples_per_s: float | None = None  # global
     tokens_per_s: float | None = None  # global; needs seq_length
     tokens_per_s_per_device: float | None = None
@@ -85,16 +86,22 @@ def _rates(s: Summary, steady: list[dict[str, Any]]) -> None:
     thr = [(r["throughput"], r["per_step_time"]) for r in timed if _finite(r.get("throughput"))]
     if thr:
         s.throughput_tflops = sum(t * ms for t, ms in thr) / sum(ms for _, ms in thr)
+        s.throughput_coarse = coarse_throughput([t for t, _ in thr])
+        if s.throughput_coarse:
+            s.notes.append("the step line logs throughput in TFLOP/s with 2 decimals, too coarse below 1 TFLOP/s; "
+                           "samples/s and tokens/s are exact, and an mftk run's metrics.jsonl (next to its "
+                           "info.log) has the exact FLOP/s")
     with_gbs = [r for r in timed if _finite(r.get("global_batch_size"))]
     if with_gbs and total_ms:
         s.samples_per_s = sum(r["global_batch_size"] for r in with_gbs) / (sum(r["per_step_time"] for r in with_gbs) / 1e3)
-        if s.seq_length:
-            s.tokens_per_s = s.samples_per_s * s.seq_length
-            if s.world_size:
-                s.tokens_per_s_per_device = s.tokens_per_s / s.world_size
     elif timed:
-        s.notes.append("no global_batch_size in the log: samples/s and tokens/s not computed")
-    if s.tokens_per_s is None and s.samples_per_s is not None:
+        s.notes.append("no global_batch_size in the log: samples/s not computed")
+    tokens = _tokens_per_s(s, timed)
+    if tokens is not None:
+        s.tokens_per_s = tokens
+        if s.world_size:
+            s.tokens_per_s_per_device = tokens / s.world_size
+    elif s.samples_per_s is not None:
         s.notes.append("pass --seq-length to get tokens/s")
     if s.peak_tflops:
         if s.throughput_tflops is None:
@@ -105,3 +112,28 @@ def _rates(s: Summary, steady: list[dict[str, Any]]) -> None:
             if s.mfu > 1:
                 s.notes.append(f"MFU {s.mfu:.0%} exceeds 100%: check --peak-tflops is the per-device dense peak "
                                "for the dtype used")
+
+
+def _tokens_per_s(s: Summary, timed: list[dict[str, Any]]) -> float | None:
+    """Tokens per second (global): from ``--seq-length``, else mftk's per-step ``tokens`` field, else
+    Megatron's running ``consumed_tokens``."""
+    seconds = sum(r["per_step_time"] for r in timed) / 1e3
+    if not seconds:
+        return None
+    if s.seq_length and s.samples_per_s is not None:
+        return s.samples_per_s * s.seq_length
+    with_tokens = [r for r in timed if _finite(r.get("tokens"))]
+    if with_tokens and len(with_tokens) == len(timed):
+        return sum(r["tokens"] for r in with_tokens) / seconds
+    consumed = [r["consumed_tokens"] for r in timed if _finite(r.get("consumed_tokens"))]
+    if len(consumed) >= 2 and len(consumed) == len(timed):
+        return (consumed[-1] - consumed[0]) / (sum(r["per_step_time"] for r in timed[1:]) / 1e3)
+    return None
+
+
+def coarse_throughput(values: Sequence[float]) -> bool:
+    """True when logged TFLOP/s values are 2-decimal roundings (the step line's ``%6.2fT``) of a rate
+    below 1 TFLOP/s, where the rounding is most of the value."""
+    if not values:
+        return False
+    return max(abs(v) for v in values) < 1.0 and all(abs(v * 100 - round(v * 100)) < 1e-6 for v in values)

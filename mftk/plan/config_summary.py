@@ -10,9 +10,11 @@ from typing import Any
 import attrs
 
 from mftk import derive as L
+from mftk import units
 from mftk.config.load import LoadedConfig
 from mftk.config.sections import Config
 from mftk.plan.flops import flops_per_step, param_counts
+from mftk.units import count_exact
 
 
 @attrs.frozen
@@ -37,13 +39,6 @@ def summarize(loaded: LoadedConfig, world_size: int = 1) -> Summary:
     })
 
 
-def _fmt_count(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)
-
-
 def _model_rows(c: Config) -> list[tuple[str, str, str]]:
     m = c.model
     total, active = param_counts(m)
@@ -51,11 +46,12 @@ def _model_rows(c: Config) -> list[tuple[str, str, str]]:
             ("layers × hidden", f"{m.num_hidden_layers} × {m.hidden_size}", ""),
             ("vocabulary", f"{m.vocab_size:,}", ""),
             ("sequence length", str(m.seq_length), ""),
-            ("parameters", f"{_fmt_count(total)} ({total:,})", "embedding, attention, MLP/MoE, norms, output layer")]
+            ("parameters", count_exact(total), "embedding, attention, MLP/MoE, norms, output layer")]
     if active != total:
-        rows.append(("active parameters", f"{_fmt_count(active)} ({active:,})", "per token: top-k + shared experts"))
+        rows.append(("active parameters", count_exact(active), "per token: top-k + shared experts"))
     flops = flops_per_step(m, seq_length=m.seq_length, global_batch_size=c.training.global_batch_size)
-    rows.append(("FLOPs per step", f"{flops:.3e}", "Megatron convention (fwd+bwd), used by the log's throughput"))
+    rows.append(("FLOPs per step", f"{units.flops(flops)} ({flops:.4g})",
+                 "Megatron convention (fwd+bwd), used by the log's throughput"))
     return rows
 
 
@@ -106,8 +102,20 @@ def _optimizer_rows(c: Config) -> list[tuple[str, str, str]]:
     o, s, t = c.optimizer, c.lr_scheduler, c.training
     warm = s.warmup_steps if s.warmup_steps is not None else int(t.steps * (s.warmup_ratio or 0))
     clip = f"{t.max_norm}" if t.max_norm > 0 else "off"
-    return [("optimizer", f"{o.type} betas={o.betas} eps={o.eps} weight_decay={o.weight_decay}",
-             "1-D parameters and biases get no weight decay"),
+    if o.type == "Muon":
+        from mftk.config.optimizer_muon import ns_schedule
+
+        try:
+            steps = f"{len(ns_schedule(o.ns_coefficients, o.ns_steps))} Newton-Schulz steps"
+        except ValueError:
+            steps = "invalid ns_coefficients"
+        opt = (f"Muon momentum={o.momentum}{' nesterov' if o.nesterov else ''} {steps} rms={o.matched_adamw_rms} "
+               f"weight_decay={o.weight_decay}; AdamW fallback betas={o.adamw_betas} eps={o.adamw_eps}",
+               "2-D/3-D weights orthogonalised; embeddings, output layer, 1-D parameters by AdamW")
+    else:
+        opt = (f"{o.type} betas={o.betas} eps={o.eps} weight_decay={o.weight_decay}",
+               "1-D parameters and biases get no weight decay")
+    return [("optimizer", *opt),
             ("schedule", f"{s.type} lr={s.learning_rate} warmup={warm} steps", f"total_steps = training.steps = {t.steps}"),
             ("gradient clipping", clip, "global norm"),
             ("steps", str(t.steps), "absolute target step")]
@@ -118,7 +126,8 @@ def _checkpoint_rows(c: Config) -> list[tuple[str, str, str]]:
     if not ck.enable_save:
         rows = [("save", "off", "enable_save: false")]
     else:
-        rows = [("save", ck.save_path, f"every {ck.save_interleaved_steps} steps and at the end; keep {ck.save_max}"),
+        rows = [("save", ck.save_path, f"every {units.every_steps(ck.save_interleaved_steps)} and at the end; "
+                 f"keep {ck.save_max}"),
                 ("optimizer state", "no" if ck.no_save_optim else "yes", "")]
     if ck.load_path:
         rows.append(("load", ck.load_path, "weights only" if ck.no_load_optim else "weights + optimizer + step"))

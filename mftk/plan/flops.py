@@ -7,6 +7,8 @@ Megatron / MindSpore Transformers convention of models.md §5 (the `throughput` 
 """
 from typing import Any
 
+from mftk.plan import flops_v4 as _v4
+
 # Families are told apart by attribute, not by import, so this module never needs the config classes.
 
 
@@ -19,7 +21,9 @@ def _norm(n: int) -> int:
 
 
 def attention_params(cfg: Any) -> int:
-    """One self-attention block: GQA + qk-norm (Qwen3) or MLA (DeepSeek-V3)."""
+    """One self-attention block: GQA + qk-norm (Qwen3), MLA (DeepSeek-V3) or, for DeepSeek-V4, its largest layer's."""
+    if _v4.is_v4(cfg):
+        return max(_v4.attention_params(cfg, i) for i in range(cfg.num_hidden_layers))
     H, nh = cfg.hidden_size, cfg.num_attention_heads
     bias = bool(cfg.attention_bias)
     proj_bias = H if cfg.add_bias_linear else 0
@@ -53,6 +57,8 @@ def dense_mlp_params(cfg: Any, width: int) -> int:
 
 def moe_params(cfg: Any) -> tuple[int, int]:
     """One MoE layer's MLP part: (total, active per token)."""
+    if _v4.is_v4(cfg):
+        return _v4.moe_params(cfg, hashed=False)
     H, E, K, Fm = cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
     per_expert = (2 * Fm if cfg.gated_linear_unit else Fm) * H + Fm * H     # weight1 + weight2 slices
     router = E * H + (2 * E if cfg.moe_router_enable_expert_bias else E)    # weight, [expert_bias], tokens_per_expert
@@ -60,13 +66,15 @@ def moe_params(cfg: Any) -> tuple[int, int]:
         router += E + 1                                                     # global_tokens_per_expert, ga_steps
     Fs = cfg.moe_shared_expert_intermediate_size_resolved()
     shared = dense_mlp_params(cfg, Fs) if Fs else 0
-    if Fs and cfg.use_shared_expert_gating:
+    if Fs and getattr(cfg, "use_shared_expert_gating", False):
         shared += H
     return router + E * per_expert + shared, router + K * per_expert + shared
 
 
 def param_breakdown(cfg: Any) -> dict[str, int]:
     """Parameter counts by part (total), plus `active` (what one token touches)."""
+    if _v4.is_v4(cfg):
+        return _v4.param_breakdown(cfg)
     H, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     attn = attention_params(cfg) + 2 * _norm(H)             # + input_layernorm, pre_mlp_layernorm
     dense_layer = attn + dense_mlp_params(cfg, cfg.ffn_hidden_size())
@@ -122,6 +130,8 @@ def flops_per_step(cfg: Any, *, seq_length: int | None = None, global_batch_size
 
     `seq_length` defaults to `model.seq_length`, as the reference uses the config's, not the batch's.
     """
+    if _v4.is_v4(cfg):
+        return _v4.flops_per_step(cfg, seq_length=seq_length, global_batch_size=global_batch_size)
     S = cfg.seq_length if seq_length is None else seq_length
     H, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     f = 3 if cfg.hidden_act in ("silu", "swiglu", "fusedswiglu") else 2

@@ -81,6 +81,8 @@ class PlanInputs:
     sequence_parallel: bool = False
     rampup: tuple[int, ...] | None = None  # training.rampup_batch_size
     track_max_logits: bool = False      # max attention logit tracking (refused with TP/CP/PP)
+    muon: bool = False                  # optimizer.type: Muon (refused with TP)
+    qk_clip: bool = False               # Muon's QK-clip is active (refused with FSDP)
 
 
 @attrs.frozen(kw_only=True)
@@ -115,16 +117,19 @@ class Assumptions:
     name: str = "accelerator"
 
 
-# mftk's CPU engine (PyNative, fp32, numpy AdamW), measured by bench/plan_calibration.py's sweep
-# (one dimension at a time: layers, hidden, batch, seq, vocab; medians of repeated runs):
+# mftk's CPU engine (PyNative, fp32, numpy AdamW), fitted to bench/plan_calibration.py's grid (one dimension
+# at a time: layers, hidden, batch, seq, vocab; medians of 3 runs; refitted 2026-12 after the backward
+# kernels, the LM-head loss keeping P and MindSpore 2.10's allocator changed the picture):
 # - states, from the code (optim.py, trainer.py): MindSpore weights 4 + the grads value_and_grad returns 4
-#   + the flat fp32 accumulation buffer 4 + numpy master, m, v and the update scratch 4·4 = 28 B/param;
-# - retained: the model build alone raises RSS by ~2.5× the weights (init arrays, replaced tensors stay
-#   in glibc/MindSpore pools); the layer and vocab sweeps give the per-param slope above 28 B;
-# - activations, scores, logits: slopes of the batch, seq and vocab sweeps over the inventory's bytes;
-#   logits_copies re-measured on the --quick points after the LM-head loss began keeping P instead of
-#   log P (2.8 → 1.6); the other slopes predate the backward kernels (full grid now 0.79–1.33);
-# - overhead: a 1-layer hidden-16 model (MindSpore's kernels, pools and autograd graph at first step).
+#   + the flat fp32 accumulation buffer 4 + numpy master, m, v 4·3 = 24 B/param; the update works in place
+#   (no scratch the allocator keeps at the peak);
+# - retained: what the layer and hidden sweeps leave above 24 B/param (0.4: init arrays and replaced tensors
+#   the pools keep);
+# - activations, scores, logits: slopes of the batch, seq and vocab sweeps over the inventory's bytes
+#   (eager autograd keeps 1.25× the GQA inventory, 3.85× for MLA layers, 1.85 score copies, 2.75 logits copies);
+# - overhead: the fit's intercept (MindSpore's kernels, pools and autograd graph at first step).
+# Known gap: models with ≳15M parameters (the grid's h512 and V32k points) measure 20-35% above the
+# estimate (the allocators keep more of a large model's freed blocks); within ±15% up to ~10M.
 # Several workers (`--multi` grid: dp2, fsdp2, tp2 over 1/4/8 layers, dsv3 ep2), from the code of
 # engine/distributed.py and parallel/data_parallel.py, each term checked against the layer sweep's slope:
 # - FSDP (FlatSharding) shards the AdamW states and the grad the optimizer reads; MindSpore keeps the full
@@ -136,10 +141,10 @@ class Assumptions:
 #   (16 B per local param);
 # - TP/EP cut: every rank builds the full model, then cuts its blocks; the cut-away part's build footprint
 #   (the build's ~2.5× the weights, 10 B/param) stays in the allocators.
-MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=5.0, overhead_bytes=27 * 2 ** 20,
-                       framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=4.0,
-                       retained_bytes_per_param=2.5, activation_factor=1.7,
-                       mla_activation_factor=5.5, logits_copies=1.6, fsdp_keeps_full=True, grad_sync_copies=1.0,
+MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=1.85, overhead_bytes=45 * 2 ** 20,
+                       framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=0.0,
+                       retained_bytes_per_param=0.4, activation_factor=1.25,
+                       mla_activation_factor=3.85, logits_copies=2.75, fsdp_keeps_full=True, grad_sync_copies=1.0,
                        dist_norm_bytes=16.0, cut_build_bytes=10.0, name="mftk-cpu")
 PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
 
@@ -226,7 +231,9 @@ class _LayerParams:
 def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
     H = cfg.hidden_size
     attn = F.attention_params(cfg)
-    if F._is_mla(cfg):
+    if F._v4.is_v4(cfg):
+        attn_rep = attn  # DeepSeek-V4's attention stays whole on every TP rank (as in transformers' plan)
+    elif F._is_mla(cfg):
         q_rank = cfg.q_lora_rank or 0
         down = (q_rank if q_rank else cfg.num_attention_heads * cfg.q_head_dim()) + cfg.kv_lora_rank + cfg.qk_rope_head_dim
         attn_rep = down * H + ((q_rank if q_rank else 0) + cfg.kv_lora_rank if cfg.qk_layernorm else 0)
@@ -539,7 +546,7 @@ def k_last(inputs: PlanInputs, lay: Layout, k: float) -> float:
 
 def _flops_term(cfg, inputs: PlanInputs) -> Term:
     value = F.flops_per_step(cfg, global_batch_size=inputs.global_batch_size)
-    return Term("flops per step", value, "models.md §5 (the training log's formula)",
+    return Term("flops per step", value, "Megatron-LM's model FLOPs (the formula behind the log's throughput)",
                 {"global_batch_size": inputs.global_batch_size, "seq_length": cfg.seq_length}, unit="FLOP")
 
 

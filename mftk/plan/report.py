@@ -7,6 +7,7 @@ are replacing), so a config written for 8 devices can be planned for 64 without 
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,7 +19,8 @@ from mftk.config.yamlio import parse_yaml, read_config_file
 from mftk.errors import ConfigError, InputError, PlanError
 from mftk.plan import search as S
 from mftk.derive import Layout, layout_from_config
-from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, parse_bytes, preset
+from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, human, parse_bytes, preset
+from mftk.units import count
 
 SHAPE_KEYS = ("vocab_size", "seq_length", "hidden_size", "num_hidden_layers", "num_attention_heads")
 _RESET = {"tensor_parallel": 1, "pipeline_parallel": 1, "context_parallel": 1, "expert_parallel": 1,
@@ -47,6 +49,9 @@ class PlanReport:
     yaml_block: str = ""
     explained: str | None = None
     notes: tuple[str, ...] = ()
+    ranking: str = ""  # how the layouts are ordered
+    why_chosen: tuple[str, ...] = ()  # why the first one is the recommendation
+    check_failures: tuple[str, ...] = ()  # with --check: which memory term does not fit, by how much
 
     @property
     def best(self) -> Ranked | None:
@@ -63,6 +68,7 @@ class PlanReport:
                           "rules": [{"rule": r.rule, "message": r.message} for r in c.rejections]}
                          for c in self.rejected],
             "yaml": self.yaml_block, "explain": self.explained, "notes": list(self.notes),
+            "ranking": self.ranking, "why_chosen": list(self.why_chosen), "check_failures": list(self.check_failures),
         }
 
 
@@ -125,6 +131,7 @@ def plan_inputs(config, parallelism) -> PlanInputs:
     mode = str(config.recompute.mode).lower()
     recompute = {"full": "full", "select": "selective", "selective": "selective"}.get(mode, "none")
     schedule = (parallelism.pipeline_parallel_schedule or "1f1b").lower()
+    from mftk.config.optimizer_muon import qk_clip_active
     from mftk.config.sections import tracking_requested
 
     t = config.training
@@ -135,7 +142,14 @@ def plan_inputs(config, parallelism) -> PlanInputs:
                       cp_method=parallelism.context_parallel_method, ulysses_degree=parallelism.ulysses_degree_in_cp,
                       sequence_parallel=parallelism.sequence_parallel,
                       rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
-                      track_max_logits=tracking_requested(config))
+                      track_max_logits=tracking_requested(config), muon=config.optimizer.type == "Muon",
+                      qk_clip=qk_clip_active(config))
+
+
+def _rate_ok(flag: str, value: float | None, what: str) -> None:
+    """A hardware rate divides every time estimate: it must be a positive, finite number."""
+    if value is not None and not (math.isfinite(value) and 0 < value < 1e12):
+        raise InputError(message=f"{flag} {value:g} is not a positive finite number", hint=f"pass the {what}")
 
 
 def _nodes_ok(world: int, nodes: int | None) -> None:
@@ -163,6 +177,8 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
                         values={"world_size": world_size}, hint="pass --world-size N with N devices")
     memory = parse_bytes(device_memory)
     _nodes_ok(world_size, nodes)
+    _rate_ok("--device-tflops", device_tflops, "sustained TFLOP/s of one device, e.g. 300")
+    _rate_ok("--link-gbps", link_gbps, "link bandwidth in Gbit/s, e.g. 400")
     loaded, parallelism = load_for_plan(path, world=world_size, check=check, overrides=overrides)
     inputs = plan_inputs(loaded.config, parallelism)
     if not check:  # the plan's YAML block turns sequence_parallel on wherever tp > 1
@@ -188,12 +204,21 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
                         hint="change the world size, or the batch/sequence/heads that the rules above name")
     explained = _explain(explain, world_size, inputs, nodes, assumptions, kw) if explain else None
     chosen = next((r for r in ranked if r.fits), ranked[0] if ranked else None)
+    timed = bool(ranked) and ranked[0].estimate.step_time is not None
     return PlanReport(source=str(path), world=world_size, nodes=nodes, device_memory_bytes=memory,
                       model=_model_summary(loaded.config.model), candidates=len(candidates), ranked=ranked,
                       rejected=rejected, check=check,
                       check_ok=(bool(ranked) and ranked[0].fits) if check else None,
                       yaml_block=parallelism_yaml(chosen.estimate.layout, inputs) if chosen else "",
-                      explained=explained, notes=tuple(notes))
+                      explained=explained, notes=tuple(notes), ranking=ranking_text(timed),
+                      why_chosen=() if check else why_chosen(ranked, memory),
+                      check_failures=check_failures(ranked[0], memory) if check and ranked and not ranked[0].fits
+                      else ())
+
+
+# The order of `_rank_key`, in words (one place for both).
+RANK_ORDER = ("fits in device memory", "estimated step time", "pipeline bubble", "bytes communicated per step",
+              "peak memory per device")
 
 
 def _rank_key(r: Ranked) -> tuple:
@@ -202,12 +227,75 @@ def _rank_key(r: Ranked) -> tuple:
     return (not r.fits, time, e.bubble.value, e.comm_bytes, e.peak_bytes)
 
 
+def ranking_text(timed: bool) -> str:
+    """How layouts are ordered, as the table shows them."""
+    if timed:
+        return "ranked by: " + ", then ".join(RANK_ORDER)
+    order = [RANK_ORDER[0]] + list(RANK_ORDER[2:])
+    return ("ranked by: " + ", then ".join(order) + " (no step time without --device-tflops and --link-gbps: "
+            "less bubble and less traffic stand in for a faster step)")
+
+
+def why_chosen(ranked: tuple[Ranked, ...], memory: float) -> tuple[str, ...]:
+    """Why the first layout that fits is recommended: what it wins on against the next one, and where
+    another layout would be better (least memory), so a choice of the highest peak is not a surprise."""
+    fitting = [r for r in ranked if r.fits]
+    if not fitting:
+        best = ranked[0].estimate if ranked else None
+        return (f"no layout fits {human(memory)} per device; the smallest peak is "
+                f"{human(min(r.estimate.peak_bytes for r in ranked))}: raise --device-memory, add devices, or "
+                "turn on recompute (recompute.mode: full)",) if best else ()
+    best = fitting[0].estimate
+    lines = [f"{short_label(best.layout)} is recommended: it fits ({human(best.peak_bytes)} of {human(memory)} per "
+             f"device, at stage {best.peak.stage})" + _decider(fitting)]
+    smallest = min(fitting, key=lambda r: r.estimate.peak_bytes).estimate
+    if smallest is not best and smallest.peak_bytes < best.peak_bytes:
+        lines.append(f"the least memory: {short_label(smallest.layout)} ({human(smallest.peak_bytes)} per device), at "
+                     f"the cost of {human(smallest.comm_bytes)} communicated per step against "
+                     f"{human(best.comm_bytes)}" + (f" and a {smallest.bubble.value:.0%} bubble"
+                                                    if smallest.bubble.value else ""))
+    return tuple(lines)
+
+
+def _decider(fitting: list[Ranked]) -> str:
+    """', and <the first criterion where it beats the runner-up>'."""
+    if len(fitting) < 2:
+        return ", the only layout that does"
+    a, b = fitting[0].estimate, fitting[1].estimate
+    if a.step_time and b.step_time and a.step_time.value < b.step_time.value:
+        return f", with the shortest estimated step ({a.step_time.value:.3g} s; next {short_label(b.layout)} " \
+               f"{b.step_time.value:.3g} s)"
+    if a.bubble.value < b.bubble.value:
+        return f", with the smallest pipeline bubble ({a.bubble.value:.0%}; next {short_label(b.layout)} {b.bubble.value:.0%})"
+    if a.comm_bytes < b.comm_bytes:
+        return (f", with {'no pipeline bubble and ' if not a.bubble.value else ''}the least communication "
+                f"({human(a.comm_bytes)} per step; next {short_label(b.layout)} {human(b.comm_bytes)})")
+    return f", with the lowest peak among equals ({human(a.peak_bytes)}; next {short_label(b.layout)} {human(b.peak_bytes)})"
+
+
+def check_failures(r: Ranked, memory: float) -> tuple[str, ...]:
+    """With --check on a layout that does not fit: the overshoot and the terms of its peak stage, largest first."""
+    e = r.estimate
+    over = e.peak_bytes - memory
+    terms = sorted(e.peak.terms, key=lambda t: -t.value)
+    head = (f"stage {e.peak.stage} needs {human(e.peak_bytes)} per device, {human(over)} more than the "
+            f"{human(memory)} given ({over / memory:.0%} over)")
+    return (head,) + tuple(f"{t.name} {human(t.value)} ({t.value / e.peak_bytes:.0%} of the peak)"
+                           for t in terms if t.value > 0)
+
+
+def short_label(lay: Layout) -> str:
+    """The table's layout label: dp_replicate·dp_shard·cp·tp·pp·ep(·v)."""
+    text = f"{lay.dp_replicate}·{lay.dp_shard}·{lay.cp}·{lay.tp}·{lay.pp}·{lay.ep}"
+    return text + (f"·v{lay.interleave}" if lay.interleave > 1 else "")
+
+
 def _model_summary(cfg) -> str:
     from mftk.plan.flops import param_counts
 
     total, active = param_counts(cfg)
-    text = f"{cfg.model_type} L={cfg.num_hidden_layers} H={cfg.hidden_size} S={cfg.seq_length}, {total / 1e9:.3g}B params"
-    return text + (f" ({active / 1e9:.3g}B active)" if active != total else "")
+    text = f"{cfg.model_type} L={cfg.num_hidden_layers} H={cfg.hidden_size} S={cfg.seq_length}, {count(total)} params"
+    return text + (f" ({count(active)} active)" if active != total else "")
 
 
 def parallelism_yaml(lay: Layout, inputs: PlanInputs) -> str:
@@ -237,6 +325,9 @@ def parse_layout(text: str, world: int) -> Layout:
             raise InputError(message=f"cannot read layout {text!r}",
                              hint="write degrees like dps4.tp2 or tp=2,pp=2 (keys: dpr, dps, cp, tp, pp, ep, v)")
         degrees[_KEYS[key]] = int(value)
+    if zero := [k for k, v in pairs if int(v) < 1]:
+        raise InputError(message=f"cannot read layout {text!r}: degree {zero[0]} is 0; every degree is at least 1",
+                         hint="write degrees like dps4.tp2 (1 for a dimension that is not split)")
     if not pairs:
         raise InputError(message=f"cannot read layout {text!r}", hint="write degrees like dps4.tp2 or tp=2,pp=2")
     if "dp_shard" not in degrees:

@@ -1,5 +1,4 @@
 import json
-import struct
 
 from tests.helpers.cli import runner
 
@@ -31,27 +30,6 @@ def test_json_output_and_verify(tmp_path):
     assert data["step"] == 4 and data["verified"] and data["problems"] == []
     assert [s["supported"] for s in data["scenarios"]] == [True, True, True, True]
     assert {t["name"]: t["norm"] for t in data["tensors"]}["w"] == 30 ** 0.5
-
-
-def test_hostile_file_exits_1_with_problems_on_stderr(tmp_path):
-    p = tmp_path / "bad.safetensors"
-    p.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
-    res = _run(p)
-    assert res.exit_code == 1
-    assert "runs past the end of the file" in res.stderr and "Traceback" not in res.output
-
-
-def test_metadata_path_escape_rejected(tmp_path):
-    d = mf_step_dir(tmp_path)
-    (tmp_path / "secret.safetensors").write_bytes(b"x")
-    meta = {"state_dict_metadata": {"w": {"properties": {"dtype": "Float32"}, "global_shape": [2, 2],
-                                          "axis_fragmentations": [1, 1], "layout": None,
-                                          "chunk": [{"global_offset": [0], "local_shape": [2, 2]}]}},
-            "storage_data": {"('w', (0,))": [{"file_name": "../secret.safetensors", "storage_rank": 0,
-                                              "rank_group": [0]}]}}
-    (d / "metadata.json").write_text(json.dumps(meta))
-    res = _run(d, "--verify")
-    assert res.exit_code == 1 and "never followed" in res.stderr
 
 
 def test_missing_path_exits_2(tmp_path):

@@ -70,8 +70,12 @@ def test_bad_input_clear_message_no_traceback(tmp_path, content, code, message):
     assert result.stdout == ""
 
 
-def test_follow_is_bounded(logdir):
+def test_follow_is_bounded_and_prints_when_piped(logdir):
+    """Not a terminal: every step is printed as one plain line as it is read (like tail -f), then the summary."""
     result = runner.invoke(app, ["parse-log", str(logdir / "worker_0.log"), "--follow", "--follow-updates", "1",
                                  "--poll", "0"])
     assert result.exit_code == 0, result.output
-    assert "rank 0" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["step", "consumed_samples", "loss"]
+    assert [line.split()[0] for line in lines[1:41]] == [str(n) for n in range(1, 41)]
+    assert "summary" in result.stdout

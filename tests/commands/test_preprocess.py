@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 from tests.helpers.cli import runner
 
 from commands.app import app
@@ -52,7 +54,9 @@ def test_multi_source_and_merge(tmp_path):
     r = runner.invoke(app, ["preprocess", "-i", f"x={d / 'a.jsonl'}", "-i", f"y={d / 'a.jsonl'}", "-o",
                             str(d / "m"), "-t", str(d / "tokenizer.json"), "--weights", "0.3,0.7"])
     assert r.exit_code == 0, r.output
-    assert f"  - '0.3'\n  - '{d}/m_x_text_document'\n  - '0.7'\n  - '{d}/m_y_text_document'" in r.stdout
+    snippet = r.stdout[r.stdout.index("train_dataset:"):]  # printed as valid YAML nested under its section
+    assert yaml.safe_load(snippet) == {"train_dataset": {"dataloader": {"config": {"data_path": [
+        "0.3", f"{d}/m_x_text_document", "0.7", f"{d}/m_y_text_document"]}}}}
     r = runner.invoke(app, ["preprocess", "--merge", "-i", str(d / "m_x_text_document"), "-i",
                             str(d / "m_y_text_document"), "-o", str(d / "merged")])
     assert r.exit_code == 0, r.output

@@ -18,28 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
+from tests.helpers.msrun import column, metrics, run_single
 from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.helpers.tiny import load, tiny_raw, write_corpus
+from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[2]
 REL = 1e-5
-
-
-def metrics(out: Path, rank: int = 0) -> list[dict]:
-    return [json.loads(line) for line in (out / "log" / f"rank_{rank}" / "metrics.jsonl").read_text().splitlines()]
-
-
-def column(records: list[dict], key: str) -> np.ndarray:
-    return np.array([r[key] for r in records], np.float64)
-
-
-def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
-    from mftk.engine.run import train
-
-    return train(load(raw, *overrides), output_dir=out, resume_from=resume_from, install_signals=False)
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +206,21 @@ def test_killed_worker_ends_the_job_with_its_rank(work):
     assert p.returncode == 4, err
     assert "worker 1 failed" in err and "exited with code -9" in err
     assert elapsed < 20
+
+
+def test_balanced_dp2_moves_micro_batches_between_ranks_and_keeps_the_losses(work):
+    """train_dataset.balance_enabled at dp 2: each step's micro-batches are redistributed, the step's gradient
+    (mean over all of them) is the one-process run's."""
+    d = work["dir"]
+    raw = tiny_raw("qwen3_tiny.yaml", d / "corpus" / "tiny_text_document", d / "ckpt_bal", steps=3, gbs=8)
+    raw["train_dataset"]["balance_enabled"] = True
+    raw["train_dataset"]["dataloader"]["config"]["create_compressed_eod_mask"] = True
+    raw["parallelism"]["data_parallel_shard"] = 1
+    raw["checkpoint"]["enable_save"] = False
+    (d / "bal.yaml").write_text(yaml.safe_dump(raw))
+    r = runner.invoke(app, ["train", str(d / "bal.yaml"), "--nproc", "2", "--output-dir", str(d / "out_bal")])
+    assert r.exit_code == 0, r.output
+    one = run_single(dict(raw, train_dataset={**raw["train_dataset"], "balance_enabled": False}), d / "out_bal1")
+    got = metrics(d / "out_bal")
+    np.testing.assert_allclose(column(got, "loss"), one.losses, rtol=REL)
+    np.testing.assert_allclose(column(got, "grad_norm"), one.grad_norms, rtol=REL)

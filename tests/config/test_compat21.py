@@ -171,10 +171,12 @@ def test_balance_at_dp_1_is_the_reference_bypass():
     assert "no effect at data parallel 1" in note
 
 
-def test_balance_at_dp_above_1_is_refused_not_ignored():
-    found = errors_of(_balanced(), world_size=2)
-    assert "not implemented by mftk yet" in found["train_dataset.balance_enabled"] and "dp = 2" in found[
-        "train_dataset.balance_enabled"]
+def test_balance_at_dp_above_1_is_implemented_and_refused_with_a_ramp():
+    note = notes_of(load(_balanced(), world_size=2), "note")["train_dataset.balance_enabled"]
+    assert "redistributed over the 2 data-parallel ranks" in note
+    data = _balanced()
+    data["training"]["rampup_batch_size"] = [4, 2, 32]
+    assert "rampup_batch_size is not implemented" in errors_of(data, world_size=2)["train_dataset.balance_enabled"]
 
 
 def test_balance_needs_the_compressed_eod_mode():

@@ -154,7 +154,7 @@ def test_missing_model_and_unknown_model_type():
     assert "model" in fails(data)
     data = base()
     data["model"]["model_type"] = "qwen4"
-    assert "'qwen4' is not a model family mftk trains (deepseek_mtp, deepseek_v3, qwen3)" in \
+    assert "'qwen4' is not a model family mftk trains (deepseek_mtp, deepseek_v3, deepseek_v4, qwen3, qwen3_moe)" in \
         fails(data)["model.model_type"]
 
 

@@ -17,8 +17,11 @@ def by_path(problems):
 # ----- the classes -----
 
 def test_registry():
+    from mftk.config.model import DeepseekV4ModelConfig, Qwen3MoeModelConfig
+
     assert model_configs() == {"qwen3": Qwen3ModelConfig, "deepseek_v3": DeepseekV3ModelConfig,
-                             "deepseek_mtp": DeepseekV3ModelConfig}
+                             "deepseek_mtp": DeepseekV3ModelConfig, "deepseek_v4": DeepseekV4ModelConfig,
+                             "qwen3_moe": Qwen3MoeModelConfig}
 
 
 @pytest.mark.parametrize("cls", [Qwen3ModelConfig, DeepseekV3ModelConfig])

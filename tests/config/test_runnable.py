@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig
+from mftk.config.model import DeepseekV3ModelConfig
 from mftk.config.runnable import RULES, LayoutSettings, layout_refusals, ulysses_degree
 from mftk.derive import Layout
+from tests.helpers.config import small_qwen3
 
 
-def qwen(**kw):
-    base = dict(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=4, intermediate_size=32, seq_length=16, hidden_dropout=0.0)
-    return Qwen3ModelConfig(**{**base, **kw})
+qwen = small_qwen3
 
 
 def dsv3(**kw):
@@ -23,6 +21,27 @@ def dsv3(**kw):
                 moe_grouped_gemm=True, seq_length=16, moe_aux_loss_coeff=0.01,
                 moe_router_load_balancing_type="seq_aux_loss")
     return DeepseekV3ModelConfig(**{**base, **kw})
+
+
+def _template_model(name: str):
+    from tests.helpers.config import load_dict, template_dict
+
+    return load_dict(template_dict(name)).config.model
+
+
+def v4():
+    return _template_model("deepseek_v4_tiny")
+
+
+def qwen3_moe():
+    return _template_model("qwen3_moe_tiny")
+
+
+def test_muon_plain_dp_and_expert_parallel_run():
+    """Muon's refusals are TP and QK-clip on FSDP rows only; Qwen3-MoE runs expert parallel."""
+    assert refused(dsv3(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=2), muon=True) == {}
+    assert refused(dsv3(), Layout(world=2, dp_replicate=2), muon=True, qk_clip=True) == {}
+    assert refused(qwen3_moe(), Layout(world=2, dp_shard=2, ep=2), global_batch_size=4) == {}
 
 
 def refused(model, layout, **settings) -> dict[str, str]:
@@ -65,6 +84,13 @@ def test_every_dimension_composes_on_both_families():
     (qwen(), Layout(world=2, tp=2), {"track_max_logits": True}, "track_logits", "would be split over ranks"),
     (qwen(), Layout(world=3, dp_shard=3), {}, "batch", "16 / (3·1)"),
     (qwen(), Layout(world=4, dp_shard=2, tp=1), {}, "product", "= 2 ≠ world size 4"),
+    (qwen(), Layout(world=2, tp=2), {"muon": True}, "muon_tp", "Muon with tensor_parallel=2"),
+    (dsv3(), Layout(world=2, dp_shard=2), {"muon": True, "qk_clip": True}, "muon_qk_clip", "data_parallel_shard = 2"),
+    (v4(), Layout(world=2, dp_shard=2, ep=2), {}, "family_dims", "expert_parallel=2 is not supported for model_type"),
+    (v4(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
+    (v4(), Layout(world=2, tp=2), {}, "tp_family", "not implemented for model_type 'deepseek_v4'"),
+    (qwen3_moe(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
+    (qwen3_moe(), Layout(world=2, cp=2), {}, "cp_family", "not implemented for model_type 'qwen3_moe'"),
 ])
 def test_each_refusal_names_its_rule_and_arithmetic(model, layout, settings, rule, text):
     got = refused(model, layout, **settings)

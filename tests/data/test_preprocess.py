@@ -3,66 +3,16 @@ from __future__ import annotations
 
 import gzip
 import json
-import struct
 
 import numpy as np
 import pytest
 
 from mftk.data.indexed import IndexedDataset, IndexedDatasetBuilder
-from mftk.data.preprocess import _assemble, preprocess
+from mftk.data.pipeline import assemble
+from mftk.data.preprocess import preprocess
 from mftk.errors import DataFormatError, InputError
 from tests.helpers.data import read_pair
-
-DOCS = [
-    {"text": "The quick brown fox jumps over the lazy dog."},
-    {"text": ""},
-    {"text": ["Pack my box", "", "with five dozen liquor jugs."]},
-    {"text": "Ünïcödé café 東京 😀 <|endoftext|> literal special token"},
-    {"text": []},
-    {"text": ["", ""]},
-    {"text": "How vexingly quick daft zebras jump!\n\twith\r\nwhitespace  "},
-]
-
-
-def reference_write(prefix, tokenizer_file, docs, compat, append_eod, eod=0):
-    """A literal per-document port of Megatron/MindFormers preprocess_data.py + IndexedDatasetBuilder."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_file))
-    lengths, tokens, doc_idx = [], [], [0]
-    for d in docs:
-        text = d["text"]
-        sentences = text if isinstance(text, list) else [text]
-        doc_ids, sentence_lens = [], []
-        for s in sentences:
-            ids = tok.encode(s).ids
-            if compat == "mindformers" or len(ids) > 0:
-                doc_ids.extend(ids)
-                sentence_lens.append(len(ids))
-        if len(doc_ids) > 0 and append_eod:
-            doc_ids.append(eod)
-            sentence_lens[-1] += 1
-        tokens.extend(doc_ids)
-        lengths.extend(sentence_lens)
-        doc_idx.append(len(lengths))
-    fmt, size, code = ("H", 2, 8) if compat == "megatron" else ("i", 4, 4)
-    ptrs, p = [], 0
-    for n in lengths:
-        ptrs.append(p)
-        p += n * size
-    idx = (b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, code, len(lengths), len(doc_idx))
-           + struct.pack(f"<{len(lengths)}i", *lengths) + struct.pack(f"<{len(ptrs)}q", *ptrs)
-           + struct.pack(f"<{len(doc_idx)}q", *doc_idx))
-    return idx, struct.pack(f"<{len(tokens)}{fmt}", *tokens)
-
-
-def write_jsonl(path, docs):
-    path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
-    return path
-
-
-def files(prefix):
-    return open(f"{prefix}.idx", "rb").read(), open(f"{prefix}.bin", "rb").read()
+from tests.helpers.preprocess import DOCS, Boom as _Boom, files, reference_write, write_jsonl
 
 
 @pytest.mark.parametrize("compat", ["megatron", "mindformers"])
@@ -86,7 +36,7 @@ def test_tv_pre_vectors(tmp_path):
     # megatron-data.md §7 TV-PRE: token lists [5,6,7], [8], [] with --append-eod and eod = 2.
     flat, lengths, per_doc = np.array([5, 6, 7, 8]), np.array([3, 1, 0], np.int32), np.array([1, 1, 1])
     for compat, dtype in (("mindformers", np.int32), ("megatron", np.uint16)):
-        toks, seq, docs, empty = _assemble(flat, lengths, per_doc, 2, True, compat == "mindformers")
+        toks, seq, docs, empty = assemble(flat, lengths, per_doc, 2, True, compat == "mindformers")
         with IndexedDatasetBuilder(tmp_path / compat, dtype) as b:
             b.add_batch(toks, seq, docs)
             b.finalize()
@@ -145,24 +95,6 @@ def test_merge_equals_single_run(tmp_path, tokenizer_file):
                    str(tmp_path / "m_text_document"), None, merge_only=True)
     assert files(tmp_path / "m_text_document") == files(tmp_path / "ab_text_document")
     assert s.sources[0].outputs[0].documents == len(DOCS)
-
-
-class _Boom:
-    """A progress sink that raises KeyboardInterrupt after ``n`` advances (simulated Ctrl-C)."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def start(self, label, total=None):
-        pass
-
-    def advance(self, n=1, **info):
-        self.n -= 1
-        if self.n < 0:
-            raise KeyboardInterrupt
-
-    def done(self):
-        pass
 
 
 def test_interrupt_leaves_no_valid_pair_and_resume_completes(tmp_path, tokenizer_file):

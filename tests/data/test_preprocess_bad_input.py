@@ -30,6 +30,8 @@ BAD_LINES = [
     ("mid-file-bom", b'\xef\xbb\xbf{"text": "abc"}', "byte-order mark"),
     ("lone-surrogate", b'{"text": "abc \\ud800 def"}', "lone UTF-16 surrogate"),
     ("non-utf8", b'{"text": "caf\xe9"}', "not valid UTF-8"),
+    ("non-utf8-in-a-key-not-read", b'{"text": "ok", "meta": "caf\xe9"}', "not valid UTF-8"),
+    ("utf8-encoded-surrogate", b'{"text": "a\xed\xa0\x80b"}', "not valid UTF-8"),
     ("raw-cr-in-string", b'{"text": "abc\rdef"}', "raw carriage return"),
 ]
 
@@ -161,3 +163,17 @@ def test_corrupt_gzip(tmp_path, tokenizer_file):
     (tmp_path / "c.jsonl.gz").write_bytes(data[: len(data) // 2])
     with pytest.raises(DataFormatError, match="truncated or corrupt|cannot read compressed"):
         preprocess([str(tmp_path / "c.jsonl.gz")], str(tmp_path / "o"), tokenizer_file)
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 64, 1 << 20])
+def test_utf8_checked_whichever_parse_path_a_chunk_takes(tmp_path, tokenizer_file, batch_bytes):
+    """Lines with only the text key, then lines with other keys (valid and not): same outcome per line."""
+    lines = [b'{"text": "caf\xc3\xa9 %d"}' % i for i in range(5)]
+    lines += [b'{"text": "x %d", "meta": "\xc3\xa9"}' % i for i in range(5)]
+    lines.insert(7, b'{"text": "bad", "meta": "caf\xe9"}')
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    s = preprocess([str(src)], str(tmp_path / "out"), tokenizer_file, on_error="skip", batch_bytes=batch_bytes)
+    rejects = [json.loads(x) for x in open(tmp_path / "out.rejects.jsonl", encoding="utf-8")]
+    assert [(r["line"], "not valid UTF-8" in r["reason"]) for r in rejects] == [(8, True)]
+    assert s.sources[0].documents == 10

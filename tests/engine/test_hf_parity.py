@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+
+from tests.helpers.models import torch_masked_ce as _ce
 import pytest
 
 from mftk.engine import build_model, state_dict
@@ -15,13 +17,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.torch]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 TOL = 1e-4
-
-
-def _ce(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
-    """Independent masked-mean CE in torch float64."""
-    z = torch.tensor(logits, dtype=torch.float64).reshape(-1, logits.shape[-1])
-    ce = torch.nn.functional.cross_entropy(z, torch.tensor(labels.reshape(-1)), reduction="none").numpy()
-    return float((ce * mask.reshape(-1)).sum() / mask.sum())
 
 
 def _hf_from_dir(cls, hf_cfg, tensors: dict, tmp_path):

@@ -29,3 +29,12 @@ def template_dict(name: str = "qwen3_tiny") -> dict:
 def load_dict(data: dict, **kw):
     kw.setdefault("check_files", False)
     return load_data(data, **kw)
+
+
+def small_qwen3(**kw: Any) -> Any:
+    """A 4-layer GQA `Qwen3ModelConfig` (4 heads, 2 KV heads, seq 16) for layout-rule tests; ``kw`` overrides."""
+    from mftk.config.model import Qwen3ModelConfig
+
+    base = dict(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=4, intermediate_size=32, seq_length=16, hidden_dropout=0.0)
+    return Qwen3ModelConfig(**{**base, **kw})

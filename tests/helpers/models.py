@@ -64,3 +64,39 @@ def train_model():
     from mftk.engine import build_model
 
     return build_model(Qwen3ModelConfig(**TRAIN_ARCH, hidden_dropout=0.0, pad_token_id=-1, initializer_range=0.02), seed=0)
+
+
+def make_dsv4(**kw):
+    """Tiny DeepSeek-V4: layer 0 sliding + hash-routed, layer 1 CSA (indexer top-2 of 8 entries at S=32),
+    layer 2 HCA (ratio 8), one sliding MTP layer; 4 residual streams; clamped SwiGLU."""
+    from mftk.config.model import DeepseekV4ModelConfig
+
+    base = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, q_lora_rank=24,
+                qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16, o_groups=2, o_lora_rank=8,
+                compress_ratios=[0, 4, 8, 0], csa_window_size=6, index_n_heads=16, index_head_dim=8, index_topk=2,
+                num_residual_streams=4, mhc_sinkhorn_iterations=20, moe_intermediate_size=16,
+                moe_shared_expert_intermediate_size=16, n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2,
+                routed_scaling_factor=1.5, num_hash_layers=1, num_nextn_predict_layers=1, mtp_loss_scaling_factor=0.3,
+                rotary_scaling_factor=4.0, original_max_position_embeddings=16, rope_theta=10000.0,
+                compress_rope_theta=160000.0, activation_func_clamp_value=0.5, initializer_range=0.1,
+                apply_dsa_kernel_fusion=False, seq_length=32, max_position_embeddings=64)
+    return DeepseekV4ModelConfig(**{**base, **kw})
+
+
+def make_qwen3_moe(**kw):
+    """Tiny Qwen3-MoE: layer 0 dense (mlp_only_layers), layers 1-2 MoE (8 experts, top-2, softmax, renormalised)."""
+    from mftk.config.model import Qwen3MoeModelConfig
+
+    base = dict(vocab_size=96, hidden_size=32, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                norm_topk_prob=True, mlp_only_layers=[0], rope_theta=1e6, initializer_range=0.05, pad_token_id=0)
+    return Qwen3MoeModelConfig(**{**base, **kw})
+
+
+def torch_masked_ce(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
+    """Independent masked-mean CE in torch float64."""
+    import torch
+
+    z = torch.tensor(logits, dtype=torch.float64).reshape(-1, logits.shape[-1])
+    ce = torch.nn.functional.cross_entropy(z, torch.tensor(labels.reshape(-1)), reduction="none").numpy()
+    return float((ce * mask.reshape(-1)).sum() / mask.sum())

@@ -31,3 +31,9 @@ def single(raw: dict, out: Path, resume_from=None):
     one = dict(raw, parallelism={**raw["parallelism"], **SINGLE_PROCESS})
     return train(load(one, f"checkpoint.save_path={out}_ckpt"), output_dir=out, resume_from=resume_from,
                  install_signals=False)
+
+
+def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
+    from mftk.engine.run import train
+
+    return train(load(raw, *overrides), output_dir=out, resume_from=resume_from, install_signals=False)

@@ -102,3 +102,40 @@ def test_rolling_median_matches_sorted_window():
         n = len(window)
         expected = window[n // 2] if n % 2 else (window[n // 2 - 1] + window[n // 2]) / 2
         assert rm.median() == expected
+
+
+def _cosine(total, *, peak=3e-3, end=0.0, warmup=3):
+    """Hand transcription of CosineWithWarmUpLR as the step line logs it (lr after step s = lr(s))."""
+    def lr(t):
+        if t < warmup:
+            return peak * t / warmup
+        if t >= total:
+            return end
+        return end + (peak - end) * 0.5 * (1 + math.cos(math.pi * (t - warmup) / (total - warmup)))
+    return lr
+
+
+def _lr_rows(values, start=1):
+    return [{"step": start + i, "loss": 5.0, "lr": v, "per_step_time": 700} for i, v in enumerate(values)]
+
+
+def test_no_lr_jump_at_the_end_of_a_normal_cosine_run():
+    """The tail of a cosine to 0 changes by more than half the (tiny) LR each step: a schedule, not a jump."""
+    for total, end in ((40, 0.0), (100, 0.0), (30, 3e-4), (6, 3e-4)):
+        lr = _cosine(total, end=end)
+        rows = _lr_rows([lr(s) for s in range(1, total + 1)])
+        assert [a for a in find_anomalies(run_of(rows)) if a.kind == "lr_jump"] == [], (total, end)
+
+
+def test_lr_jump_when_a_resume_restarts_a_decayed_cosine():
+    """30 steps to 3e-4, then resumed with training.steps=60: back up to 1.69e-3 at step 31."""
+    old, new = _cosine(30, end=3e-4), _cosine(60, end=3e-4)
+    rows = _lr_rows([old(s) for s in range(1, 31)] + [new(s) for s in range(31, 41)])
+    jumps = [a for a in find_anomalies(run_of(rows)) if a.kind == "lr_jump"]
+    assert [(a.step, round(a.reference, 7), round(a.value, 7)) for a in jumps] == [
+        (31, 3e-4, round(new(31), 7))]
+
+
+def test_cool_down_to_a_final_lr_is_not_a_jump_but_a_drop_from_the_peak_is():
+    rows = _lr_rows([1e-3] * 20 + [1e-5] * 5 + [1e-6] * 5)  # step 26: ConstantWithCoolDown's lr_end1 -> lr_end2
+    assert [(a.kind, a.step) for a in find_anomalies(run_of(rows)) if a.kind == "lr_jump"] == [("lr_jump", 21)]

@@ -47,3 +47,15 @@ def test_mfu_over_100_percent_warns():
     series = [{"step": i, "loss": 2.0, "per_step_time": 100, "throughput": 500.0} for i in range(1, 4)]
     s = summarize(series, ranks=[0], primary_rank=0, peak_tflops=100.0)
     assert s.mfu == 5.0 and any("exceeds 100%" in n for n in s.notes)
+
+
+def test_tokens_from_the_metrics_tokens_field_and_coarse_throughput():
+    """mftk's metrics.jsonl has `tokens` per step: tokens/s needs no --seq-length. A step line's `0.00T`
+    (a CPU rate rounded to 0.01 TFLOP/s) is flagged as too coarse, with a note."""
+    series = [{"step": s, "loss": 8.0, "per_step_time": 500, "global_batch_size": 8, "tokens": 1024,
+               "throughput": 0.0} for s in range(1, 5)]
+    s = summarize(series, ranks=[0], primary_rank=0, skip_warmup=1)
+    assert math.isclose(s.tokens_per_s, 3 * 1024 / 1.5)  # 3 steps after warm-up, 0.5 s each
+    assert s.throughput_coarse and any("too coarse" in n for n in s.notes)
+    exact = [dict(r, throughput=0.0041) for r in series]
+    assert not summarize(exact, ranks=[0], primary_rank=0).throughput_coarse

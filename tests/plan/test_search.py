@@ -1,18 +1,16 @@
 """Layout enumeration against a brute-force count, and every rejection rule on a hand-picked layout."""
 import pytest
 
-from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig
+from mftk.config.model import DeepseekV3ModelConfig
 from mftk.derive import Layout
 from mftk.derive import stage_layers
 from mftk.plan.memory import PlanInputs
 from mftk.plan.search import RULES, candidate_layouts, check_layout, factorisations, search, why_none
 from tests.helpers.sizes import brute_count
+from tests.helpers.config import small_qwen3
 
 
-def qwen(**kw):
-    base = dict(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=4, intermediate_size=32, seq_length=16, hidden_dropout=0.0)
-    return Qwen3ModelConfig(**{**base, **kw})
+qwen = small_qwen3
 
 
 def dsv3(**kw):

@@ -1,9 +1,11 @@
 """Mixture of experts: top-k router, grouped SwiGLU experts, shared experts (models.md §2.12).
 
 Dispatch is dropless: the flat expert ids are stably sorted on the host, tokens are gathered into
-contiguous per-expert slices, each slice goes through its expert, and the weighted results are
-scattered back with ``ops.unsorted_segment_sum`` — every (token, choice) pair is computed, none is
-dropped. One host sync per MoE layer is the price; on CPU PyNative it is small next to the GEMMs.
+per-expert rows (padded to the busiest expert, `grouped.padded_layout`; padding weighs 0), all experts
+run as batched matmuls (`grouped.GroupedExpertsFn`), and the weighted results are scattered back with
+``ops.unsorted_segment_sum`` — every (token, choice) pair is computed, none is dropped. One host sync
+per MoE layer is the price; on CPU PyNative it is small next to the GEMMs. (Expert parallel keeps the
+per-expert loop over the rows each rank receives.)
 
 Aux losses are returned α-free; the model adds ``α·L`` to the differentiated objective, which
 gives the same gradients as the reference's autoscaler (models.md §6).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
+from .grouped import GroupedExpertsFn, padded_layout
 from .registry import kernel
 from .linear import Linear
 from .mlp import MLP
@@ -120,6 +123,8 @@ class LocalExperts(nn.Cell):
     Expert parallel swaps in `parallel.expert_parallel.ExpertParallelDispatch`, which sends each owner its
     rows and returns the results in the same sorted order."""
 
+    all_local = True  # every expert here: `GroupedMLP` runs them at once as padded batched matmuls
+
     def dispatch(self, xs, counts: np.ndarray) -> tuple:
         """``(rows, [(local expert, row count), ...])`` in row order."""
         return xs, [(e, int(n)) for e, n in enumerate(counts)]
@@ -132,13 +137,15 @@ class GroupedMLP(nn.Cell):
     """Routed experts: ``weight1 [E, H, 2Fm]`` = [gate | up] halves, ``weight2 [E, Fm, H]``.
 
     The experts run are those of ``weight1`` (all of them, or this rank's block under expert parallel);
-    ``dispatcher`` says where the rows of each expert are computed (`LocalExperts`).
+    ``dispatcher`` says where the rows of each expert are computed (`LocalExperts`: here, all experts at
+    once; expert parallel: each owner loops over the rows it receives).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
         super().__init__()
         self.e, self.f = num_experts, ffn_hidden_size
         self.act = kernel("silu_mul")()
+        self.grouped = GroupedExpertsFn(self.act, ffn_hidden_size)
         w1 = np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)
         self.weight1 = Parameter(Tensor(w1), name="weight1")
         self.weight2 = Parameter(Tensor(np.zeros((num_experts, ffn_hidden_size, hidden_size), np.float32)),
@@ -150,11 +157,13 @@ class GroupedMLP(nn.Cell):
         return mint.matmul(self.act(gate, up), self.weight2[e])  # (n, H)
 
     def construct(self, x, probs, idx):
-        """Dropless sort/gather/scatter: ``x (T, H)``, ``probs/idx (T, K)`` → ``(T, H)``."""
+        """Dropless dispatch: ``x (T, H)``, ``probs/idx (T, K)`` → ``(T, H)`` and the per-expert counts."""
         t, k = idx.shape
         flat = idx.asnumpy().reshape(-1)
-        order = np.argsort(flat, kind="stable")  # (T·K,) grouped by expert, token order kept
         counts = np.bincount(flat, minlength=self.e)
+        if self.dispatcher.all_local:
+            return self._padded(x, probs, flat, k), counts
+        order = np.argsort(flat, kind="stable")  # (T·K,) grouped by expert, token order kept
         token = Tensor((order // k).astype(np.int32))
         xs = ops.gather(x, token, 0)  # (T·K, H) sorted by expert
         rows, segments = self.dispatcher.dispatch(xs, counts)
@@ -166,6 +175,17 @@ class GroupedMLP(nn.Cell):
         ys = self.dispatcher.combine(mint.cat(outs, 0) if outs else rows)
         ys = ys * ops.gather(probs.reshape(-1), Tensor(order.astype(np.int32)), 0).reshape(-1, 1)
         return ops.unsorted_segment_sum(ys, token, t), counts
+
+    def _padded(self, x, probs, flat: np.ndarray, k: int):
+        """Every expert at once (`grouped.GroupedExpertsFn` on ``(E, n_max, H)``); padding slots weigh 0."""
+        t, h = x.shape
+        slot_pair, slot_token, _, n = padded_layout(flat, self.e, k)
+        token = Tensor(slot_token.astype(np.int32))
+        xs = ops.gather(x, token, 0).reshape(self.e, n, h)
+        w = ops.gather(probs.reshape(-1), Tensor(np.maximum(slot_pair, 0).astype(np.int32)), 0)
+        w = w * Tensor((slot_pair >= 0).astype(np.float32))
+        ys = self.grouped(xs, self.weight1, self.weight2)[0].reshape(-1, h) * w.reshape(-1, 1)
+        return ops.unsorted_segment_sum(ys, token, t)
 
 
 class SharedExpertMLP(MLP):
@@ -202,10 +222,14 @@ class MoELayer(nn.Cell):
         self.tokens_per_expert = _buffer((num_experts,), "tokens_per_expert")
         self.tokens = LocalTokens()  # where the rest of each sequence is (sequence / context parallel)
 
-    def construct(self, x):
+    def route(self, flat, input_ids=None):
+        """(probs ``(T, K)``, expert ids ``(T, K)``, scores ``(T, E)``); learned top-k here (hash routing: moe_v4)."""
+        return self.router(flat, self.expert_bias)
+
+    def construct(self, x, input_ids=None):
         b, s, h = x.shape
         flat = x.reshape(b * s, h)  # (T, H), tokens in (b, s) order
-        probs, idx, scores = self.router(flat, self.expert_bias)
+        probs, idx, scores = self.route(flat, input_ids)
         routed, counts = self.experts(flat, probs, idx)
         counts_t = Tensor(counts.astype(np.float32))
         ops.assign_add(self.tokens_per_expert, counts_t)

@@ -20,12 +20,17 @@ from mftk.engine.spec import build_spec
 
 
 def init_parameters(model: GPTModel, std: float, seed: int) -> None:
+    """A cell may name its own init for some parameters (``init_overrides() → {param: f(rng, shape, std)}``,
+    e.g. DeepSeek-V4's hyper-connections); those draw from the same generator in the same name order."""
     norms = {id(c.weight) for _, c in model.cells_and_names() if isinstance(c, RMSNorm)}
+    special = {id(p): f for _, c in model.cells_and_names() if hasattr(c, "init_overrides")
+               for p, f in c.init_overrides().items()}
     rng = np.random.default_rng(seed)
     for name, p in sorted(model.parameters_and_names(), key=lambda kv: kv[0]):
-        if not p.requires_grad or id(p) in norms or name.endswith(".bias"):
-            continue
-        p.set_data(Tensor(rng.normal(0.0, std, p.shape).astype(np.float32)))
+        if id(p) in special:
+            p.set_data(Tensor(special[id(p)](rng, tuple(p.shape), std)))
+        elif p.requires_grad and id(p) not in norms and not name.endswith(".bias"):
+            p.set_data(Tensor(rng.normal(0.0, std, p.shape).astype(np.float32)))
 
 
 def build_model(model_cfg: Any, *, seed: int) -> GPTModel:
@@ -66,5 +71,6 @@ def load_state_dict(model: GPTModel, tensors: dict[str, np.ndarray]) -> None:
     if problems:
         raise CheckpointError(message=f"state dict does not fit the model ({len(problems)} problems)",
                               problems=problems, hint="check that the model: section matches the checkpoint")
-    for name, p in params.items():
-        p.set_data(Tensor(np.ascontiguousarray(tensors[name], dtype=np.float32)))
+    for name, p in params.items():  # float parameters as float32; integer buffers (tid2eid) keep their dtype
+        dtype = np.float32 if p.dtype.is_floating_point else p.asnumpy().dtype
+        p.set_data(Tensor(np.ascontiguousarray(tensors[name], dtype=dtype)))

@@ -67,7 +67,7 @@ class TransformerLayer(nn.Cell):
 
             self._compiled = ms.jit(dense)
 
-    def construct(self, x, rope, mask):
+    def construct(self, x, rope, mask, input_ids=None):
         if self._compiled is not None:
             return self._compiled(x, rope[0], rope[1], mask), None, None
         if not self.is_moe:
@@ -77,10 +77,19 @@ class TransformerLayer(nn.Cell):
         return x + self._drop(m), aux, counts
 
 
+def build_layer(spec: LayerSpec, dropout: float) -> nn.Cell:
+    """The spec's layer class (`TransformerLayer` unless it names another, e.g. a hyper-connection layer)."""
+    return (spec.layer or TransformerLayer)(spec, dropout)
+
+
 class TransformerBlock(nn.Cell):
+    """The decoder layers and final norm; with ``spec.hc_head`` the residual is several streams, expanded
+    from the embedding and collapsed by ``hc_head`` before the final norm."""
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.layers = nn.CellList([TransformerLayer(s, spec.hidden_dropout) for s in spec.layers])
+        self.layers = nn.CellList([build_layer(s, spec.hidden_dropout) for s in spec.layers])
+        self.hc_head = spec.hc_head.build() if spec.hc_head is not None else None
         self.final_layernorm = spec.final_norm.build()
 
 
@@ -88,8 +97,10 @@ class MultiTokenPrediction(nn.Cell):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         eps = spec.final_norm.params.get("eps", 1e-6)
-        self.layers = nn.CellList([MultiTokenPredictionLayer(spec.hidden_size, TransformerLayer(s, spec.hidden_dropout), eps)
-                                   for s in spec.mtp_layers])
+        self.layers = nn.CellList([
+            MultiTokenPredictionLayer(spec.hidden_size, build_layer(s, spec.hidden_dropout), eps,
+                                      hc_head=spec.hc_head.build() if spec.hc_head is not None else None)
+            for s in spec.mtp_layers])
 
 
 @attrs.frozen
@@ -179,6 +190,8 @@ class GPTModel(nn.Cell):
         self.loss = HeadLoss()
         self.seq = WholeSequence()
         self._tied_mm = ops.MatMul(transpose_b=True)
+        self._indexer_cells = None  # found on first use (`indexer_losses`)
+        self.last_indexer_loss = None  # the last training forward's logged indexer loss (DeepSeek-V4)
 
     # -- pieces ---------------------------------------------------------------------------------
     def attention_mask(self, ids: np.ndarray) -> np.ndarray:
@@ -200,10 +213,15 @@ class GPTModel(nn.Cell):
     def hidden_states(self, ids: Tensor, rope, mask):
         """Decoder output after the final norm, plus per-MoE-layer (aux, counts)."""
         h, moe = self.embedding(ids), []
+        head = self.decoder.hc_head
+        if head is not None:
+            h = head.expand(h)  # (B, S, n, H)
         for layer in self.decoder.layers:
-            h, aux, counts = layer(h, rope, mask)
+            h, aux, counts = layer(h, rope, mask, ids)
             if counts is not None:
                 moe.append((aux, counts))
+        if head is not None:
+            h = head(h)
         return self.decoder.final_layernorm(h), moe
 
     def logits(self, input_ids, attention_mask=None):
@@ -250,10 +268,16 @@ class GPTModel(nn.Cell):
             mtp.append(self.targets(cur, cur_lab, loss_weights(cur_mask, cur_lab, eps=0.0)))
         return Batch(main=main, mtp=tuple(mtp), rope=self.seq.rope(cos, sin), mask=mask)
 
+    def embed(self, ids: Tensor):
+        """The first layer's input: the embedding, expanded to the residual streams with ``hc_head``."""
+        h = self.embedding(ids)
+        return self.decoder.hc_head.expand(h) if self.decoder.hc_head is not None else h  # (B, S, n, H)
+
     def run_layers(self, layers, h, batch: Batch, moe: list):
-        """``h`` through ``layers`` (decoder layers), appending each MoE layer's (aux, counts) to ``moe``."""
+        """``h`` through ``layers`` (decoder layers), appending each MoE layer's (aux, counts) to ``moe``;
+        the layers see this rank's input ids (DeepSeek-V4's hash-routed experts)."""
         for layer in layers:
-            h, aux, counts = layer(h, batch.rope, batch.mask)
+            h, aux, counts = layer(h, batch.rope, batch.mask, batch.main.ids)
             if counts is not None:
                 moe.append((aux, counts))
         return h
@@ -261,6 +285,8 @@ class GPTModel(nn.Cell):
     def finish(self, h, batch: Batch, moe: list):
         """Final norm, LM loss and MTP on the decoder output; the ``construct`` tuple (objective, lm loss,
         aux losses, MTP losses, tokens per expert) of the MoE layers in ``moe`` and the MTP layers."""
+        if self.decoder.hc_head is not None:
+            h = self.decoder.hc_head(h)  # the residual streams collapsed
         h = self.decoder.final_layernorm(h)
         lm_loss = self.head_loss(h, batch.main)
         objective = lm_loss
@@ -277,13 +303,25 @@ class GPTModel(nn.Cell):
         aux_losses = tuple(a for a, _ in moe if a is not None)
         for a in aux_losses:
             objective = objective + a * self.spec.aux_loss_coeff
+        indexer = self.indexer_losses()
+        for a in indexer:
+            objective = objective + a * self.spec.indexer_loss_coeff
+        # logged as the reference does: the mean over indexer layers (× its coefficient); None without any
+        self.last_indexer_loss = (float(np.mean([a.asnumpy() for a in indexer])) * self.spec.indexer_loss_coeff
+                                  if indexer else None)
         return objective, lm_loss, aux_losses, tuple(mtp_losses), tuple(c for _, c in moe)
 
     def construct(self, input_ids, labels, loss_mask=None, position_ids=None, attention_mask=None):
         batch = self.prepare(input_ids, labels, loss_mask, attention_mask)
         moe: list = []
-        h = self.run_layers(self.decoder.layers, self.embedding(batch.main.ids), batch, moe)
+        h = self.run_layers(self.decoder.layers, self.embed(batch.main.ids), batch, moe)
         return self.finish(h, batch, moe)
+
+    def indexer_losses(self) -> list:
+        """This forward's indexer KL losses (DeepSeek-V4 CSA layers in training; α-free), layer order."""
+        if self._indexer_cells is None:
+            self._indexer_cells = [c for _, c in self.cells_and_names() if hasattr(c, "with_indexer_loss")]
+        return [c.indexer_loss for c in self._indexer_cells if c.indexer_loss is not None]
 
     def forward(self, batch: dict) -> ModelOutput:
         """Convenience: run ``construct`` on a dict batch and return numpy results."""

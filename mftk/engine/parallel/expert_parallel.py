@@ -17,6 +17,8 @@ from mftk.engine.parallel.groups import AxisGroup
 
 
 class ExpertParallelDispatch(nn.Cell):
+    all_local = False  # the rows go to their owners; `GroupedMLP` loops over what this rank receives
+
     def __init__(self, group: AxisGroup, num_experts: int) -> None:
         super().__init__()
         if num_experts % group.size:

@@ -116,7 +116,7 @@ class StageModel(StagePosition):
         the last virtual stage (`pipeline.PipelineStage`)."""
         m, batch = self.model, self.batches[micro]
         layers = [m.decoder.layers[i] for i in self.chunks[chunk]]
-        h = m.embedding(batch.main.ids) + x if self.first_chunk(chunk) else x  # x: a float zero on the first
+        h = m.embed(batch.main.ids) + x if self.first_chunk(chunk) else x  # x: a float zero on the first
         moe: list = []
         h = m.run_layers(layers, h, batch, moe)
         owners = [self.moe_index[id(layer.mlp)] for layer in layers if layer.is_moe]

@@ -1,0 +1,244 @@
+"""DeepSeek-V4 hybrid attention (mindformers-2.1.md §5.3–§5.5), with transformers' numerics.
+
+One cell per layer, `DeepseekV4Attention` (``self_attention``), whatever its compression ratio r:
+
+    cq = q_layernorm(linear_q_down_proj(x))                     (B, S, r_q)
+    q  = rms(linear_q_up_proj(cq) per head) → RoPE (trailing lanes)   (B, S, nh, d)
+    kv = kv_layernorm(linear_kv_proj(x)) → RoPE                 (B, S, d): one head, both K and V (MQA)
+    out = core_attention(q, kv, x, cq)                          (B, S, nh, d)
+    out = RoPE⁻¹(out) → grouped linear_o_group_proj → linear_proj
+
+`CompressedSparseAttention` (``core_attention``) attends over ``[window KV (S) ; compressed KV (S/r)]``:
+the last ``csa_window_size`` raw positions of each query, itself included, plus the compressed
+entries it may see — every complete window before it (HCA, r ≠ 4), or the indexer's top-k of those
+(CSA, r = 4). The softmax has a learned per-head sink. The sparse part is computed densely with a
+mask (as transformers does), so the numbers are the same and CPU needs no gather kernel.
+
+The indexer's top-k is chosen on the host (a stable sort: ties go to the lower entry). Its KL loss
+(training only; inputs detached, so it trains only the indexer) is kept on the cell as
+``indexer_loss`` for `GPTModel` to add to the differentiated objective.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Parameter, Tensor, mint, nn, ops
+
+from .kernels import RMSNormFn
+from .kernels_v4 import MASKED, SinkAttentionFn
+from .linear import Linear
+from .norm import RMSNorm
+from .ops_cpu import split_last
+from .rope_pairs import PartialPairRope
+
+_bmm = ops.BatchMatMul()
+_bmm_nt = ops.BatchMatMul(transpose_b=True)
+EPS_LOSS = 1e-9
+
+
+def window_mask(s: int, window: int) -> np.ndarray:
+    """``(S, S)`` True = masked: key k is visible to query p iff ``p − window < k ≤ p``."""
+    p, k = np.arange(s)[:, None], np.arange(s)[None, :]
+    return (k > p) | (k <= p - window)
+
+
+def causal_compressed(s: int, n: int, ratio: int) -> np.ndarray:
+    """``(S, n)`` True = masked: entry j (window ``[j·r, (j+1)·r)``) is visible to query p iff ``j < (p+1)//r``."""
+    return np.arange(n)[None, :] >= ((np.arange(s) + 1) // ratio)[:, None]
+
+
+class Compressor(nn.Cell):
+    """Pools each window of ``ratio`` tokens into one entry (softmax-gated sum), then RMSNorm and RoPE.
+
+    With ``overlap`` (CSA) the projections are ``2·dim`` wide: entry j pools window j's second half of
+    the lanes (Cb) together with window j−1's first half (Ca), i.e. ``2·ratio`` rows."""
+
+    def __init__(self, hidden_size: int, dim: int, ratio: int, rope_dim: int, eps: float, *, overlap: bool) -> None:
+        super().__init__()
+        self.dim, self.ratio, self.overlap = dim, ratio, overlap
+        width = (2 if overlap else 1) * dim
+        self.linear_wkv = Linear(hidden_size, width)
+        self.linear_wgate = Linear(hidden_size, width)
+        self.ape = Parameter(Tensor(np.zeros((ratio, width), np.float32)), name="ape")
+        self.norm = RMSNorm(dim, eps)
+        self.rope = PartialPairRope(rope_dim)
+
+    def construct(self, x, rope_table):
+        b, s, _ = x.shape
+        r, d, n = self.ratio, self.dim, s // self.ratio
+        if n == 0:
+            return None
+        kv = self.linear_wkv(x)[:, :n * r].reshape(b, n, r, -1)  # (B, n, r, c·d)
+        g = self.linear_wgate(x)[:, :n * r].reshape(b, n, r, -1) + ops.tile(self.ape.reshape(1, 1, r, -1), (b, n, 1, 1))
+        if self.overlap:
+            kv, g = self._overlap(kv, b, n), self._overlap(g, b, n, fill=MASKED)
+        w = ops.softmax(ops.swapaxes(g, 2, 3), -1)  # (B, n, d, rows): weights over the window's rows
+        pooled = (ops.swapaxes(kv, 2, 3) * w).sum(-1)  # (B, n, d)
+        cos, sin = rope_table(n, r)
+        return self.rope(self.norm(pooled).reshape(b, n, 1, d), cos, sin).reshape(b, n, d)
+
+    def _overlap(self, t, b: int, n: int, fill: float = 0.0):
+        """``(B, n, r, 2d)`` → ``(B, n, 2r, d)``: rows ``[Ca of window j−1 ; Cb of window j]`` (window 0: fill)."""
+        r, d = self.ratio, self.dim
+        ca, cb = split_last(t, (d, d))
+        first = ops.fill(t.dtype, (b, 1, r, d), fill)
+        prev = mint.cat((first, ca[:, :n - 1]), 1) if n > 1 else first
+        return mint.cat((prev, cb), 2)
+
+
+class Indexer(nn.Cell):
+    """Lightning indexer: ``score[p, j] = Σ_h w_h(p)·ReLU(q_h(p)·k_j)·dI^-½``, ``w = weights_proj(x)·nI^-½``,
+    with its own overlapping compressor for the keys; returns the per-query top-k entry ids (−1: none)."""
+
+    def __init__(self, hidden_size: int, q_lora_rank: int, heads: int, dim: int, topk: int, ratio: int,
+                 rope_dim: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.dim, self.topk, self.ratio = heads, dim, topk, ratio
+        self.linear_wq_b = Linear(q_lora_rank, heads * dim)
+        self.linear_weights_proj = Linear(hidden_size, heads)
+        self.compressor = Compressor(hidden_size, dim, ratio, rope_dim, eps, overlap=True)
+        self.rope = PartialPairRope(rope_dim)
+
+    def scores(self, x, cq, rope_table):
+        """Index scores ``(B, S, n)`` (no mask) from detached inputs, or None before the first full window."""
+        x, cq = ops.stop_gradient(x), ops.stop_gradient(cq)
+        b, s, _ = x.shape
+        k = self.compressor(x, rope_table)  # (B, n, dI)
+        if k is None:
+            return None
+        cos, sin = rope_table(s)
+        q = self.rope(self.linear_wq_b(cq).reshape(b, s, self.heads, self.dim), cos, sin)  # (B, S, nI, dI)
+        dots = ops.relu(_bmm_nt(q.reshape(b, s * self.heads, self.dim), k)) * (self.dim ** -0.5)  # (B, S·nI, n)
+        w = self.linear_weights_proj(x) * (self.heads ** -0.5)  # (B, S, nI)
+        n = k.shape[1]
+        return _bmm(w.reshape(b * s, 1, self.heads), dots.reshape(b * s, self.heads, n)).reshape(b, s, n)
+
+    def select(self, scores, s: int) -> np.ndarray:
+        """Top-``min(topk, n)`` visible entries per query, ``(B, S, k)`` int, −1 where fewer are visible."""
+        sc = scores.asnumpy()
+        n = sc.shape[-1]
+        hidden = causal_compressed(s, n, self.ratio)[None]  # (1, S, n)
+        sc = np.where(hidden, -np.inf, sc)
+        k = min(self.topk, n)
+        idx = np.argsort(-sc, axis=-1, kind="stable")[..., :k]
+        return np.where(np.take_along_axis(hidden.repeat(sc.shape[0], 0), idx, -1), -1, idx)
+
+
+class CompressedSparseAttention(nn.Cell):
+    """Core attention of every DeepSeek-V4 layer (``core_attention``): sliding window, compressed entries
+    (ratio > 0) chosen by the indexer (ratio 4, unless ``dense``), per-head sink ``attn_sink``."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, rope_dim: int, *, ratio: int, window: int,
+                 q_lora_rank: int, index_heads: int, index_dim: int, index_topk: int, dense: bool, eps: float,
+                 indexer_loss: bool) -> None:
+        super().__init__()
+        self.nh, self.d, self.ratio, self.window = num_heads, head_dim, ratio, window
+        self.attn_sink = Parameter(Tensor(np.zeros((num_heads,), np.float32)), name="attn_sink")
+        self.compressor = (Compressor(hidden_size, head_dim, ratio, rope_dim, eps, overlap=ratio == 4)
+                           if ratio > 0 else None)
+        self.indexer = (Indexer(hidden_size, q_lora_rank, index_heads, index_dim, index_topk, ratio, rope_dim, eps)
+                        if ratio == 4 and not dense else None)
+        self.fn = SinkAttentionFn(head_dim ** -0.5)
+        self.with_indexer_loss = indexer_loss and self.indexer is not None
+        self.indexer_loss = None  # set by each training forward of an indexer layer
+        self._masks: dict[int, np.ndarray] = {}
+
+    def init_overrides(self) -> dict:
+        return {self.attn_sink: lambda rng, shape, std: np.zeros(shape, np.float32)}  # as both references
+
+    def construct(self, q, kv, x, cq, mask, rope_table):
+        """``q (B, S, nh, d)``, ``kv (B, S, d)``, ``mask (B|1, 1, S, S)`` bool (causal + padding) → ``(B, S, nh, d)``."""
+        b, s = q.shape[0], q.shape[1]
+        self.indexer_loss = None
+        keys = kv
+        hidden = mask.asnumpy().reshape(-1, s, s) | self._window(s)  # (B|1, S, S) True = masked
+        hidden = np.broadcast_to(hidden, (b, s, s))
+        if self.compressor is not None:
+            comp = self.compressor(x, rope_table)
+            if comp is not None:
+                keys = mint.cat((kv, comp), 1)  # (B, S + n, d)
+                hidden = np.concatenate([hidden, self._compressed_mask(q, comp, x, cq, rope_table, b, s,
+                                                                       comp.shape[1])], 2)
+        bias = np.zeros((b, s, hidden.shape[2] + 1), np.float32)  # the last column: the sink's, never masked
+        bias[..., :-1][hidden] = MASKED
+        # rows query-major (row = p·nh + h): q, the output and the per-row mask need no transpose
+        bias = ops.tile(Tensor(bias).reshape(b, 1, s, 1, -1), (1, 1, 1, self.nh, 1)).reshape(b, 1, s * self.nh, -1)
+        sink = ops.tile(self.attn_sink.reshape(1, 1, 1, self.nh, 1), (b, 1, s, 1, 1)).reshape(b, 1, s * self.nh, 1)
+        out = self.fn(q.reshape(b, 1, s * self.nh, self.d), keys.reshape(b, 1, -1, self.d), bias, sink)[0]
+        return out.reshape(b, s, self.nh, self.d)
+
+    def _window(self, s: int) -> np.ndarray:
+        if s not in self._masks:
+            self._masks[s] = window_mask(s, self.window)[None]
+        return self._masks[s]
+
+    def _compressed_mask(self, q, comp, x, cq, rope_table, b: int, s: int, n: int) -> np.ndarray:
+        """``(B, S, n)`` True = masked: causal windows (HCA, dense CSA) or the indexer's valid top-k (CSA)."""
+        causal = causal_compressed(s, n, self.ratio)[None].repeat(b, 0)
+        if self.indexer is None:
+            return causal
+        scores = self.indexer.scores(x, cq, rope_table)
+        idx = self.indexer.select(scores, s)  # (B, S, k), −1 = none
+        keep = np.zeros((b, s, n + 1), bool)
+        np.put_along_axis(keep, np.where(idx < 0, n, idx), True, -1)
+        if self.with_indexer_loss and self.training:
+            self.indexer_loss = self._indexer_loss(q, comp, scores, idx)
+        return ~keep[..., :n]
+
+    def _indexer_loss(self, q, comp, scores, idx: np.ndarray):
+        """KL of the indexer's top-k distribution to the main attention's (detached), mean over (b, p)."""
+        b, s, k = idx.shape
+        valid = Tensor(idx >= 0)
+        safe = Tensor(np.maximum(idx, 0).astype(np.int32))
+        q, comp = ops.stop_gradient(q), ops.stop_gradient(comp)
+        sel = ops.gather(comp, safe.reshape(b, s * k), 1, batch_dims=1).reshape(b * s, k, self.d)  # (B·S, k, d)
+        logits = _bmm_nt(q.reshape(b * s, self.nh, self.d), sel) * (self.d ** -0.5)  # (B·S, nh, k)
+        hide = ops.tile(~valid.reshape(b * s, 1, k), (1, self.nh, 1))
+        target = ops.softmax(ops.masked_fill(logits, hide, MASKED), -1).sum(1)  # (B·S, k)
+        target = ops.stop_gradient(target / (target.sum(-1, keepdims=True) + EPS_LOSS))
+        picked = ops.gather_elements(scores.reshape(b * s, -1), 1, safe.reshape(b * s, k))
+        pred = ops.softmax(ops.masked_fill(picked, ~valid.reshape(b * s, k), MASKED), -1)
+        ratio = ops.maximum(target / (target.sum(-1, keepdims=True) + EPS_LOSS), EPS_LOSS)
+        return (target * (ops.log(ratio) - ops.log(pred + EPS_LOSS))).sum(-1).mean()
+
+
+class DeepseekV4Attention(nn.Cell):
+    """``self_attention`` of a DeepSeek-V4 layer: low-rank Q, one shared KV head, partial interleaved RoPE,
+    `CompressedSparseAttention`, inverse RoPE on the output, grouped low-rank output projection."""
+
+    def __init__(self, hidden_size: int, num_heads: int, *, q_lora_rank: int, head_dim: int, rope_dim: int,
+                 o_groups: int, o_lora_rank: int, ratio: int, window: int, index_heads: int, index_dim: int,
+                 index_topk: int, dense: bool = False, eps: float = 1e-6, indexer_loss: bool = True) -> None:
+        super().__init__()
+        self.nh, self.d, self.g, self.r_o = num_heads, head_dim, o_groups, o_lora_rank
+        self.compressed = ratio > 0
+        self.linear_q_down_proj = Linear(hidden_size, q_lora_rank)
+        self.q_layernorm = RMSNorm(q_lora_rank, eps)
+        self.linear_q_up_proj = Linear(q_lora_rank, num_heads * head_dim)
+        self.q_rms_gamma = Parameter(Tensor(np.ones((head_dim,), np.float32)), name="q_rms_gamma", requires_grad=False)
+        self.linear_kv_proj = Linear(hidden_size, head_dim)
+        self.kv_layernorm = RMSNorm(head_dim, eps)
+        group_in = num_heads * head_dim // o_groups
+        self.linear_o_group_proj = Parameter(Tensor(np.zeros((o_groups * o_lora_rank, group_in), np.float32)),
+                                             name="linear_o_group_proj")
+        self.linear_proj = Linear(o_groups * o_lora_rank, hidden_size)
+        self.core_attention = CompressedSparseAttention(
+            hidden_size, num_heads, head_dim, rope_dim, ratio=ratio, window=window, q_lora_rank=q_lora_rank,
+            index_heads=index_heads, index_dim=index_dim, index_topk=index_topk, dense=dense, eps=eps,
+            indexer_loss=indexer_loss)
+        self.q_norm = RMSNormFn(eps)  # the weightless per-head RMS of q (weight: the frozen ones q_rms_gamma)
+        self.rope = PartialPairRope(rope_dim)
+
+    def construct(self, x, rope, mask):
+        table_set, _ = rope
+        table = table_set.compress if self.compressed else table_set.main
+        b, s, _ = x.shape
+        cos, sin = table(s)
+        cq = self.q_layernorm(self.linear_q_down_proj(x))  # (B, S, r_q)
+        q = self.q_norm(self.linear_q_up_proj(cq).reshape(b, s, self.nh, self.d), self.q_rms_gamma)
+        q = self.rope(q, cos, sin)  # (B, S, nh, d)
+        kv = self.rope(self.kv_layernorm(self.linear_kv_proj(x)).reshape(b, s, 1, self.d), cos, sin).reshape(b, s, self.d)
+        out = self.core_attention(q, kv, x, cq, mask, table_set.compress)
+        out = self.rope(out, cos, sin, inverse=True).reshape(b * s, self.g, -1)  # V carried RoPE: rotate it back
+        w = self.linear_o_group_proj.reshape(self.g, self.r_o, -1)  # (g, r_o, nh·d/g)
+        y = _bmm_nt(ops.swapaxes(out, 0, 1), w)  # (g, B·S, r_o)
+        return self.linear_proj(ops.swapaxes(y, 0, 1).reshape(b, s, self.g * self.r_o))

@@ -1,0 +1,147 @@
+"""DeepSeek-V4's hot functions with a hand-written backward (``nn.Cell.bprop``), for the same reasons
+as `kernels.py` (MindSpore CPU autodiff of the plain formulas is slow; same-shape ops, ``tile`` and
+GEMMs are fast): attention with a per-head sink, interleaved-pair RoPE, the clamped SwiGLU and the
+mHC Sinkhorn projection.
+
+tests/engine/test_deepseek_v4.py checks each forward against a float64 NumPy transcription and
+each backward against finite differences.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor, mint, nn, ops
+
+from .kernels import _bmm, _bmm_nt, _bmm_tn, _rowsum, _softmax, _tile
+
+_masked_fill = ops.MaskedFill()
+_exp = ops.Exp()
+MASKED = -1e30  # finite: exp(MASKED − m) is exactly 0 in fp32, and a row never turns NaN
+
+
+class SinkAttentionFn(nn.Cell):
+    """``softmax([scale·q·kᵀ + bias, sink])[:, :-1] · v`` with ``k = v = kv`` (one shared head): attention whose
+    softmax denominator also holds ``exp(sink_h)`` of a learned per-head sink (transformers'
+    ``eager_attention_forward`` with ``sinks``).
+
+    The sink is one more key: ``q' = [scale·q | sink]``, ``k' = [k | 0]`` plus a key ``[0…0 | 1]`` whose value
+    is 0, so the sink column is a plain score and one fused softmax does it all (no slice of the score
+    matrix, no per-row max). ``q (B, 1, M, d)`` (M = queries × heads, any row order), ``kv (B, 1, Sk, d)``,
+    ``bias (B, 1, M, Sk + 1)`` float (0 or −1e30: masked; the last column, the sink's, 0), ``sink_rows
+    (B, 1, M, 1)`` each row's head sink.
+    Returns ``(out, probs)``; the probabilities only ride along for the backward."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = float(scale)
+
+    def _keys(self, kv):
+        b, g, sk, d = kv.shape
+        k = mint.cat((mint.cat((kv, ops.zeros((b, g, sk, 1), kv.dtype)), -1),
+                      mint.cat((ops.zeros((b, g, 1, d), kv.dtype), ops.ones((b, g, 1, 1), kv.dtype)), -1)), 2)
+        v = mint.cat((kv, ops.zeros((b, g, 1, d), kv.dtype)), 2)  # (B, 1, Sk+1, d): the sink adds nothing
+        return k, v  # k (B, 1, Sk+1, d+1)
+
+    def construct(self, q, kv, bias, sink_rows):
+        k, v = self._keys(kv)
+        qs = mint.cat((q * self.scale, sink_rows), -1)  # (B, 1, M, d+1)
+        p = _softmax(_bmm_nt(qs, k) + bias)  # (B, 1, M, Sk+1)
+        return _bmm(p, v), p
+
+    def bprop(self, q, kv, bias, sink_rows, out, dout):
+        o, p, do = out[0], out[1], dout[0]
+        k, v = self._keys(kv)
+        qs = mint.cat((q * self.scale, sink_rows), -1)
+        c = _rowsum(do * o)  # Σ_j p_j·(do·v_j) = do·out; the sink's value is 0
+        ds = (_bmm_nt(do, v) - _tile(c, (1, 1, 1, p.shape[-1]))) * p  # masked entries have p = 0
+        dqs, dk = _bmm(ds, k), _bmm_tn(ds, qs)  # (B, 1, M, d+1), (B, 1, Sk+1, d+1)
+        d, sk = q.shape[-1], kv.shape[2]
+        dkv = dk[:, :, :sk, :d] + _bmm_tn(p, do)[:, :, :sk]
+        return dqs[..., :d] * self.scale, dkv, ops.zeros_like(bias), dqs[..., d:]
+
+
+def pair_rotation(dim: int, rope_dim: int | None = None) -> np.ndarray:
+    """``Rᵀ`` with ``x @ Rᵀ = rotate_pairs(x)`` on the trailing ``rope_dim`` lanes (all by default), zero on
+    the others: lanes ``(2i, 2i+1) → (−x_{2i+1}, x_{2i})`` (GPT-J style)."""
+    rt = np.zeros((dim, dim), np.float32)
+    i = np.arange(dim - (rope_dim or dim), dim, 2)
+    rt[i + 1, i] = -1.0
+    rt[i, i + 1] = 1.0
+    return rt
+
+
+class PairRopeFn(nn.Cell):
+    """Interleaved-pair RoPE ``x·cos + rotate_pairs(x)·sin`` on ``x (B, S, N, D)`` with tables ``(1, S, 1, D)``
+    (each angle repeated on its two lanes; cos 1 and sin 0 on lanes left alone, so a partial RoPE needs
+    no slice of ``x``). ``rotate_pairs`` is a product with the constant ``Rᵀ``, so the backward is
+    ``dout·cos + (dout·sin)·R``. Pass ``−sin`` for the inverse rotation."""
+
+    def __init__(self, dim: int, rope_dim: int | None = None) -> None:
+        super().__init__()
+        self.rt = Tensor(pair_rotation(dim, rope_dim))
+        self.r = Tensor(np.ascontiguousarray(pair_rotation(dim, rope_dim).T))
+
+    def _rot(self, x, mat):
+        d = x.shape[-1]
+        return ops.matmul(x.reshape(-1, d), mat).reshape(x.shape)
+
+    def construct(self, x, cos, sin):
+        reps = (x.shape[0], 1, x.shape[2], 1)
+        return x * _tile(cos, reps) + self._rot(x, self.rt) * _tile(sin, reps)
+
+    def bprop(self, x, cos, sin, out, dout):
+        reps = (x.shape[0], 1, x.shape[2], 1)
+        return dout * _tile(cos, reps) + self._rot(dout * _tile(sin, reps), self.r), ops.zeros_like(cos), \
+            ops.zeros_like(sin)
+
+
+class ClampedSiluMulFn(nn.Cell):
+    """``silu(min(gate, L)) · clip(up, −L, L)`` (transformers' DeepSeek-V4 experts); the clamped lanes get
+    no gradient, as torch's ``clamp`` (which passes it at the bounds themselves)."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__()
+        self.limit = float(limit)
+
+    def construct(self, gate, up):
+        g = ops.minimum(gate, self.limit)
+        return mint.nn.functional.silu(g) * ops.clip_by_value(up, -self.limit, self.limit)
+
+    def bprop(self, gate, up, out, dout):
+        g = ops.minimum(gate, self.limit)
+        u = ops.clip_by_value(up, -self.limit, self.limit)
+        sg = mint.sigmoid(g)
+        keep_g = (gate <= self.limit).astype(gate.dtype)
+        keep_u = (ops.abs(up) <= self.limit).astype(up.dtype)
+        return dout * u * (sg * (1.0 + g * (1.0 - sg))) * keep_g, dout * (g * sg) * keep_u
+
+
+class SinkhornFn(nn.Cell):
+    """``softmax(logits) + ε``, one column normalisation, then ``iters − 1`` × (rows, columns), each
+    ``x / (Σ x + ε)``, on ``(N, n, n)``, in float32 NumPy on the host (PyNative only): the matrices are
+    tiny and the ~4·iters MindSpore ops of the plain loop (and their autodiff) cost more than the math.
+    Returns ``(matrix, trace)``; the trace (softmax and every normalisation's input) only carries the
+    forward to the backward, which replays the normalisations in reverse."""
+
+    def __init__(self, iters: int, eps: float) -> None:
+        super().__init__()
+        self.iters, self.eps = int(iters), np.float32(eps)
+        self.axes = [-2] + [-1, -2] * (self.iters - 1)
+
+    def construct(self, logits):
+        z = logits.asnumpy()
+        e = np.exp(z - z.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+        trace = [p]
+        x = p + self.eps
+        for axis in self.axes:
+            trace.append(x)
+            x = x / (x.sum(axis, keepdims=True) + self.eps)
+        return Tensor(x), Tensor(np.stack(trace))
+
+    def bprop(self, logits, out, dout):
+        trace, g = out[1].asnumpy(), dout[0].asnumpy()
+        for x, axis in zip(trace[:0:-1], reversed(self.axes)):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
+            d = x.sum(axis, keepdims=True) + self.eps
+            g = g / d - (g * x).sum(axis, keepdims=True) / (d * d)
+        p = trace[0]
+        return (Tensor((p * (g - (g * p).sum(-1, keepdims=True))).astype(np.float32)),)

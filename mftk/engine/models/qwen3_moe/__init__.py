@@ -1,0 +1,1 @@
+"""Qwen3-MoE (GQA + qk-norm attention, softmax-routed experts)."""
