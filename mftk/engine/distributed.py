@@ -77,22 +77,6 @@ class FlatSharding:
             out[key] = value if i is None else self.local(i, value)
         return out
 
-    # ---------------------------------------------------------------- full-size gradient buffer
-    def zeros_full(self) -> np.ndarray:
-        return np.zeros(self.full_size, np.float32)
-
-    def add_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray], scale: float = 1.0) -> None:
-        for sl, g in zip(self.full_slices, grads):
-            src = np.asarray(g, np.float32).reshape(-1)
-            flat[sl] += src if scale == 1.0 else src * np.float32(scale)
-
-    def scatter(self, full: np.ndarray, optimizer: Any) -> np.ndarray:
-        """This rank's rows of a full flat gradient, in the optimizer's flat layout."""
-        local = optimizer.zeros_like_flat()
-        for i, sl in enumerate(self.full_slices):
-            optimizer.view(local, i)[...] = self.local(i, full[sl].reshape(self.shapes[i]))
-        return local
-
 
 # --------------------------------------------------------------------------------------- step collectives
 @attrs.define
@@ -217,28 +201,6 @@ class DistContext:
             g64 = local[start:start + NORM_BLOCK].astype(np.float64)
             sq += float(np.dot(g64 * w[start:start + NORM_BLOCK], g64))
         return float(np.sqrt(_sum_f64(np.array([sq]), self.groups.world)[0]))
-
-    def gather_params(self, optimizer: Any) -> list[np.ndarray]:
-        """Full parameter values from every rank's updated rows (one all-gather over the shard group)."""
-        from mindspore import Tensor
-
-        from mftk.engine.parallel import comm
-
-        sh = self.sharding
-        local = optimizer.masters()
-        owned = [i for i, r in enumerate(sh.rows) if r is not None]
-        if not owned:
-            return local
-        packed = np.concatenate([local[i].reshape(-1) for i in owned])
-        parts = [p.asnumpy() for p in comm.all_gather_list(Tensor(packed), self.groups.fsdp)]
-        out = list(local)
-        off = 0
-        for i in owned:
-            shape = sh.local_shape(i)
-            n = int(np.prod(shape, dtype=np.int64))
-            out[i] = np.concatenate([p[off:off + n].reshape(shape) for p in parts], axis=0)
-            off += n
-        return out
 
     def any_flag(self, flag: bool) -> bool:
         """True on every rank when any rank has the flag (a stop request must be agreed on)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mftk.errors import ConfigError
-from tests.helpers.models import ms  # noqa: F401 - MindSpore present (and blocking launches)
+from tests.helpers.models import make_qwen3  # noqa: F401 - MindSpore present (and blocking launches)
 
 pytestmark = pytest.mark.engine
 

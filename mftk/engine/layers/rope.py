@@ -79,18 +79,13 @@ def deinterleave(x):
     return ops.swapaxes(x.reshape(*x.shape[:-1], d // 2, 2), -1, -2).reshape(x.shape)
 
 
-_ROPE: dict[str, object] = {}  # device -> the (stateless) rope kernel, built on first use
-
-
-def _rope():
-    device = current_device()
-    if device not in _ROPE:
-        _ROPE[device] = kernel("rope", device)()
-    return _ROPE[device]
+# stateless, so one instance for every layer; chosen from the registry when this module is imported (a lookup
+# inside the forward would run inside the layers `GPTModel.jit_blocks` compiles, where it cannot)
+_ROPE = kernel("rope", current_device())()
 
 
 def apply_rope(x, cos, sin, *, interleaved_input: bool = False):
     """Rotate ``x (B, S, N, D)`` with ``cos/sin (1, S, 1, D)``: ``x·cos + rotate_half(x)·sin``."""
     if interleaved_input:
         x = deinterleave(x)
-    return _rope()(x, cos, sin)
+    return _ROPE(x, cos, sin)

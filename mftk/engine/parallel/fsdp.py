@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from mindspore import Parameter, Tensor, ops
+from mindspore import Parameter, Tensor
 
 from mftk.engine import units
 from mftk.engine.parallel import comm
