@@ -115,8 +115,8 @@ def _all_reduce_list(tensors: list[Tensor], group: Any, op: str) -> list[Tensor]
     """One flat buffer reduced in place, in chunks (`comm.all_reduce_numpy`); views of it come back."""
     if group.is_trivial or not tensors:
         return tensors
-    flat = np.concatenate([t.asnumpy().reshape(-1) for t in tensors]) if len(tensors) > 1 else \
-        np.array(tensors[0].asnumpy().reshape(-1))
+    arrays = [t.asnumpy() if isinstance(t, Tensor) else np.asarray(t) for t in tensors]  # TP's sum gives numpy
+    flat = np.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0].reshape(-1))
     flat = comm.all_reduce_numpy(flat, group, op)
     out, off = [], 0
     for t in tensors:
