@@ -17,3 +17,12 @@ OutputDirOpt = Annotated[Optional[Path], typer.Option("--output-dir", help="Wher
 NoCheckFilesOpt = Annotated[bool, typer.Option("--no-check-files", help="Do not check that data files exist.")]
 WorldSizeOpt = Annotated[Optional[int], typer.Option("--world-size", min=1, help="Number of devices/workers to check against.")]
 NprocOpt = Annotated[int, typer.Option("--nproc", min=1, help="Local worker processes (1 runs in-process; >1 launches msrun).")]
+
+DeviceOpt = Annotated[Optional[str], typer.Option(
+    "--device", help="CPU, GPU or Ascend: overrides context.device_target (default: the YAML's, else the device "
+    "MindSpore finds).")]
+
+
+def with_device(overrides: Optional[list[str]], device: Optional[str]) -> Optional[list[str]]:
+    """``--device X`` as the last ``--set context.device_target=X`` (it wins over the YAML and earlier --set)."""
+    return overrides if device is None else [*(overrides or []), f"context.device_target={device}"]

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from commands._options import ConfigArg, JsonOpt, NprocOpt, OutputDirOpt, SetOpt
+from commands._options import ConfigArg, DeviceOpt, JsonOpt, NprocOpt, OutputDirOpt, SetOpt, with_device
 from commands.train import JoinOpt, LogDirOpt, MasterAddrOpt, MasterPortOpt, NewRunOpt, NnodesOpt, NodeRankOpt
 
 EPILOG = """Examples:
@@ -36,10 +36,11 @@ def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOp
            overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
            nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
            master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
-           json_out: JsonOpt = False, new_run: NewRunOpt = False) -> None:
+           json_out: JsonOpt = False, new_run: NewRunOpt = False, device: DeviceOpt = None) -> None:
     """Resume training from a checkpoint (bit-exact with mftk's own checkpoints; reshards to this layout)."""
     from commands.train import launcher_spec, run_command
 
+    overrides = with_device(overrides, device)
     source = from_ or _default_source(config, overrides)
     result = run_command(config, overrides, output_dir, nproc, resume_from=source, weights_only=weights_only,
                          dry_run=dry_run, new_run=new_run,

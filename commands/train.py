@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from commands._options import ConfigArg, NprocOpt, OutputDirOpt, SetOpt
+from commands._options import ConfigArg, DeviceOpt, NprocOpt, OutputDirOpt, SetOpt, with_device
 
 EPILOG = """Examples:
 
@@ -17,6 +17,8 @@ EPILOG = """Examples:
   mftk train my.yaml --set training.steps=20 --set checkpoint.save_path=./ckpt --output-dir ./output
 
   mftk train templates/qwen3_tiny.yaml --nproc 2          # 2 workers through msrun (data parallel / FSDP)
+
+  mftk train my.yaml --device CPU                          # whatever context.device_target says
 
   mftk train my.yaml --nproc 1 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 20480   # node 0 of 2
 
@@ -41,9 +43,9 @@ NewRunOpt = Annotated[bool, typer.Option("--new-run", help="Start at step 0 alth
 def train(config: ConfigArg, overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
           nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
           master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
-          new_run: NewRunOpt = False) -> None:
+          new_run: NewRunOpt = False, device: DeviceOpt = None) -> None:
     """Train a model from one YAML (validated first; a bad config never starts a run)."""
-    run_command(config, overrides, output_dir, nproc, new_run=new_run,
+    run_command(config, with_device(overrides, device), output_dir, nproc, new_run=new_run,
                 launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join))
 
 
@@ -65,12 +67,14 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     loaded = load_config(config, overrides=overrides or [], world_size=world)
     if world > 1 and not dry_run:  # the layout was checked by load_config (config.runnable), before any worker starts
         from mftk.ckpt.guard import hold_save_path
+        from mftk.engine.device import select
 
+        device = select(loaded.config.context.device_target)  # one device for every worker, checked here first
         ck = loaded.config.checkpoint  # this process outlives every worker: it holds the save path (node 0)
         with hold_save_path(ck.save_path, enabled=ck.enable_save and launcher.join and launcher.node_rank == 0):
             _check_save_path(loaded.config, resume_from, weights_only, new_run)
             return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run,
-                                    loaded.config)
+                                    loaded.config, device)
     from mftk.engine.run import train as run_train
     from mftk.logs.sinks import mf_console_handler, train_logger
 
@@ -105,7 +109,7 @@ def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: boo
 
 def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
                      resume_from: Optional[Path], weights_only: bool, new_run: bool = False,
-                     loaded_config: Any = None) -> Any:
+                     loaded_config: Any = None, device: Optional[str] = None) -> Any:
     """msrun with ``launcher.nproc`` workers here; rank 0's log lines are echoed to stdout as they come."""
     from mftk.engine.workers import train_distributed
 
@@ -118,7 +122,7 @@ def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: O
     try:
         result = train_distributed(config, overrides=overrides or [], output_dir=output_dir or Path("output"),
                                    spec=launcher, resume_from=resume_from, weights_only=weights_only,
-                                   on_log_line=echo, sinks=[display], new_run=new_run)
+                                   on_log_line=echo, sinks=[display], new_run=new_run, device=device)
     finally:
         display.close()
     render(result, loaded_config)

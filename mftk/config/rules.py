@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from mftk import derive as L
-from mftk.config.sections import RUN_MODES, Config
+from mftk.config.sections import DEVICE_TARGETS, RUN_MODES, Config
 from mftk.derive import DeriveError, parse_layer_range
 from mftk.errors import Problem
 
@@ -58,6 +58,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_profiler_monitor(config, r)
     _check_lora(config, r)
     _check_run_mode(config, r)
+    _check_device(config, r)
     from mftk.config.status import check_statuses
 
     reported = frozenset(p.path for p in r.problems if p.severity == "error")
@@ -455,6 +456,14 @@ def _check_prefix_files(prefix: str, path: str, r: _Rules) -> None:
                 "to the YAML); `mftk validate-config --no-check-files` checks the rest of the config without them")
 
 
+def _check_device(c: Config, r: _Rules) -> None:
+    """``context.device_target``: one of `DEVICE_TARGETS` or null (whether it is there: at run time, engine.device)."""
+    d = c.context.device_target
+    if d is not None and str(d).lower() not in {x.lower() for x in DEVICE_TARGETS}:
+        r.error("context.device_target", f"must be one of {', '.join(DEVICE_TARGETS)} (or null: the device MindSpore "
+                "finds)", d, "e.g. context.device_target: CPU, or --device CPU")
+
+
 # ------------------------------------------------------------------ recompute, swap, profiler, monitor
 
 def _check_recompute_swap(c: Config, world: int, r: _Rules) -> None:
@@ -472,8 +481,21 @@ def _check_recompute_swap(c: Config, world: int, r: _Rules) -> None:
     _check_exclude_op(rc, layers + mtp, world, r)
     if c.recompute_comm.enable and not c.recompute_comm.select_module:
         r.error("recompute_comm.select_module", "required when recompute_comm.enable is true")
+    replays = rc.mode != "None" or c.recompute_comm.enable
+    if replays and world == 1:
+        r.note("recompute.mode" if rc.mode != "None" else "recompute_comm.enable", "no effect on one process: "
+               "recompute replays layers only with several processes, as the reference does (same gradients)")
+    if replays and world > 1 and getattr(m, "hidden_dropout", 0.0):
+        r.error("recompute.mode", "recompute replays forwards in the backward, so model.hidden_dropout must be 0 "
+                "(the dropout masks would differ)", rc.mode, "set model.hidden_dropout: 0.0 or recompute.mode: None")
+    if replays and world > 1 and isinstance(rc.exclude_op, dict):
+        r.error("recompute.exclude_op", "mftk replays a recomputed layer whole: keeping the outputs of cells inside "
+                "it (exclude_op) is not built", rc.exclude_op, "remove recompute.exclude_op, or select fewer modules "
+                "with recompute.select_module")
     if not sw.enable:
         return
+    r.error("swap.enable", "swapping activations to host memory is not built in mftk: on CPU they already live in "
+            "host memory, and no accelerator path for it exists", True, "set swap.enable: false")
     if c.parallelism.pipeline_parallel > 1:
         r.error("swap.enable", "swap is not supported with pipeline parallel", True)
     if layers and not 1 <= sw.default_prefetch <= layers - 1:

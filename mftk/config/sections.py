@@ -258,11 +258,16 @@ class MonitorConfig:
     moe_monitor: MoeMonitorConfig = field(factory=MoeMonitorConfig, help="MoE token statistics.")
 
 
+DEVICE_TARGETS = ("CPU", "GPU", "Ascend")  # context.device_target values (engine/device.py uses them)
+
+
 @section
 class ContextConfig:
     mode: int = field(1, "Accepted for compatibility; PyNative is always used.")
     max_device_memory: str = field("59GB", "Accepted for compatibility; unused.")
-    device_target: str = field("Ascend", "Accepted for compatibility; mftk picks the device it runs on.")
+    device_target: Optional[str] = field(
+        None, "CPU, GPU or Ascend (--device overrides it). null: the device MindSpore finds (Ascend, GPU, then CPU); "
+        "a device written that is not there stops the run.")
 
 
 @section

@@ -56,12 +56,10 @@ def _same(test: str, names: str) -> dict[str, Status]:
 
 ASCEND = "an Ascend kernel / communication-overlap switch: the same numbers, mftk has no such kernel"
 PERF = "a loader performance setting: the same batches in the same order"
-# recompute / swap belong to the engine-state issue (17): flip these rows (and this flag, which
-# convert-config reads) when the engine applies them.
-RECOMPUTE_APPLIED = False
-RECOMPUTE_PENDING = ("not applied by the engine yet (activations are kept); remove it, or set it off; on one process "
-                     "the reference ignores it, so there it is a note")
-RECOMPUTE_SUB = "read only with its section's switch on, which is refused until the engine applies it"
+# recompute replays layers only with several processes, as the reference (engine/recompute.py); on one
+# process config/rules.py notes that it has no effect. convert-config reads this flag.
+RECOMPUTE_APPLIED = True
+_RECOMPUTE = "tests/engine/test_recompute.py"
 NO_EVAL = "no evaluation runs in PyNative pretraining (the reference builds it and never uses it)"
 
 _T = "tests/engine/test_trainer.py"
@@ -174,23 +172,21 @@ SECTIONS: dict[str, dict[str, Status]] = {
     "context": {
         "mode": _inert("PyNative is always used (the reference ignores the section too)"),
         "max_device_memory": _inert("the reference ignores the section too"),
-        "device_target": _inert("mftk runs on the device it finds (the reference ignores the section too)"),
+        "device_target": _impl("tests/engine/test_device.py"),
     },
     "profiler": _same("tests/engine/test_monitor_run.py", "enable_profiling start_step end_step output_path "
                       "profiler_rank profiler_level mstx profile_memory profile_cpu with_stack"),
     "recompute": {
-        "mode": _refused(f"recompute.mode {RECOMPUTE_PENDING} (mode: None)", example="full", multi_only=True),
-        "full_recompute_layer": _inert(RECOMPUTE_SUB), "select_module": _inert(RECOMPUTE_SUB),
-        "exclude_op": _inert(RECOMPUTE_SUB, rule=True),
+        **_same(_RECOMPUTE, "mode full_recompute_layer select_module"),
+        "exclude_op": _refused("mftk replays a recomputed layer whole: select fewer modules instead", rule=True),
     },
     "recompute_comm": {
-        "enable": _refused(f"recompute_comm.enable {RECOMPUTE_PENDING} (enable: false)", multi_only=True),
-        "select_module": _inert(RECOMPUTE_SUB),
+        **_same(_RECOMPUTE, "enable select_module"),
     },
     "swap": {
-        "enable": _refused(f"swap.enable {RECOMPUTE_PENDING} (enable: false)", multi_only=True),
-        "default_prefetch": _inert(RECOMPUTE_SUB), "layer_swap": _inert(RECOMPUTE_SUB),
-        "op_swap": _inert(RECOMPUTE_SUB),
+        "enable": _refused("swapping activations to host memory is not built: set swap.enable: false", rule=True),
+        **{n: _inert("read only with swap.enable, which is refused") for n in ("default_prefetch", "layer_swap",
+                                                                               "op_swap")},
     },
     "callbacks": _same("tests/engine/test_max_logits.py", "type step_interval"),
     "lora_config": _same(_LORA, "target_modules exclude_layers lora_rank lora_alpha lora_dropout lora_a_std "

@@ -110,10 +110,12 @@ def worker(template: str, over: dict) -> dict:
 
 def _status_bytes(key: str) -> int:
     """A memory figure of this process from /proc/self/status (kB there)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
+    from mftk.engine.memstat import status_bytes
+
+    value = status_bytes(key)
+    if value is None:
+        raise RuntimeError(f"{key} not in /proc/self/status")
+    return value
 
 
 def dist_worker(template: str, over: dict) -> dict:
@@ -125,13 +127,15 @@ def dist_worker(template: str, over: dict) -> dict:
     from mftk.config.load import load_config
     from mftk.engine import run
 
-    world = communication.get_group_size()
+    world, rank = communication.get_group_size(), communication.get_rank()
     loaded = load_config(TEMPLATES_DIR / template, overrides=_overrides(over, world), world_size=world, check_files=True)
     base = _status_bytes("VmRSS")
     with tempfile.TemporaryDirectory() as out:
         run.train(loaded, output_dir=out, install_signals=False, world_size=world)
+        records = [json.loads(x) for x in (Path(out) / "log" / f"rank_{rank}" / "metrics.jsonl").read_text().splitlines()]
     peak = _status_bytes("VmHWM")
-    return {"baseline": base, "peak": peak, "measured": peak - base, "rank": communication.get_rank()}
+    return {"baseline": base, "peak": peak, "measured": peak - base, "rank": rank,
+            "step_ms": [r["per_step_time"] for r in records], "tokens": [r.get("tokens", 0) for r in records]}
 
 
 def measure_multi(template: str, over: dict, nproc: int, timeout_s: float = 900) -> list[dict]:

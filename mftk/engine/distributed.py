@@ -77,22 +77,6 @@ class FlatSharding:
             out[key] = value if i is None else self.local(i, value)
         return out
 
-    # ---------------------------------------------------------------- full-size gradient buffer
-    def zeros_full(self) -> np.ndarray:
-        return np.zeros(self.full_size, np.float32)
-
-    def add_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray], scale: float = 1.0) -> None:
-        for sl, g in zip(self.full_slices, grads):
-            src = np.asarray(g, np.float32).reshape(-1)
-            flat[sl] += src if scale == 1.0 else src * np.float32(scale)
-
-    def scatter(self, full: np.ndarray, optimizer: Any) -> np.ndarray:
-        """This rank's rows of a full flat gradient, in the optimizer's flat layout."""
-        local = optimizer.zeros_like_flat()
-        for i, sl in enumerate(self.full_slices):
-            optimizer.view(local, i)[...] = self.local(i, full[sl].reshape(self.shapes[i]))
-        return local
-
 
 # --------------------------------------------------------------------------------------- step collectives
 @attrs.define
@@ -103,6 +87,7 @@ class DistContext:
     table: Any  # parallel.placement.PlacementTable
     sharding: FlatSharding
     stage: Any = None  # parallel.pipeline_model.StageModel under PP
+    presynced: tuple[int, ...] = ()  # FSDP-sharded parameters: their units already reduced their gradients
     norm_weights: np.ndarray | None = None  # set by `bind`: per local gradient element, 1 / its replicas
     _opt_slices: list | None = None
 
@@ -160,17 +145,24 @@ class DistContext:
         return self.groups.layout.world
 
     def sync_grads(self, full: np.ndarray) -> np.ndarray:
-        """The steps of the module docstring on the full flat gradient of this rank's parameters."""
+        """The steps of the module docstring on the flat gradient of this rank's parameters, in place; the
+        gradients of FSDP-sharded parameters (``presynced``) arrive reduced from their units and are left alone."""
         from mftk.engine.parallel.data_parallel import sync_flat_gradients
 
-        full = np.array(full, np.float32, copy=True)
-        place = [self.table[n] for n in self.sharding.names]
+        full = np.asarray(full, np.float32)
+        pre = set(self.presynced)
+        place = [(i, self.table[n]) for i, n in enumerate(self.sharding.names) if i not in pre]
         g = self.groups
-        self._reduce(full, [i for i, p in enumerate(place) if len(p.stages) > 1], g.embedding)
-        self._reduce(full, [i for i, p in enumerate(place) if not p.split_over("tp") and not p.expert], g.tp)
-        experts = [i for i, p in enumerate(place) if p.expert]
+        self._reduce(full, [i for i, p in place if len(p.stages) > 1], g.embedding)
+        self._reduce(full, [i for i, p in place if not p.split_over("tp") and not p.expert], g.tp)
+        experts = [i for i, p in place if p.expert]
         mine = self._pack(full, experts)
-        full = sync_flat_gradients(full, g, op="avg")
+        if pre:  # only the whole parameters: one message
+            dense = [i for i, p in place if not p.expert]
+            if dense and not g.dp_cp.is_trivial:
+                self._unpack(full, dense, _all_reduce_np(self._pack(full, dense), g.dp_cp, "avg"))
+        else:
+            full = sync_flat_gradients(full, g, op="avg")
         if experts:
             for group in (g.edp, g.dp_replicate):
                 mine = _all_reduce_np(mine, group)
@@ -200,32 +192,15 @@ class DistContext:
         return t.asnumpy().astype(np.float64)
 
     def grad_norm(self, local: np.ndarray) -> float:
-        """The full gradient's norm: each local element's square weighted by 1/its replicas, summed over the world."""
-        g64 = local.astype(np.float64)
-        sq = float(np.dot(g64 * self.norm_weights, g64))
+        """The full gradient's norm: each local element's square weighted by 1/its replicas, summed over the world.
+        Block by block in float64 (`NORM_BLOCK` elements): no float64 copy of the whole gradient."""
+        from mftk.engine.optim import NORM_BLOCK
+
+        sq, w = 0.0, self.norm_weights
+        for start in range(0, local.size, NORM_BLOCK):
+            g64 = local[start:start + NORM_BLOCK].astype(np.float64)
+            sq += float(np.dot(g64 * w[start:start + NORM_BLOCK], g64))
         return float(np.sqrt(_sum_f64(np.array([sq]), self.groups.world)[0]))
-
-    def gather_params(self, optimizer: Any) -> list[np.ndarray]:
-        """Full parameter values from every rank's updated rows (one all-gather over the shard group)."""
-        from mindspore import Tensor
-
-        from mftk.engine.parallel import comm
-
-        sh = self.sharding
-        local = optimizer.masters()
-        owned = [i for i, r in enumerate(sh.rows) if r is not None]
-        if not owned:
-            return local
-        packed = np.concatenate([local[i].reshape(-1) for i in owned])
-        parts = [p.asnumpy() for p in comm.all_gather_list(Tensor(packed), self.groups.fsdp)]
-        out = list(local)
-        off = 0
-        for i in owned:
-            shape = sh.local_shape(i)
-            n = int(np.prod(shape, dtype=np.int64))
-            out[i] = np.concatenate([p[off:off + n].reshape(shape) for p in parts], axis=0)
-            off += n
-        return out
 
     def any_flag(self, flag: bool) -> bool:
         """True on every rank when any rank has the flag (a stop request must be agreed on)."""
@@ -253,13 +228,9 @@ class DistContext:
 
 
 def _all_reduce_np(packed: np.ndarray, group: Any, op: str = "sum") -> np.ndarray:
-    from mindspore import Tensor
-
     from mftk.engine.parallel import comm
 
-    if group.is_trivial or not packed.size:
-        return packed
-    return comm.all_reduce(Tensor.from_numpy(np.ascontiguousarray(packed)), group, op).asnumpy()
+    return comm.all_reduce_numpy(packed, group, op)
 
 
 def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
@@ -284,6 +255,7 @@ def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
 def make_context(groups: Any, table: Any, params: Sequence[Any], stage: Any = None) -> DistContext:
     """The context of this rank: its trainable ``params`` (model order) with their FSDP rows from ``table``."""
     names = [p.name for p in params]
-    sharded = [table[n].split_over("fsdp") for n in names]
-    sharding = FlatSharding(names, [tuple(p.shape) for p in params], groups.fsdp.size, groups.fsdp.rank, sharded)
-    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage)
+    sharded = tuple(i for i, n in enumerate(names) if table[n].split_over("fsdp"))
+    # the Parameters already hold their FSDP rows (`parallel.fsdp`): the flat layout is the local one, whole
+    sharding = FlatSharding(names, [tuple(p.shape) for p in params], 1, 0)
+    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage, presynced=sharded)

@@ -192,7 +192,7 @@ def pick_free_port(lo: int = 10240, hi: int = 60000, tries: int = 64) -> int:
     Bases are drawn 1024 apart at random, so concurrent jobs on one machine rarely collide.
     """
     bases = list(range(lo, hi - 1024, 1024))
-    random.shuffle(bases)
+    random.SystemRandom().shuffle(bases)  # not the global generator: a seeded run (ms.set_seed) would pick the same
     for base in bases[:tries]:
         if all(_port_free(base + off) for off in _PORT_OFFSETS):
             return base
@@ -483,17 +483,18 @@ def resolve_target(target: str) -> Callable[..., Any]:
 
 
 def init_distributed() -> tuple[int, int]:
-    """``communication.init()`` (backend mccl on CPU) plus the send/recv default-group patch.
+    """The parent's device (`device.worker_device`), ``communication.init()`` (mccl on CPU, nccl on GPU, hccl on
+    Ascend) plus the send/recv default-group patch.
 
     The patch: ``get_cache_group_rank`` binds its default group ('hccl_world_group') at import,
     before ``init()`` renames the world group, so every P2P call fails (mindspore-cpu.md §4).
     """
-    import mindspore as ms
     from mindspore import communication
     from mindspore.communication.management import GlobalComm
 
-    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
-    ms.runtime.launch_blocking()
+    from mftk.engine import device
+
+    device.apply(device.worker_device())  # before init(): the backend follows the device (mccl on CPU)
     communication.init()
     from mindspore.mint.distributed import distributed as _dist
 

@@ -129,6 +129,7 @@ class AdamW:
                          for _ in range(threads)]
         self._grads: np.ndarray | None = None
         self.global_step = 0
+        self.shares_weights = False  # set by state.share_masters: the model parameters are views of `master`
         self.set_masters(arrays)
 
     # ---------------------------------------------------------------------------------- views

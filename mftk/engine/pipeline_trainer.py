@@ -55,12 +55,8 @@ class PipelineTrainer(Trainer):
             raise TrainingError(message=f"error in the pipeline forward/backward pass: {exc}",
                                 hint="run with MFTK_DEBUG=1 for the traceback") from exc
         arrays = [grads[id(p)].asnumpy() if id(p) in grads else np.zeros(p.shape, np.float32) for p in self.params]
-        if self.sharded:
-            acc = self.dist.sharding.zeros_full()
-            self.dist.sharding.add_grads(acc, arrays)
-        else:
-            acc = self.optimizer.grad_buffer()
-            self.optimizer.put_grads(acc, arrays)
+        acc = self.optimizer.grad_buffer()
+        self.optimizer.put_grads(acc, arrays)
         timer.add("forward_backward", time.perf_counter() - t)
         t = time.perf_counter()
         out = self._stage_values()

@@ -297,7 +297,10 @@ class _Run:
 
         optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None, dist)
         if dist is not None:
+            from mftk.engine.state import share_masters
+
             dist.bind(optimizer)
+            share_masters(list(model.trainable_params()), optimizer)  # weights = masters (several processes)
         if loaded is not None and loaded.optimizer is not None:
             optimizer.load_state_dict(dist.cut(loaded.optimizer) if dist else loaded.optimizer, where=str(plan.step_dir))
         return optimizer
@@ -386,6 +389,8 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         chunks = stage_chunks_of(config)
     par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks))
     _log_parallel(par, layout, groups, p)
+    _recompute(model, config)
+    _release_freed_memory()
     dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage)
     return model, dist
 
@@ -416,7 +421,8 @@ def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
                  "interleaved_1f1b" if len(stage.chunks) > 1 else (p.pipeline_parallel_schedule or "1f1b"))
     fsdp = sum(1 for t in table if t.split_over("fsdp"))
     if fsdp:
-        log.info("FSDP: %s along dim 0 over %d ranks; optimizer states sharded the same way",
+        log.info("FSDP: %s along dim 0 over %d ranks, with their gradients and optimizer states; each unit (layer, "
+                 "embedding, output layer) gathers them for its forward and again for its replayed backward",
                  sharded_phrase(fsdp, sum(1 for t in table if t.trainable)), groups.fsdp.size)
 
 
@@ -426,8 +432,38 @@ def sharded_phrase(sharded: int, total: int) -> str:
     if sharded == total:
         return f"all {plural(total, 'parameter')} sharded"
     rest = total - sharded
-    return (f"{sharded} of {plural(total, 'parameter')} sharded (the other {rest} replicated: dim 0 does not "
-            "divide evenly)")
+    return (f"{sharded} of {plural(total, 'parameter')} sharded (the other {rest} replicated: outside every unit, "
+            "or dim 0 does not divide evenly)")
+
+
+def _release_freed_memory() -> None:
+    """Give the heap the full build left behind (the blocks TP/EP/FSDP cut away) back to the system: glibc keeps
+    freed small blocks in its arenas otherwise, and they would count in every rank's RSS. Best effort: a no-op
+    where ``malloc_trim`` does not exist."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _recompute(model: Any, config: Any) -> None:
+    """The ``recompute`` / ``recompute_comm`` sections on the parallelized model (several processes, as the
+    reference applies them; `engine.recompute`)."""
+    from mftk.engine.recompute import apply_recompute
+
+    replayed = apply_recompute(model, config.recompute, config.recompute_comm)
+    if replayed:
+        log.info("Recompute (%s): %d cells replay their forward in the backward: %s", config.recompute.mode,
+                 len(replayed), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
+
+
+def _distributed() -> bool:
+    from mindspore.communication.management import GlobalComm
+
+    return bool(GlobalComm.INITED)
 
 
 def _rank() -> int:
@@ -439,7 +475,12 @@ def _rank() -> int:
 def _setup_process(config: Any) -> Any:
     import mindspore as ms
 
-    ms.runtime.launch_blocking()  # synchronous errors, and faster on CPU (mindspore-cpu.md §10)
+    from mftk.engine import device
+
+    chosen = device.select(config.context.device_target)
+    if ms.get_context("device_target") != chosen or not _distributed():  # a worker's was set before init()
+        device.apply(chosen)
+    log.info("Device: %s (collective backend %s)", chosen, device.BACKENDS[chosen])
     seed = config.training.seed
     ms.set_seed(seed)
     ms.manual_seed(seed)

@@ -55,6 +55,25 @@ def write_masters(model: Any, params: list[Any], masters: list[np.ndarray]) -> N
         p.copy_(Tensor.from_numpy(a) if p.dtype == ms.float32 else Tensor(a, dtype=p.dtype))
 
 
+def share_masters(params: list[Any], optimizer: Any) -> bool:
+    """Make every fp32 parameter's storage the optimizer's fp32 master (a view of its flat buffer), so the
+    update writes the weights and no second fp32 copy exists (4 B/param less); ``write_masters`` is then a
+    no-op. True when every parameter shares (``optimizer.shares_weights``); False leaves them as they were."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    if any(p.dtype != ms.float32 for p in params):
+        return False
+    views = [optimizer.view(optimizer.master, i) for i in range(len(params))]
+    if any(not v.flags["C_CONTIGUOUS"] for v in views):
+        return False
+    for p, v in zip(params, views):
+        p.set_data(Tensor.from_numpy(v))
+    shared = all(np.shares_memory(p.asnumpy(), v) for p, v in zip(params, views))
+    optimizer.shares_weights = shared
+    return shared
+
+
 def low_precision(params: list[Any]) -> bool:
     """True when some parameter is not fp32, so the optimizer must save ``main_param.*`` masters."""
     import mindspore as ms

@@ -167,8 +167,8 @@ class Trainer:
         self.dispatch = Dispatcher(low_priority=low)
         self.state = TrainState()  # the state being advanced (given to `fit`)
         self.first_step_seconds: float | None = None
+        self._logged_rss = 0  # the peak RSS of the last memory line
         self.dist = dist  # distributed.DistContext of a multi-process job, else None
-        self.sharded = dist is not None and dist.sharding.enabled
 
     @classmethod
     def from_config(cls, config: Any, *, model: Any, optimizer: AdamW, loader: Any, state: TrainState, dist: Any,
@@ -244,9 +244,7 @@ class Trainer:
         """Every micro-batch's gradient, scaled by 1/accum and summed in fp32 (reference §2.5)."""
         from mindspore import Tensor
 
-        # FSDP: a full-size buffer (then this rank's rows are kept); else the optimizer's own flat layout
-        layout = self.dist.sharding if self.sharded else self.optimizer
-        acc = layout.zeros_full() if self.sharded else self.optimizer.grad_buffer()  # reused; filled below
+        acc = self.optimizer.grad_buffer()  # the optimizer's flat layout (FSDP: this rank's rows), reused
         scale = 1.0 / plan.accumulation
         losses, aux_sum, mtp_sum, counts, indexer = [], None, None, None, []
         for _ in range(plan.accumulation):
@@ -263,8 +261,9 @@ class Trainer:
                 raise TrainingError(message=f"error in the forward/backward pass: {exc}",
                                     hint="run with MFTK_DEBUG=1 for the traceback") from exc
             _, lm, aux, mtp, tpe = outputs
-            fill = layout.add_grads if self.sharded or len(losses) else self.optimizer.put_grads
+            fill = self.optimizer.add_grads if len(losses) else self.optimizer.put_grads
             fill(acc, grads, scale)
+            grads = None  # the framework's gradients go before the next micro-batch (and the sync)
             losses.append(float(lm.asnumpy()))
             a = np.array([float(x.asnumpy()) for x in aux], np.float64)
             m = np.array([float(x.asnumpy()) for x in mtp], np.float64)
@@ -292,12 +291,10 @@ class Trainer:
         return outputs, [g.asnumpy() for g in grads]
 
     def sync(self, acc: np.ndarray, out: StepOutput) -> tuple[np.ndarray, StepOutput]:
-        """Data parallel: gradients and logged losses averaged over dp×cp, expert counts summed;
-        FSDP keeps this rank's rows of the averaged gradient."""
+        """Data parallel: gradients and logged losses averaged over dp×cp, expert counts summed (FSDP-sharded
+        parameters arrive reduced from their units)."""
         d = self.dist
         acc = d.sync_grads(acc)
-        if self.sharded:
-            acc = d.sharding.scatter(acc, self.optimizer)
         means = d.mean([out.loss, *out.aux, *out.mtp, *out.indexer])
         na, nm = len(out.aux), len(out.mtp)
         counts = d.sum_counts(out.tokens_per_expert) if out.tokens_per_expert is not None else None
@@ -346,14 +343,9 @@ class Trainer:
         t = time.perf_counter()
         lr = self.schedule(self.optimizer.global_step)
         self.optimizer.step(grads, lr)
-        if self.sharded:
-            t1 = time.perf_counter()
-            full = self.dist.gather_params(self.optimizer)
-            timer.add("communication", time.perf_counter() - t1)
-            t -= time.perf_counter() - t1  # keep the optimizer phase free of communication time
-        else:
-            full = self.optimizer.masters()
-        self.dispatch.call(write_masters, self.model, self.params, full)
+        full = self.optimizer.masters()
+        if not getattr(self.optimizer, "shares_weights", False):  # else the update has written the weights
+            self.dispatch.call(write_masters, self.model, self.params, full)
         timer.add("optimizer", time.perf_counter() - t)
         return lr
 
@@ -384,11 +376,30 @@ class Trainer:
         m["grad_norm"] = norm
         if self.flops_per_sample:
             m["throughput"] = self.flops_per_sample * plan.global_batch_size / (max(step_ms, 1e-3) * 1e9)
+        m.update(self.memory())
         m.update({"lr_used": lr_used, "skipped": norm is None, "total_steps": self.total_steps,
                   "accumulation": plan.accumulation, "epoch": state.epoch,
                   "tokens": plan.global_batch_size * self.seq_length,
                   **{f"time_{k}_ms": v * 1000.0 for k, v in timer.seconds.items()}})
         return m
+
+    def memory(self) -> dict[str, float]:
+        """This rank's peak host RSS (and device peak where MindSpore reports one) so far, in MiB; logged when
+        it has grown by more than 1 % since the last line (``metrics.jsonl`` has it at every step)."""
+        from mftk.engine.memstat import device_peak_bytes, peak_rss_bytes
+
+        out = {}
+        rss, dev = peak_rss_bytes(), device_peak_bytes()
+        if rss is not None:
+            out["peak_rss_mib"] = rss / 2 ** 20
+        if dev is not None:
+            out["peak_device_mib"] = dev / 2 ** 20
+        if rss is not None and rss > self._logged_rss * 1.01:
+            self._logged_rss = rss
+            rank = self.dist.rank if self.dist is not None else 0
+            log.info("Memory: rank %d peak RSS %.0f MiB%s", rank, rss / 2 ** 20,
+                     f", device peak {dev / 2 ** 20:.0f} MiB" if dev is not None else "")
+        return out
 
     def report(self, state: TrainState, metrics: dict[str, Any], out: StepOutput, grads: np.ndarray) -> None:
         if self.monitor is not None:  # monitors may add to the step's record (the MoE monitor's expert load)

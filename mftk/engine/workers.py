@@ -62,9 +62,10 @@ def result_from_json(data: dict[str, Any]) -> TrainResult:
 def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (),
                       output_dir: str | os.PathLike = "output", spec: Any, resume_from: Any = None,
                       weights_only: bool = False, on_log_line: Any = None, sinks: Iterable[StepSink] = (),
-                      timeout_s: float | None = None, new_run: bool = False) -> TrainResult:
+                      timeout_s: float | None = None, new_run: bool = False, device: str | None = None) -> TrainResult:
     """Run `train_worker` on every rank through msrun (`engine.launch`); rank 0's log lines go to
-    ``on_log_line`` and its step lines (parsed) to ``sinks``. A failing worker raises TrainingError."""
+    ``on_log_line`` and its step lines (parsed) to ``sinks``; ``device`` (`engine.device.select`'s) is every
+    worker's device (CPU when None). A failing worker raises TrainingError."""
     from mftk.engine.launch import launch
     from mftk.logs.format import parse_step_line
 
@@ -89,7 +90,10 @@ def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (
 
     if spec.log_dir is None:
         spec = attrs.evolve(spec, log_dir=out / "msrun_log")
-    result = launch(WORKER_TARGET, payload, spec=spec, on_line=on_line, timeout_s=timeout_s)
+    from mftk.engine.device import ENV
+
+    env = {ENV: device} if device else None
+    result = launch(WORKER_TARGET, payload, spec=spec, on_line=on_line, timeout_s=timeout_s, env=env)
     if not result.results:
         return TrainResult(start_step=0, final_step=0, total_steps=0, consumed_samples=0, losses=(), grad_norms=(),
                            skipped_steps=0, checkpoint="", output_dir=str(out), log_file="", metrics_file="",

@@ -110,6 +110,8 @@ class Assumptions:
     logits_copies: float = 2.0           # fp32 (tokens × V) tensors live at the loss: kept logits + their gradient
     # several processes (all 0/False: the accelerator accounting of peers.md §4)
     fsdp_keeps_full: bool = False        # FSDP shards only the optimizer: full weights, framework grads, grad buffer
+    fsdp_units: bool = False             # mftk's FSDP: each unit replays its forward (full recompute), experts whole
+    dist_master_shared: bool = False     # several processes: the fp32 weights are views of the optimizer's masters
     grad_sync_copies: float = 0.0        # fp32 copies of this rank's flat gradient the sync makes (×2 with dp·cp > 1)
     dist_norm_bytes: float = 0.0         # per local param: unblocked grad-norm scratch when sharded or TP/EP
     cut_build_bytes: float = 0.0         # per param cut away by TP/EP: the full build's footprint the allocators keep
@@ -129,22 +131,22 @@ class Assumptions:
 # - overhead: the fit's intercept (MindSpore's kernels, pools and autograd graph at first step).
 # Known gap: models with ≳15M parameters (the grid's h512 and V32k points) measure 20-35% above the
 # estimate (the allocators keep more of a large model's freed blocks); within ±15% up to ~10M.
-# Several workers (`--multi` grid: dp2, fsdp2, tp2 over 1/4/8 layers, dsv3 ep2), from the code of
-# engine/distributed.py and parallel/data_parallel.py, each term checked against the layer sweep's slope:
-# - FSDP (FlatSharding) shards the AdamW states and the grad the optimizer reads; MindSpore keeps the full
-#   weights, value_and_grad the full grads and the trainer a full flat buffer; the post-step all-gather
-#   receives the other shards' rows (4·N·(F−1)/F) before writing them into the full weights;
-# - gradient sync: the all-reduce works on a copy and returns a new array (2 copies with dp·cp > 1), TP/EP
-#   copy the flat gradient once before summing the replicated parts (1 copy);
-# - grad norm when sharded or TP/EP: the local grads cast to float64 and a weighted float64 product, unblocked
-#   (16 B per local param);
+# Several workers (`--multi` grid and bench/memory.py's 220M model), from the code of engine/distributed.py,
+# parallel/fsdp.py and state.py (issue 17):
+# - the fp32 weights are views of the optimizer's masters (no second copy: dist_master_shared);
+# - FSDP (parallel/fsdp.py): weights, framework grads, the flat buffer and AdamW states all 1/F; every unit
+#   replays its forward (activations as full recompute); the largest unit's gather + replay gradients are the
+#   transient "fsdp gathered" term ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded;
+# - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy); TP/EP pack the parts they
+#   sum (1 copy);
+# - grad norm: blocked in float64 (no scratch of note);
 # - TP/EP cut: every rank builds the full model, then cuts its blocks; the cut-away part's build footprint
-#   (the build's ~2.5× the weights, 10 B/param) stays in the allocators.
+#   (10 B/param, measured before malloc_trim was added after parallelizing — not re-measured since).
 MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=1.85, overhead_bytes=45 * 2 ** 20,
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=0.0,
                        retained_bytes_per_param=0.4, activation_factor=1.25,
-                       mla_activation_factor=3.85, logits_copies=2.75, fsdp_keeps_full=True, grad_sync_copies=1.0,
-                       dist_norm_bytes=16.0, cut_build_bytes=10.0, name="mftk-cpu")
+                       mla_activation_factor=3.85, logits_copies=2.75, fsdp_units=True, dist_master_shared=True,
+                       grad_sync_copies=1.0, cut_build_bytes=10.0, name="mftk-cpu")
 PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
 
 
@@ -333,6 +335,8 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
     if stages is None:
         raise ValueError(f"layers cannot be split over pp={lay.pp}, interleave={lay.interleave}")
     recompute = inputs.recompute if lay.world > 1 else "none"  # the reference applies recompute only when world > 1
+    if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1:
+        recompute = "full"  # every FSDP unit replays its forward in its backward (engine/parallel/fsdp.py)
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)
@@ -375,6 +379,8 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     n = _stage_param_counts(cfg, lay, ids, first, last)
     p, e = _bytes(cfg.compute_dtype), _bytes(cfg.embedding_params_dtype)
     fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    if asm.fsdp_units:
+        efsdp = 1  # mftk's FSDP leaves expert weights whole on their EP rank
     body, experts = n["dense"], n["experts"]
     table = n["embedding"] + n["output"]
     ins = {"dense_params": int(body), "expert_params": int(experts), "embedding_output_params": int(table),
@@ -399,6 +405,8 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
                           "(4 + g_fw)·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered"
                           + (" + the framework's own grads]" if g else "]"), {**ins, "g_fw": g}))
     master = 4 if p < 4 or asm.always_master else 0
+    if asm.dist_master_shared and lay.world > 1 and p == 4 and e == 4:
+        master = 0  # the model's fp32 parameters are the masters (engine/state.py share_masters)
     low = body + table * (e < 4 or asm.always_master)
     scratch = asm.optimizer_scratch_bytes
     terms.append(Term("optimizer", (8 + scratch) * shard + master * (low / fsdp + experts / efsdp),
@@ -420,7 +428,7 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
         terms.append(Term("grad-norm scratch", asm.norm_scratch_bytes * min(shard, _NORM_BLOCK),
                           "s·min(N/shard, 2^22)  [one block of grads copied for the norm]",
                           {"s": asm.norm_scratch_bytes, "N/shard": int(shard)}))
-    terms += _multiprocess_terms(cfg, lay, asm, local, (ids, first, last))
+    terms += _multiprocess_terms(cfg, lay, asm, local, (ids, first, last), shard if asm.fsdp_units else local)
     if full:
         terms.append(Term("fsdp gathered", 4 * local * (fsdp - 1) / fsdp,
                           "4·N·(F−1)/F  [the post-step all-gather's rows from the other shards]",
@@ -434,22 +442,27 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     return StageMemory(stage=stage, layers=tuple(ids), terms=tuple(terms))
 
 
-def _multiprocess_terms(cfg, lay: Layout, asm: Assumptions, local: float, where: tuple) -> list[Term]:
-    """What a process of a multi-process job holds beside its states (profiles that model it: mftk-cpu)."""
+def _multiprocess_terms(cfg, lay: Layout, asm: Assumptions, local: float, where: tuple, held: float) -> list[Term]:
+    """What a process of a multi-process job holds beside its states (profiles that model it: mftk-cpu).
+    ``local``: this rank's parameters after TP/EP; ``held``: after FSDP too (mftk's FSDP cuts the Parameters)."""
     out = []
     dp_cp, model_parallel = lay.dp * lay.cp, lay.tp > 1 or lay.ep > 1
-    copies = asm.grad_sync_copies * (2 if dp_cp > 1 else 1 if model_parallel else 0)
+    copies = asm.grad_sync_copies * (1 if model_parallel else 0)  # the dp·cp all-reduce runs in place, in chunks
     if copies:
         out.append(Term("gradient sync", 4 * copies * local,
-                        "4·copies·N  [flat fp32 gradient: all-reduce input copy + result (dp·cp > 1), or TP/EP's copy]",
+                        "4·copies·N  [TP/EP pack the parts of the flat fp32 gradient they sum; dp·cp reduces in place]",
                         {"copies": copies, "N": int(local), "dp·cp": dp_cp}))
-    if asm.cut_build_bytes and model_parallel:
+    if asm.dist_master_shared and lay.world > 1:
+        out.append(Term("replaced weights", 4 * held, "4·N_held  [the built fp32 weights, freed when the parameters "
+                        "became views of the optimizer's masters; the allocators keep them]", {"N_held": int(held)}))
+    if asm.cut_build_bytes and (model_parallel or held < local):
         ids, first, last = where
         whole = _stage_param_counts(cfg, attrs.evolve(lay, tp=1, ep=1), list(ids), first, last)
         n_full = whole["dense"] + whole["experts"] + whole["embedding"] + whole["output"]
-        out.append(Term("tp/ep cut build", asm.cut_build_bytes * max(n_full - local, 0.0),
-                        "c·(N_model − N_rank)  [the full model is built on every rank, then cut; allocators keep it]",
-                        {"c": asm.cut_build_bytes, "N_model": int(n_full), "N_rank": int(local)}))
+        out.append(Term("cut build", asm.cut_build_bytes * max(n_full - held, 0.0),
+                        "c·(N_model − N_rank)  [the full model is built on every rank, then cut (TP/EP blocks, FSDP "
+                        "rows); the allocators keep the cut-away part's build footprint]",
+                        {"c": asm.cut_build_bytes, "N_model": int(n_full), "N_rank": int(held)}))
     return out
 
 

@@ -192,6 +192,26 @@ def test_recompute_and_swap_grammar():
     assert "[1, 1]" in found["swap.default_prefetch"] and "layers" in found["swap.layer_swap[0]"]
 
 
+def test_swap_and_the_recompute_forms_mftk_does_not_build_are_refused():
+    """swap is never accepted and ignored; exclude_op and dropout are refused where recompute applies (world > 1)."""
+    data = tiny()
+    data["swap"] = {"enable": True}
+    assert "not built" in errors(data)["swap.enable"] and "host memory" in errors(data)["swap.enable"]
+    data = tiny()
+    data["recompute"] = {"mode": "full", "full_recompute_layer": ["0-1"], "exclude_op": {"*linear_proj": ["0"]}}
+    assert "exclude_op" not in errors(data)  # one process: recompute is not applied (a note says so)
+    assert "not built" in errors(data, world_size=2)["recompute.exclude_op"]
+    data = tiny()
+    data["recompute"] = {"mode": "full", "full_recompute_layer": ["0-1"]}
+    assert errors(data, world_size=2) == {}
+    data["model"]["hidden_dropout"] = 0.1
+    data["parallelism"]["data_parallel_shard"] = 1
+    assert "dropout masks" in errors(data, world_size=2)["recompute.mode"]
+    data["recompute"] = {"mode": "None"}
+    data["parallelism"]["data_parallel_shard"] = -1  # FSDP over both workers: its units replay too
+    assert "replays its forward" in errors(data, world_size=2)["model.hidden_dropout"]
+
+
 def test_max_norm_zero_is_a_note_not_an_error():
     data = tiny()
     data["training"]["max_norm"] = 0.0

@@ -179,3 +179,24 @@ def test_model_head_loss_equals_plain_head_and_ce(rng, tiny_qwen3, tied):
     got = float(model.head_loss(h, target).asnumpy())
     want = float(masked_mean_ce(model.lm_head(h), Tensor(labels), Tensor(mask)).asnumpy())
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_kernel_registry_falls_back_to_the_cpu_reference_and_takes_one_registration(monkeypatch):
+    from mftk.engine.layers import kernels, registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    assert registry.kernel("rms_norm", "CPU") is kernels.RMSNormFn
+    assert registry.kernel("rms_norm", "Ascend") is kernels.RMSNormFn  # no Ascend entry: the reference kernel
+
+    class Fused:
+        def __init__(self, eps):
+            self.eps = eps
+
+    registry.register("rms_norm", "Ascend", Fused)
+    assert registry.kernel("rms_norm", "Ascend") is Fused and registry.kernel("rms_norm", "CPU") is kernels.RMSNormFn
+    monkeypatch.setattr(registry, "current_device", lambda: "Ascend")
+    from mftk.engine.layers.norm import RMSNorm
+
+    assert isinstance(RMSNorm(8).fn, Fused)  # the layer asks the registry, never names a device
+    with pytest.raises(KeyError, match="unknown kernel"):
+        registry.register("flash", "Ascend", Fused)

@@ -56,6 +56,20 @@ def test_loss_decreases_and_log_line_parses(baseline):
     assert [c[0] for c in sink.checkpoints] == [2, 4]
 
 
+def test_peak_rss_is_logged_per_step(baseline):
+    """metrics.jsonl carries this rank's peak RSS at every step (never decreasing, at least the RSS after
+    importing MindSpore) and the log names it; CPU reports no device peak."""
+    from mftk.engine.memstat import status_bytes
+
+    raw, result, sink, d = baseline
+    metrics = [json.loads(l) for l in open(result.metrics_file, encoding="utf-8")]
+    peaks = [m["peak_rss_mib"] for m in metrics]
+    assert all(b >= a for a, b in zip(peaks, peaks[1:])) and peaks[0] > 100
+    assert peaks[-1] <= status_bytes("VmHWM") / 2 ** 20  # this process's own high-water mark, read later
+    assert "peak_device_mib" not in metrics[0]
+    assert any(re.search(r"Memory: rank 0 peak RSS \d+ MiB", l) for l in open(result.log_file, encoding="utf-8"))
+
+
 def test_checkpoint_layout_matches_reference(baseline):
     from safetensors.numpy import load_file
 

@@ -207,28 +207,36 @@ def test_fsdp2_estimate_within_15_percent_of_each_workers_rss():
 
 
 def test_cpu_profile_multiprocess_terms_by_hand():
-    """mftk-cpu under FSDP2 / DP2 / TP2 on the 376-param model (layer 146, embedding 40, output 40, norm 4)."""
+    """mftk-cpu under FSDP2 / DP2 / TP2 on a tiny untied model (two layers, embedding, output layer, norm)."""
     from mftk.plan.memory import MFTK_CPU
 
     model = tiny_qwen3(num_attention_heads=2, num_key_value_heads=2)
     N = param_counts(model)[0]
     fsdp = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2), MFTK_CPU).stages[0]
-    assert fsdp.term("weights").value == N * 4                      # full weights kept
-    assert fsdp.term("gradients").value == N * (4 + 4)              # full grads + full flat buffer
-    assert fsdp.term("allocator retained").value == pytest.approx(N * 0.4)  # the full model is built
-    assert fsdp.term("gradient sync").value == 4 * 2 * N            # all-reduce input copy + result
-    assert fsdp.term("fsdp gathered").value == 4 * N / 2            # the other shard's rows
-    assert fsdp.term("optimizer").value == 12 * N / 2                # only the AdamW states are sharded
-    assert fsdp.term("grad-norm scratch").value == 16 * N / 2       # float64 grads + product, unblocked
+    assert fsdp.term("weights").value == N * 4 / 2                  # the Parameters hold their rows
+    assert fsdp.term("gradients").value == N * (4 + 4) / 2          # framework grads + flat buffer, both rows
+    assert fsdp.term("optimizer").value == 8 * N / 2                # m, v; the masters are the weights
+    assert fsdp.term("allocator retained").value == pytest.approx(0.4 * N / 2)
+    assert fsdp.term("replaced weights").value == 4 * N / 2         # the built weights, before they became views
+    assert fsdp.term("cut build").value == pytest.approx(10 * N / 2)  # the other half of the full build
+    layer = (N - 2 * model.vocab_size * model.hidden_size - model.hidden_size) / model.num_hidden_layers
+    assert layer > model.vocab_size * model.hidden_size              # the largest unit is a layer
+    assert fsdp.term("fsdp gathered").value == (2 * 4 + 4) * layer  # gathered weights, replay grads, reduce buffer
+    assert "gradient sync" not in [t.name for t in fsdp.terms]      # the units reduce; dp reduces in place
+    assert "grad-norm scratch" not in [t.name for t in fsdp.terms]  # blocked norm
+    acts = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2, recompute="none"), MFTK_CPU).stages[0]
+    full = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2, recompute="full"), MFTK_CPU).stages[0]
+    assert acts.term("activations").value == full.term("activations").value  # FSDP units replay anyway
     dp = estimate(Layout(world=2, dp_replicate=2), inputs(model, gbs=2), MFTK_CPU).stages[0]
-    assert dp.term("gradient sync").value == 4 * 2 * N
-    assert "grad-norm scratch" not in [t.name for t in dp.terms]    # replicated grads: the one-process norm
+    assert dp.term("weights").value == 4 * N and dp.term("optimizer").value == 8 * N
+    assert dp.term("replaced weights").value == 4 * N
+    assert "gradient sync" not in [t.name for t in dp.terms] and "cut build" not in [t.name for t in dp.terms]
     assert dp.term("fsdp gathered").value == 0
     tp = estimate(Layout(world=2, tp=2), inputs(model, sequence_parallel=True), MFTK_CPU).stages[0]
     local = tp.term("weights").value / 4                            # this rank's TP block
     assert local < N
-    assert tp.term("tp/ep cut build").inputs["N_model"] == N
-    assert tp.term("tp/ep cut build").value == pytest.approx(10 * (N - local))
+    assert tp.term("cut build").inputs["N_model"] == N
+    assert tp.term("cut build").value == pytest.approx(10 * (N - local))
     assert tp.term("gradient sync").value == pytest.approx(4 * local)  # one copy, no dp
     assert tp.term("fsdp gathered").value == 0                      # dense model: TP shards no experts
     one = estimate(Layout(world=1), inputs(model), MFTK_CPU).stages[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
-from .kernels import CoreAttentionFn
+from .registry import kernel
 from .linear import Linear
 from .norm import RMSNorm
 from .ops_cpu import split_last
@@ -46,7 +46,7 @@ def core_attention(q, k, v, mask, scale: float, max_logits=None, fn=None):
     if max_logits is not None:  # head h = g·r + i; masked logits (−1e9) never win against a real one
         scores = ops.stop_gradient(ops.masked_fill(mint.matmul(qg, ops.swapaxes(k, -1, -2)) * scale, full, MASKED))
         ops.assign(max_logits, ops.maximum(max_logits, scores.reshape(b, ng, r, s, sk).max(axis=(0, 3, 4)).reshape(nh)))
-    out = (fn if fn is not None else CoreAttentionFn(scale, MASKED))(qg, k, v, full)[0].reshape(b, nh, s, v.shape[-1])
+    out = (fn if fn is not None else kernel("core_attention")(scale, MASKED))(qg, k, v, full)[0].reshape(b, nh, s, v.shape[-1])
     return ops.transpose(out, (0, 2, 1, 3)).reshape(b, s, nh * v.shape[-1])
 
 
@@ -59,7 +59,7 @@ class CoreAttention(nn.Cell):
         self.scale = float(scale)
         self.max_logits_val = (Parameter(Tensor(np.zeros((num_heads,), np.float32)), name="max_logits_val",
                                          requires_grad=False) if track_max_logits else None)
-        self.fn = CoreAttentionFn(self.scale, MASKED)
+        self.fn = kernel("core_attention")(self.scale, MASKED)
 
     def construct(self, q, k, v, mask):
         return core_attention(q, k, v, mask, self.scale, self.max_logits_val, self.fn)

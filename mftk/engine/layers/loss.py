@@ -38,9 +38,9 @@ class HeadLoss(nn.Cell):
 
     def __init__(self) -> None:
         super().__init__()
-        from .kernels import HeadCrossEntropyFn
+        from .registry import kernel
 
-        self.fn = HeadCrossEntropyFn()
+        self.fn = kernel("head_cross_entropy")()
 
     def construct(self, h, weight, labels, weights):
         return self.fn(h.reshape(-1, h.shape[-1]), weight, labels, weights)[0]

@@ -5,6 +5,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from .kernels import SiluMulFn
+from .registry import kernel
 from .linear import Linear
 from .ops_cpu import split_last
 
@@ -14,7 +15,7 @@ def swiglu_interleaved(h, act: SiluMulFn | None = None):
     f = h.shape[-1] // 2
     pair = h.reshape(*h.shape[:-1], f, 2)  # (..., F, 2)
     gate, up = split_last(pair, (1, 1))
-    return (act or SiluMulFn())(gate, up).reshape(*h.shape[:-1], f)
+    return (act or kernel("silu_mul")())(gate, up).reshape(*h.shape[:-1], f)
 
 
 class GateUpLinear(Linear):
@@ -51,7 +52,7 @@ class MLP(nn.Cell):
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int) -> None:
         super().__init__()
-        self.act = SiluMulFn()
+        self.act = kernel("silu_mul")()
         self.linear_fc1 = GateUpLinear(hidden_size, ffn_hidden_size)
         self.linear_fc2 = Linear(ffn_hidden_size, hidden_size)
 

@@ -16,7 +16,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 from .grouped import GroupedExpertsFn, padded_layout
-from .kernels import SiluMulFn
+from .registry import kernel
 from .linear import Linear
 from .mlp import MLP
 from .ops_cpu import split_last
@@ -144,7 +144,7 @@ class GroupedMLP(nn.Cell):
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
         super().__init__()
         self.e, self.f = num_experts, ffn_hidden_size
-        self.act = SiluMulFn()
+        self.act = kernel("silu_mul")()
         self.grouped = GroupedExpertsFn(self.act, ffn_hidden_size)
         w1 = np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)
         self.weight1 = Parameter(Tensor(w1), name="weight1")

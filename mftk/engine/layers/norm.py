@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from .kernels import RMSNormFn
+from .registry import kernel
 
 
 class RMSNorm(nn.Cell):
@@ -15,7 +15,7 @@ class RMSNorm(nn.Cell):
         super().__init__()
         self.eps = float(eps)
         self.weight = Parameter(Tensor(np.ones((dim,), np.float32)), name="weight")
-        self.fn = RMSNormFn(self.eps)
+        self.fn = kernel("rms_norm")(self.eps)
 
     def construct(self, x):
         return self.fn(x, self.weight)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from mindspore import Tensor, ops
 
-from .kernels import RopeFn
+from .registry import current_device, kernel
 
 
 def yarn_get_mscale(scale: float, mscale: float) -> float:
@@ -79,7 +79,9 @@ def deinterleave(x):
     return ops.swapaxes(x.reshape(*x.shape[:-1], d // 2, 2), -1, -2).reshape(x.shape)
 
 
-_ROPE = RopeFn()  # stateless
+# stateless, so one instance for every layer; chosen from the registry when this module is imported (a lookup
+# inside the forward would run inside the layers `GPTModel.jit_blocks` compiles, where it cannot)
+_ROPE = kernel("rope", current_device())()
 
 
 def apply_rope(x, cos, sin, *, interleaved_input: bool = False):

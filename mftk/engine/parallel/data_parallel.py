@@ -7,10 +7,9 @@ averaged), the mean over data-parallel ranks of the gradients equals the gradien
 loss over the whole global batch — exactly the single-process run with the same global batch and
 `accum·dp` micro-batches. So DP and FSDP both reduce with "avg" over the `dp_cp` group.
 
-FSDP on CPU here is the ZeRO-3 *arithmetic* (each rank updates and stores only its row block of
-every parameter and of its optimizer state; full parameters are all-gathered after the update),
-not its memory profile: the model keeps full parameters between steps because PyNative forward
-hooks to gather/free per layer would cost more than they save on this machine.
+The training engine's FSDP (parameters sharded between steps, gathered per unit) is `parallel.fsdp`;
+`FsdpParams` here is the stand-alone ZeRO-3 arithmetic on a list of parameters (reduce-scatter, update
+the row blocks, all-gather), kept for the collective tests.
 """
 from __future__ import annotations
 
@@ -53,9 +52,7 @@ def sync_gradients(grads: Sequence[Tensor], groups: ParallelGroups, *, op: str =
 
 def sync_flat_gradients(flat: np.ndarray, groups: ParallelGroups, *, op: str = "avg") -> np.ndarray:
     """DP for a trainer that accumulates every gradient into one flat fp32 numpy buffer: one message."""
-    if groups.dp_cp.is_trivial:
-        return flat
-    return comm.all_reduce(Tensor.from_numpy(np.ascontiguousarray(flat)), groups.dp_cp, op).asnumpy()
+    return comm.all_reduce_numpy(flat, groups.dp_cp, op)  # in the buffer's own memory: no copy
 
 
 def mean_over(value: float, group: AxisGroup) -> float:

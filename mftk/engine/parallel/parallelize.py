@@ -7,7 +7,8 @@ assembled into global tensors too; cutting those gives every layout the very num
 single-process run (the basis of the equality tests), and any checkpoint loads into any layout.
 
 Order (the reference's, §2.1 step 8): tensor parallel → expert parallel → context parallel → pipeline
-stages → FSDP rows. Each step records in the `placement.PlacementTable` which dims it split over which
+stages → FSDP (`fsdp.apply_fsdp`: each unit's parameters cut to this rank's rows, gathered per unit for its
+forward and its replayed backward). Each step records in the `placement.PlacementTable` which dims it split over which
 mesh axis; the gradient sync, the optimizer sharding, the norm and ``metadata.json`` read only that table.
 Parameter names are the reference's throughout (`rename_parameters`).
 
@@ -74,7 +75,11 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
         from mftk.engine.parallel.pipeline_model import StageModel
 
         stage = StageModel(model, dims.stage_chunks, g.pp.rank, table)
-    table.add_fsdp_rows(g.fsdp.size, axis_sizes(g))
+    if g.fsdp.size > 1:
+        from mftk.engine.parallel import fsdp
+
+        table.add_fsdp_rows(g.fsdp.size, axis_sizes(g), only=fsdp.shardable(model, table))
+        fsdp.apply_fsdp(model, g, table)
     return Parallelized(model=model, table=table, stage=stage)
 
 

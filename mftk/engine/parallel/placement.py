@@ -112,14 +112,18 @@ class PlacementTable:
     def place(self, name: str, stages: tuple[int, ...]) -> None:
         self.by_name[name] = attrs.evolve(self.by_name[name], stages=tuple(stages))
 
-    def add_fsdp_rows(self, fsdp_size: int, sizes: Mapping[str, int]) -> None:
+    def add_fsdp_rows(self, fsdp_size: int, sizes: Mapping[str, int], only: Iterable[str] | None = None) -> None:
         """FSDP: dim 0 of every trainable, non-expert tensor whose TP-local dim 0 divides by the FSDP
         size is split over ``fsdp`` (the rest stays whole: uneven blocks cannot be described by
-        ``metadata.json``, whose local shape is global // fragments)."""
+        ``metadata.json``, whose local shape is global // fragments); ``only``: the names that may be
+        (those of an FSDP unit, `parallel.fsdp.shardable`)."""
         if fsdp_size <= 1:
             return
+        allowed = None if only is None else set(only)
         for p in list(self):
             local = p.local_shape(sizes)
+            if allowed is not None and p.name not in allowed:
+                continue
             if p.trainable and not p.expert and local and local[0] % fsdp_size == 0:
                 self.split(p.name, 0, "fsdp")
 

@@ -97,7 +97,8 @@ def test_every_rank_holds_the_table_block_of_every_tensor(cfg, layout):
         got = state_dict(model)
         assert set(got) == set(ref)
         for name, array in got.items():
-            want = par.table[name].cut(ref[name], groups, upto="fsdp")  # the optimizer keeps the FSDP rows
+            held = par.table.held(name, groups) and par.table[name].trainable  # the Parameters hold their FSDP rows
+            want = par.table[name].cut(ref[name], groups, upto=None if held else "fsdp")  # other stages': frozen
             assert want.shape == array.shape and np.array_equal(want, array), name
         held = {p.name for p in model.trainable_params()}
         assert held == {n for n in ref if par.table.held(n, groups) and par.table[n].trainable}
@@ -154,3 +155,25 @@ def test_context_parallel_methods_positions_and_groups():
     assert att.scatter_heads is not None and att.gather is None
     mask = model.seq.mask(np.triu(np.ones((16, 16), bool), 1)[None, None])
     assert mask.shape == (1, 1, 16, 16)  # ulysses: every query position against every key
+
+
+@pytest.mark.parametrize("layout,n", [(Layout(world=2, dp_shard=2), 2), (Layout(world=4, dp_shard=4), 4),
+                                      (Layout(world=4, dp_replicate=2, dp_shard=2), 2)])
+def test_fsdp_parameters_hold_one_nth_of_the_model(layout, n):
+    """Between steps every rank's Parameters themselves hold 1/N of each unit's weights (N = dp_shard; HSDP
+    replicates over dp_replicate): counted on ``trainable_params()``, the storage the optimizer, the gradients
+    and the checkpoint follow; only the final norm (outside every unit) stays whole."""
+    from mftk.engine.models.build import build_model, state_dict
+
+    cfg = make_qwen3(hidden_size=64, intermediate_size=96, vocab_size=128)
+    full = {k: v.size for k, v in state_dict(build_model(cfg, seed=3)).items()}
+    whole = {"decoder.final_layernorm.weight"}
+    for rank in range(layout.world):
+        model, _, _ = _parallelized(cfg, layout, rank)
+        params = {p.name: p for p in model.trainable_params()}
+        assert set(params) == set(full)
+        for name, p in params.items():
+            assert int(np.prod(p.shape)) == (full[name] if name in whole else full[name] // n), name
+            assert p.asnumpy().size == int(np.prod(p.shape))  # the storage, not only the shape
+        held = sum(p.asnumpy().size for p in params.values())
+        assert held == sum(full.values()) // n + sum(full[w] for w in whole) * (n - 1) // n

@@ -1,0 +1,174 @@
+"""FSDP / HSDP with sharded parameters: between steps every rank holds only its row block (Shard(0) over the
+``fsdp`` = dp_shard·cp group, replicated over dp_replicate) of each parameter of a unit, and so only that
+block of its gradient, fp32 master and AdamW moments.
+
+Units (torchtitan's ``fully_shard`` per block): every transformer layer this pipeline stage holds (MTP layers
+included), the embedding, and the output layer (through the head loss). A unit is a `units.ReplayedUnit`:
+its sharded weights are all-gathered (one message) just before its forward and again before its replay in
+the backward into full-shape Parameters that stand in for the row blocks in their cells, and dropped right
+after each (the cells get their row blocks back); the replay's full
+gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an all-reduce and a
+slice, mindspore-cpu.md §4) — so the model never holds more than one unit's full weights and gradients.
+The replay also means FSDP units keep no activations inside them (full recompute of each unit).
+
+Left whole (replicated, synchronised by `distributed.DistContext.sync_grads` as in plain DP): parameters
+used outside every unit (final norm, MTP's ``eh_proj`` and norms, a tied embedding, the embedding copy two
+pipeline stages hold), expert weights (their replicas are the EDP group), and tensors whose TP-local dim 0
+does not divide by the FSDP degree.
+
+Gradient of a sharded parameter, per micro-batch, in the unit's backward (the order `DistContext.sync_grads`
+uses for the others): summed over TP when TP left it whole (sequence parallel: each TP rank saw its own
+tokens), averaged over dp×cp, cut to this rank's rows.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from mindspore import Parameter, Tensor
+
+from mftk.engine import units
+from mftk.engine.parallel import comm
+
+
+class FsdpHooks(units.UnitHooks):
+    """Gather / free / reduce-scatter of one unit's sharded parameters (``sharded`` is a subset of ``params``)."""
+
+    def __init__(self, params: Sequence[Parameter], sharded: Sequence[Parameter], groups: Any,
+                 tp_whole: Sequence[bool], owners: Sequence[Any] = ()) -> None:
+        self.params = list(params)
+        ids = {id(p) for p in sharded}
+        self.mask = [id(p) in ids for p in self.params]
+        self.sharded = [p for p, on in zip(self.params, self.mask) if on]
+        self.tp_whole = [w for w, on in zip(tp_whole, self.mask) if on]
+        self.groups = groups
+        self.slots = [[(c, k) for c in owners for k, v in c._params.items() if v is p] for p in self.sharded]
+        self.full: list[Parameter] = []  # one full-shape stand-in per sharded one (one row while not gathered)
+        self.depth = 0  # nested gathers (a unit called inside another's replay) free only at the outermost
+
+    # ------------------------------------------------------------------ weights
+    def gather(self) -> None:
+        """All-gather the unit's row blocks (one message) into the full-shape Parameters that stand in for them
+        in their cells while the unit runs."""
+        self.depth += 1
+        if self.depth > 1 or not self.sharded:
+            return
+        if not self.full:
+            self.full = [_placeholder(p, self.groups.fsdp.size) for p in self.sharded]
+        for p, full, slots in zip(self.sharded, self.full, self.slots):
+            full.set_data(Tensor.from_numpy(comm.all_gather_rows(p.asnumpy(), self.groups.fsdp)))
+            for cell, key in slots:
+                cell._params[key] = full  # noqa: SLF001 — the cell's parameter registry
+
+    def free(self) -> None:
+        """The row blocks back in their cells; the full-shape Parameters keep one row (their memory is freed)."""
+        self.depth -= 1
+        if self.depth > 0 or not self.sharded:
+            return
+        for p, full, slots in zip(self.sharded, self.full, self.slots):
+            for cell, key in slots:
+                cell._params[key] = p  # noqa: SLF001
+            full.set_data(_one_row(p))
+
+    def weights(self, params: list[Parameter]) -> list[Parameter]:
+        swap = {id(p): f for p, f in zip(self.sharded, self.full)}
+        return [swap.get(id(p), p) for p in params]
+
+    # ------------------------------------------------------------------ gradients
+    def reduce(self, grads: list[Tensor]) -> list[Tensor]:
+        """Full gradients of ``params`` → the sharded ones summed over TP where whole, averaged over dp×cp and
+        cut to this rank's rows (two messages at most); the others unchanged (synchronised after the step)."""
+        idx = [i for i, on in enumerate(self.mask) if on]
+        if not idx:
+            return grads
+        g = self.groups
+        full = [grads[i] for i in idx]
+        whole = [k for k, w in enumerate(self.tp_whole) if w]
+        if whole and not g.tp.is_trivial:
+            summed = _all_reduce_list([full[k] for k in whole], g.tp, "sum")
+            for k, t in zip(whole, summed):
+                full[k] = t
+        full = _all_reduce_list(full, g.dp_cp, "avg")
+        out = list(grads)
+        size, rank = g.fsdp.size, g.fsdp.rank
+        for i, t in zip(idx, full):
+            a = t.asnumpy() if isinstance(t, Tensor) else t
+            block = a.shape[0] // size
+            out[i] = Tensor(np.ascontiguousarray(a[rank * block:(rank + 1) * block]))  # its own buffer: a view
+        return out                                                                       # would keep the full one
+
+
+def _placeholder(p: Parameter, size: int) -> Parameter:
+    """The full-shape stand-in of row block ``p``: created with the full shape (MindSpore checks a gradient
+    against the shape a Parameter was created with), then holding one row until a gather fills it."""
+    full = Parameter(Tensor(np.zeros((p.shape[0] * size,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype),
+                     name=p.name)
+    full.set_data(_one_row(p))
+    return full
+
+
+def _one_row(p: Parameter) -> Tensor:
+    return Tensor(np.zeros((1,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype)
+
+
+def _all_reduce_list(tensors: list[Tensor], group: Any, op: str) -> list[Tensor]:
+    """One flat buffer reduced in place, in chunks (`comm.all_reduce_numpy`); views of it come back."""
+    if group.is_trivial or not tensors:
+        return tensors
+    arrays = [t.asnumpy() if isinstance(t, Tensor) else np.asarray(t) for t in tensors]  # TP's sum gives numpy
+    flat = np.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0].reshape(-1))
+    flat = comm.all_reduce_numpy(flat, group, op)
+    out, off = [], 0
+    for t in tensors:
+        n = int(np.prod(t.shape))
+        out.append(flat[off:off + n].reshape(t.shape))
+        off += n
+    return out
+
+
+# ------------------------------------------------------------------------------------ applying
+def unit_cells(model: Any) -> list[tuple[str, Any, str, list]]:
+    """``(name, cell, kind, params)`` of every FSDP unit of the model, on every rank alike (``params``: every
+    parameter of the unit, buffers and tensors frozen on this pipeline stage included)."""
+    def params_of(cell: Any) -> list:
+        return list(cell.get_parameters())
+
+    out = []
+    if model.output_layer is not None:  # a tied embedding is read by the head outside every unit: whole
+        out.append(("embedding", model.embedding, "embedding", params_of(model.embedding)))
+        out.append(("output_layer", model.loss, "loss", [model.output_layer.weight]))
+    for i, layer in enumerate(model.decoder.layers):
+        out.append((f"decoder.layers.{i}", layer, "layer", params_of(layer)))
+    for i, mtp in enumerate(model.mtp.layers if model.mtp is not None else []):
+        layer = mtp.transformer_layer
+        out.append((f"mtp.layers.{i}.transformer_layer", layer, "layer", params_of(layer)))
+    return out
+
+
+def shardable(model: Any, table: Any) -> set[str]:
+    """Names of the parameters FSDP may shard, the same on every rank (``metadata.json`` describes every
+    rank's shards from one table): the trainable ones of a unit that a single pipeline stage holds."""
+    return {p.name for _, _, _, params in unit_cells(model) for p in params
+            if p.name in table and table[p.name].trainable and len(table[p.name].stages) == 1}
+
+
+def apply_fsdp(model: Any, groups: Any, table: Any) -> list[units.ReplayedUnit]:
+    """Cut every FSDP-split parameter (the table's ``fsdp`` rows) to this rank's block and make every unit
+    this rank trains gather it for its forward and its replay."""
+    size, rank = groups.fsdp.size, groups.fsdp.rank
+    installed = []
+    for name, cell, kind, params in unit_cells(model):
+        params = [p for p in params if p.requires_grad]  # what this rank trains (not buffers, not other stages')
+        if not params:
+            continue
+        sharded = [p for p in params if table[p.name].split_over("fsdp")]
+        if not sharded:  # nothing to gather: the unit runs as built
+            continue
+        owners = units.owners(model)
+        rows = {id(p): p.asnumpy()[rank * (p.shape[0] // size):(rank + 1) * (p.shape[0] // size)] for p in sharded}
+        params = units.renew(owners, params, rows)  # the row blocks, and every other one as it is now
+        sharded = [p for p in params if table[p.name].split_over("fsdp")]
+        tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
+        hooks = FsdpHooks(params, sharded, groups, tp_whole, owners)
+        installed.append(units.install(cell, kind, params, hooks, name=name))
+    return installed
