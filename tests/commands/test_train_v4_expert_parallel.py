@@ -3,8 +3,8 @@ hyper-connection layers, CSA/HCA attention with the indexer loss, MTP) trained w
 × FSDP on msrun workers gives the losses, grad norms, load-balancing, indexer and MTP losses of the
 single-process run with the same global batch (1e-5 relative, fp32). Each rank holds whole experts, so Muon
 orthogonalises each of its own expert matrices as one process does. Its step-2 checkpoint resumed under the
-same layout continues with the very step 3 (metrics and saved state bit for bit), and resumed in one process
-it continues with the single-process step 3.
+same layout continues with the very step 3 (metrics and saved state bit for bit), re-saved under fsdp4×ep4 it
+is the same state bit for bit, and resumed in one process it continues with the single-process step 3.
 """
 from __future__ import annotations
 
@@ -106,3 +106,19 @@ def test_v4_expert_parallel_checkpoint_continues_in_one_process(runs):
     assert res.resume.saved_world == 2 and res.resume.world == 1
     np.testing.assert_allclose(res.losses, column(one, "loss")[2:], rtol=REL)
     np.testing.assert_allclose(res.grad_norms, column(one, "grad_norm")[2:], rtol=REL)
+
+
+def test_v4_expert_parallel_checkpoint_reshards_bit_exactly(runs):
+    """The fsdp2×ep2 step-2 checkpoint resumed under fsdp4×ep4 with nothing left to train: its final save writes
+    the loaded state in that layout, bit for bit the same tensors (model, Muon and AdamW states, the step)."""
+    from mftk.ckpt.load import load_global
+
+    runs.run("fsdp2×ep2")
+    cfg = runs.root / "resave.yaml"
+    cfg.write_text(yaml.safe_dump(runs.raw("fsdp4×ep4", runs.root / "ckpt_resave")))
+    save = runs.root / "ckpt_resaved"
+    r = runner.invoke(app, ["resume", str(cfg), "--from", str(runs.ckpt("fsdp2×ep2") / "iteration_00000002"),
+                            "--nproc", "4", "--output-dir", str(runs.root / "out_resave"),
+                            "--set", f"checkpoint.save_path={save}", "--set", "training.steps=2"])
+    assert r.exit_code == 0, r.output[-3000:]
+    assert_bits_equal(load_global(runs.ckpt("fsdp2×ep2") / "iteration_00000002"), load_global(save / "iteration_00000002"))
