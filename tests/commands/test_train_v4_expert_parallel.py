@@ -121,4 +121,5 @@ def test_v4_expert_parallel_checkpoint_reshards_bit_exactly(runs):
                             "--nproc", "4", "--output-dir", str(runs.root / "out_resave"),
                             "--set", f"checkpoint.save_path={save}", "--set", "training.steps=2"])
     assert r.exit_code == 0, r.output[-3000:]
-    assert_bits_equal(load_global(runs.ckpt("fsdp2×ep2") / "iteration_00000002"), load_global(save / "iteration_00000002"))
+    assert_bits_equal(load_global(runs.ckpt("fsdp2×ep2") / "iteration_00000002"),
+                      load_global(save / "iteration_00000002"))

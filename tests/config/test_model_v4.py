@@ -39,7 +39,8 @@ def errors(data: dict, world_size: int = 1) -> dict[str, str]:
 def test_shipped_deepseek_v4_yamls_validate(path):
     """Every key validates as shipped (data_parallel_shard -1, expert_parallel 8, Muon) at world size 8, the
     smallest their expert_parallel allows (EP is carved out of dp_shard), and 8 is the most their
-    global_batch_size 8 allows (dp ≤ 8); train runs V4 under EP × FSDP with Muon (tests/commands/test_train_v4_expert_parallel.py)."""
+    global_batch_size 8 allows (dp ≤ 8); train runs V4 under EP × FSDP with Muon
+    (tests/commands/test_train_v4_expert_parallel.py)."""
     data = yaml.safe_load(path.read_text())
     assert data["parallelism"]["expert_parallel"] == 8 and data["optimizer"]["type"] == "Muon"
     assert errors(data, world_size=8) == {}

@@ -234,8 +234,8 @@ def test_expert_parallel_shards_give_the_single_process_update():
     ranks = [muon(slice(r * e // ep, (r + 1) * e // ep)) for r in range(ep)]
     for i, n in enumerate(names):
         np.testing.assert_array_equal(np.concatenate([r[i] for r in ranks]), whole[i], err_msg=n)
-    state = {"p": {n: a.astype(np.float64) for n, a in zip(names, arrays)}, "m": {n: np.zeros(shapes[n]) for n in names},
-             "v": {}}
+    state = {"p": {n: a.astype(np.float64) for n, a in zip(names, arrays)},
+             "m": {n: np.zeros(shapes[n]) for n in names}, "v": {}}
     for step in grads:  # and both are the float64 transcription's
         ref_step(state, {n: g.astype(np.float64) for n, g in zip(names, step)}, 0.02, 0, wd=0.1,
                  coeffs=ns_schedule(SEGMENTED, 5))
