@@ -28,8 +28,7 @@ ATTENTION_KINDS = {"qwen3": "gqa", "deepseek_v3": "mla"}
 
 # dimensions besides TP and CP (no attention kind above) a family's parallel plan does not cover yet, and why
 FAMILY_GAPS: dict[str, dict[str, str]] = {
-    "deepseek_v4": {"ep": "its hash-routed experts inside hyper-connection layers have no expert-parallel plan",
-                    "pp": "its hyper-connection residual streams have no pipeline-parallel plan"},
+    "deepseek_v4": {"pp": "its hyper-connection residual streams have no pipeline-parallel plan"},
     "qwen3_moe": {"pp": "its pipeline-parallel run is not verified against one process"},
 }
 

@@ -27,7 +27,7 @@ import attrs
 import numpy as np
 
 from mftk.ckpt.metadata import ShardedTensor
-from mftk.ckpt.names import STEP, param_of, split_state, state_name
+from mftk.ckpt.names import MASTER, STEP, param_of, split_state, state_name
 
 
 # --------------------------------------------------------------------------------------- sharding plan
@@ -90,6 +90,7 @@ class DistContext:
     presynced: tuple[int, ...] = ()  # FSDP-sharded parameters: their units already reduced their gradients
     norm_weights: np.ndarray | None = None  # set by `bind`: per local gradient element, 1 / its replicas
     _opt_slices: list | None = None
+    _state_kinds: Any = None  # set by `bind`: (name, global shape) -> the optimizer's state prefixes for it
 
     @property
     def pipeline(self) -> bool:
@@ -99,6 +100,7 @@ class DistContext:
         """Learn the optimizer's flat layout (the trainer's gradient buffer when not FSDP) and each local
         gradient element's weight in the global norm (`placement.PlacementTable.norm_weight`)."""
         self._opt_slices = list(optimizer.slices)
+        self._state_kinds = getattr(optimizer, "state_kinds", None)
         w = np.ones(optimizer.size, np.float32)
         for i, name in enumerate(self.sharding.names):
             w[optimizer.slices[i]] = self.table.norm_weight(name, self.groups)
@@ -215,13 +217,17 @@ class DistContext:
     def metadata_specs(self, model: dict[str, np.ndarray], optimizer: dict[str, np.ndarray] | None
                        ) -> tuple[dict[str, ShardedTensor], dict[str, ShardedTensor]]:
         """`ShardedTensor` specs of every saved tensor of every rank (rank 0 writes metadata.json): the
-        model tensors of the table, and the optimizer states this rank saves for every trainable one."""
+        model tensors of the table, and the optimizer states this rank saves for every trainable one — only
+        the states that parameter has (Muon: ``muon_m`` for orthogonalised weights, ``adam_m``/``adam_v``
+        for the rest), which the bound optimizer says for the parameters of other pipeline stages too."""
         layout = self.groups.layout
         model_keys = [p.name for p in self.table]
         opt_keys: list[str] = []
         if optimizer is not None:
             states = sorted({s[0] for s in map(split_state, optimizer) if s is not None})
-            opt_keys = [state_name(s, p.name) for s in states for p in self.table if p.trainable]
+            has = self._state_kinds or (lambda name, shape: states)
+            opt_keys = [state_name(s, p.name) for s in states for p in self.table if p.trainable
+                        and (s == MASTER or s in has(p.name, tuple(p.shape)))]
             opt_keys += [STEP] if STEP in optimizer else []
         return (self.table.sharded_tensors(model_keys, layout),
                 self.table.sharded_tensors(opt_keys, layout) if optimizer is not None else {})

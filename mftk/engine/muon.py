@@ -19,7 +19,9 @@ Which parameters: 2-D and 3-D ones not matching an ``adamw_include`` glob (defau
 runs the Newton–Schulz iterations in bf16 with an fp32 normalisation; mftk runs them in fp32 (CPU).
 Checkpoint names are the reference's: ``muon_m.<p>`` (Muon), ``adam_m.<p>``/``adam_v.<p>`` (fallback),
 ``global_step``. ``comm_strategy`` ``allgather`` and ``allgather_deredundency`` run the same code: every
-rank orthogonalises the full matrix (with FSDP the rows are gathered first, `attach_sharding`).
+rank orthogonalises the full matrix (with FSDP the rows are gathered first, `attach_sharding`). Under
+expert parallel a rank holds whole experts (FSDP leaves expert tensors whole) and Newton–Schulz acts per
+expert, so each rank orthogonalises its own experts and the update is the single-process one.
 """
 from __future__ import annotations
 
@@ -141,12 +143,18 @@ class Muon(AdamW):
         self.splits = splits or (lambda name, shape: [(Ellipsis,)])
         self.decay = {i: d.weight_decay for i, d in enumerate(self._decisions(decisions))}
         self.full_shapes = [tuple(s) for s in (full_shapes or self.shapes)]
-        self.is_muon = [len(s) in (2, 3) and not any(fnmatch.fnmatchcase(n, g) for g in adamw_include)
-                        for n, s in zip(self.names, self.full_shapes)]
+        self.adamw_include = tuple(adamw_include)
+        self.is_muon = [self._orthogonalised(n, s) for n, s in zip(self.names, self.full_shapes)]
         for n, s, mu in zip(self.names, self.full_shapes, self.is_muon):
             if mu and len(s) == 3 and not n.endswith(("experts.weight1", "experts.weight2")):
                 raise ValueError(f"Muon only supports 3-D weights of grouped experts, got {n} {s}")
         self._gather = self._scatter = None  # FSDP: `attach_sharding`
+
+    def _orthogonalised(self, name: str, shape: tuple[int, ...]) -> bool:
+        return len(shape) in (2, 3) and not any(fnmatch.fnmatchcase(name, g) for g in self.adamw_include)
+
+    def state_kinds(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        return ("muon_m",) if self._orthogonalised(name, tuple(shape)) else super().state_kinds(name, shape)
 
     def _decisions(self, decisions: Sequence[DecayDecision]) -> list[DecayDecision]:
         by_name = {d.name: d for d in decisions}

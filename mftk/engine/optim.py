@@ -226,6 +226,11 @@ class AdamW:
         """Checkpoint prefix → flat buffer of parameter ``i``'s optimizer state (Muon names some differently)."""
         return {"adam_m": self.m, "adam_v": self.v}
 
+    def state_kinds(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The state prefixes a parameter of this name and global shape has, whichever rank holds it
+        (``metadata.json`` lists the states of every stage's parameters)."""
+        return ("adam_m", "adam_v")
+
     def state_dict(self, *, with_masters: bool = False) -> dict[str, np.ndarray]:
         """Reference names: ``adam_m.<p>``, ``adam_v.<p>`` (fp32), ``global_step`` ([1] int64).
 

@@ -37,13 +37,14 @@ def errors(data: dict, world_size: int = 1) -> dict[str, str]:
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_shipped_deepseek_v4_yamls_validate(path):
-    """Every key validates; the one refusal is the layout train cannot run yet (expert parallel on V4's
-    hyper-connection layers), reported where train would, at load time with the world size."""
+    """Every key validates as shipped (data_parallel_shard -1, expert_parallel 8, Muon) at world size 8, the
+    smallest their expert_parallel allows (EP is carved out of dp_shard), and 8 is the most their
+    global_batch_size 8 allows (dp ≤ 8); train runs V4 under EP × FSDP with Muon
+    (tests/commands/test_train_v4_expert_parallel.py)."""
     data = yaml.safe_load(path.read_text())
-    assert set(errors(data, world_size=8)) == {"parallelism.expert_parallel"}
-    assert "not supported for model_type 'deepseek_v4'" in errors(data, world_size=8)["parallelism.expert_parallel"]
-    data["parallelism"]["expert_parallel"] = 1
+    assert data["parallelism"]["expert_parallel"] == 8 and data["optimizer"]["type"] == "Muon"
     assert errors(data, world_size=8) == {}
+    assert set(errors(data, world_size=4)) == {"parallelism.expert_parallel"}  # the refusal is real: 8 ∤ 4
     found = problems(data, world_size=8)
     assert found["optimizer.qk_clip_enabled"][0] == "note"  # no effect for V4, as in the reference
     loaded = load_data(copy.deepcopy(data), world_size=8, check_files=False)
@@ -141,7 +142,6 @@ def test_qwen3_moe_pattern_and_hf_names():
 
 
 @pytest.mark.parametrize("template,parallel,fragment", [
-    ("deepseek_v4_tiny.yaml", {"expert_parallel": 2}, "hash-routed experts inside hyper-connection layers"),
     ("deepseek_v4_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True}, "tensor parallel is not implemented"),
     ("deepseek_v4_tiny.yaml", {"context_parallel": 2}, "context parallel is not implemented"),
     ("deepseek_v4_tiny.yaml", {"pipeline_parallel": 3}, "hyper-connection residual streams"),

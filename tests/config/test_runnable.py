@@ -38,10 +38,14 @@ def qwen3_moe():
 
 
 def test_muon_plain_dp_and_expert_parallel_run():
-    """Muon's refusals are TP and QK-clip on FSDP rows only; Qwen3-MoE runs expert parallel."""
+    """Muon's refusals are TP and QK-clip on FSDP rows only; Qwen3-MoE and DeepSeek-V4 (its hash-routed layers,
+    its MTP layer) run expert parallel, V4 with Muon on FSDP."""
     assert refused(dsv3(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=2), muon=True) == {}
     assert refused(dsv3(), Layout(world=2, dp_replicate=2), muon=True, qk_clip=True) == {}
     assert refused(qwen3_moe(), Layout(world=2, dp_shard=2, ep=2), global_batch_size=4) == {}
+    assert refused(v4(), Layout(world=2, dp_shard=2, ep=2), muon=True, global_batch_size=4) == {}
+    assert refused(v4(), Layout(world=4, dp_shard=4, ep=4), muon=True, global_batch_size=4) == {}
+    assert refused(v4(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=2), muon=True, global_batch_size=4) == {}
 
 
 def refused(model, layout, **settings) -> dict[str, str]:
@@ -86,7 +90,7 @@ def test_every_dimension_composes_on_both_families():
     (qwen(), Layout(world=4, dp_shard=2, tp=1), {}, "product", "= 2 ≠ world size 4"),
     (qwen(), Layout(world=2, tp=2), {"muon": True}, "muon_tp", "Muon with tensor_parallel=2"),
     (dsv3(), Layout(world=2, dp_shard=2), {"muon": True, "qk_clip": True}, "muon_qk_clip", "data_parallel_shard = 2"),
-    (v4(), Layout(world=2, dp_shard=2, ep=2), {}, "family_dims", "expert_parallel=2 is not supported for model_type"),
+    (v4(), Layout(world=16, dp_shard=16, ep=16), {}, "ep_experts", "n_routed_experts % ep = 8 % 16 = 8"),
     (v4(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
     (v4(), Layout(world=2, tp=2), {}, "tp_family", "not implemented for model_type 'deepseek_v4'"),
     (qwen3_moe(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),

@@ -206,3 +206,48 @@ def test_ns_coefficient_forms():
     assert ns_schedule(FLAT, 3) == [tuple(FLAT)] * 3
     seg = ns_schedule(SEGMENTED, 99)  # ns_steps is ignored by the segmented form
     assert len(seg) == 10 and seg[0] == tuple(FLAT) and seg[-1] == (2.0, -1.5, 0.5)
+
+
+def test_expert_parallel_shards_give_the_single_process_update():
+    """Expert parallel: each rank holds whole experts (a block of dim 0 of ``weight1``/``weight2``) and its Muon
+    orthogonalises each of its own expert matrices; the ranks' masters, put side by side, are those of one
+    process holding every expert (the split rules and Newton–Schulz act per expert)."""
+    rng = np.random.default_rng(3)
+    e, ep = 4, 2
+    shapes = {"decoder.layers.0.mlp.experts.weight1": (e, H, 2 * F), "decoder.layers.0.mlp.experts.weight2": (e, F, H)}
+    names = list(shapes)
+    arrays = [rng.normal(0, 0.5, shapes[n]).astype(np.float32) for n in names]
+    grads = [[rng.normal(0, 1, shapes[n]).astype(np.float32) for n in names] for _ in range(3)]
+    decisions = decide_weight_decay([(n, shapes[n]) for n in names], 0.1)
+
+    def muon(block):
+        parts = [a[block] for a in arrays]
+        opt = Muon(names, parts, decisions, schedule=ns_schedule(SEGMENTED, 5), splits=split_rules(CFG),
+                   full_shapes=[shapes[n] for n in names])
+        for step in grads:
+            g = opt.grad_buffer()
+            opt.put_grads(g, [s[block] for s in step])
+            opt.step(g, 0.02)
+        return opt.masters()
+
+    whole = muon(slice(None))
+    ranks = [muon(slice(r * e // ep, (r + 1) * e // ep)) for r in range(ep)]
+    for i, n in enumerate(names):
+        np.testing.assert_array_equal(np.concatenate([r[i] for r in ranks]), whole[i], err_msg=n)
+    state = {"p": {n: a.astype(np.float64) for n, a in zip(names, arrays)},
+             "m": {n: np.zeros(shapes[n]) for n in names}, "v": {}}
+    for step in grads:  # and both are the float64 transcription's
+        ref_step(state, {n: g.astype(np.float64) for n, g in zip(names, step)}, 0.02, 0, wd=0.1,
+                 coeffs=ns_schedule(SEGMENTED, 5))
+    for i, n in enumerate(names):
+        assert np.allclose(whole[i], state["p"][n], rtol=1e-4, atol=1e-5), n
+
+
+def test_state_kinds_name_the_saved_states():
+    """`state_kinds` (what metadata.json lists for every stage's parameters) is what `state_dict` writes."""
+    opt, _ = _setup(np.random.default_rng(1), FLAT)
+    saved = set(opt.state_dict())
+    listed = {f"{k}.{n}" for n in SHAPES for k in opt.state_kinds(n, SHAPES[n])} | {"global_step"}
+    assert saved == listed
+    assert opt.state_kinds("decoder.layers.0.mlp.linear_fc1.weight", (4, 4)) == ("muon_m",)
+    assert opt.state_kinds("embedding.word_embeddings.weight", (7, 4)) == ("adam_m", "adam_v")
