@@ -115,6 +115,8 @@ class Assumptions:
     grad_sync_copies: float = 0.0        # fp32 copies of this rank's flat gradient the sync makes (×2 with dp·cp > 1)
     dist_norm_bytes: float = 0.0         # per local param: unblocked grad-norm scratch when sharded or TP/EP
     cut_build_bytes: float = 0.0         # per param cut away by TP/EP: the full build's footprint the allocators keep
+    reduce_buffers: float = 0.0          # messages' worth of buffers the collective library keeps for an all-reduce
+    reduce_message_bytes: float = 16 * 2 ** 20  # the largest all-reduce message (engine/parallel/comm.py REDUCE_CHUNK)
     name: str = "accelerator"
 
 
@@ -137,16 +139,18 @@ class Assumptions:
 # - FSDP (parallel/fsdp.py): weights, framework grads, the flat buffer and AdamW states all 1/F; every unit
 #   replays its forward (activations as full recompute); the largest unit's gather + replay gradients are the
 #   transient "fsdp gathered" term ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded;
-# - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy); TP/EP pack the parts they
-#   sum (1 copy);
+# - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy of the gradient), but
+#   MindSpore's CPU collectives keep ~2.5 messages of buffers once one ran (the `--multi` dp2 point measures
+#   +40 MiB over the same states); TP/EP pack the parts they sum (1 copy);
 # - grad norm: blocked in float64 (no scratch of note);
 # - TP/EP cut: every rank builds the full model, then cuts its blocks; the cut-away part's build footprint
-#   (10 B/param, measured before malloc_trim was added after parallelizing — not re-measured since).
+#   (6 B/param since malloc_trim runs after parallelizing: the `--multi` fsdp2/tp2/ep2 points give 3-4,
+#   bench/memory.py's 220M fsdp2 run 10; 6 keeps both within ±10%).
 MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=1.85, overhead_bytes=45 * 2 ** 20,
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=0.0,
                        retained_bytes_per_param=0.4, activation_factor=1.25,
                        mla_activation_factor=3.85, logits_copies=2.75, fsdp_units=True, dist_master_shared=True,
-                       grad_sync_copies=1.0, cut_build_bytes=10.0, name="mftk-cpu")
+                       grad_sync_copies=1.0, cut_build_bytes=6.0, reduce_buffers=2.5, name="mftk-cpu")
 PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
 
 
@@ -452,6 +456,12 @@ def _multiprocess_terms(cfg, lay: Layout, asm: Assumptions, local: float, where:
         out.append(Term("gradient sync", 4 * copies * local,
                         "4·copies·N  [TP/EP pack the parts of the flat fp32 gradient they sum; dp·cp reduces in place]",
                         {"copies": copies, "N": int(local), "dp·cp": dp_cp}))
+    all_reduced = lay.dp_replicate > 1 or (dp_cp > 1 and not asm.fsdp_units)  # FSDP units reduce-scatter
+    if asm.reduce_buffers and all_reduced:
+        message = min(asm.reduce_message_bytes, 4 * held)
+        out.append(Term("collective buffers", asm.reduce_buffers * message,
+                        "b·min(message, 4·N_held)  [buffers the collective library keeps after the gradient all-reduce]",
+                        {"b": asm.reduce_buffers, "message": int(asm.reduce_message_bytes), "N_held": int(held)}))
     if asm.dist_master_shared and lay.world > 1:
         out.append(Term("replaced weights", 4 * held, "4·N_held  [the built fp32 weights, freed when the parameters "
                         "became views of the optimizer's masters; the allocators keep them]", {"N_held": int(held)}))

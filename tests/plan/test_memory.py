@@ -218,7 +218,7 @@ def test_cpu_profile_multiprocess_terms_by_hand():
     assert fsdp.term("optimizer").value == 8 * N / 2                # m, v; the masters are the weights
     assert fsdp.term("allocator retained").value == pytest.approx(0.4 * N / 2)
     assert fsdp.term("replaced weights").value == 4 * N / 2         # the built weights, before they became views
-    assert fsdp.term("cut build").value == pytest.approx(10 * N / 2)  # the other half of the full build
+    assert fsdp.term("cut build").value == pytest.approx(6 * N / 2)  # the other half of the full build
     layer = (N - 2 * model.vocab_size * model.hidden_size - model.hidden_size) / model.num_hidden_layers
     assert layer > model.vocab_size * model.hidden_size              # the largest unit is a layer
     assert fsdp.term("fsdp gathered").value == (2 * 4 + 4) * layer  # gathered weights, replay grads, reduce buffer
@@ -232,11 +232,15 @@ def test_cpu_profile_multiprocess_terms_by_hand():
     assert dp.term("replaced weights").value == 4 * N
     assert "gradient sync" not in [t.name for t in dp.terms] and "cut build" not in [t.name for t in dp.terms]
     assert dp.term("fsdp gathered").value == 0
+    assert dp.term("collective buffers").value == 2.5 * 4 * N          # 2.5 messages, the gradient < 16 MiB
+    assert "collective buffers" not in [t.name for t in fsdp.terms]    # the units reduce-scatter
+    big = estimate(Layout(world=2, dp_replicate=2), inputs(tiny_qwen3(vocab_size=3_000_000), gbs=2), MFTK_CPU)
+    assert big.stages[0].term("collective buffers").value == 2.5 * 16 * 2 ** 20  # one 16 MiB message at most
     tp = estimate(Layout(world=2, tp=2), inputs(model, sequence_parallel=True), MFTK_CPU).stages[0]
     local = tp.term("weights").value / 4                            # this rank's TP block
     assert local < N
     assert tp.term("cut build").inputs["N_model"] == N
-    assert tp.term("cut build").value == pytest.approx(10 * (N - local))
+    assert tp.term("cut build").value == pytest.approx(6 * (N - local))
     assert tp.term("gradient sync").value == pytest.approx(4 * local)  # one copy, no dp
     assert tp.term("fsdp gathered").value == 0                      # dense model: TP shards no experts
     one = estimate(Layout(world=1), inputs(model), MFTK_CPU).stages[0]
