@@ -1,7 +1,7 @@
 """LoRA under `mftk train --nproc 2`: the same losses and grad norms as one process, the base still frozen.
 
-Four msrun jobs (~30-60 s each): Qwen3 with FSDP over 2 data-parallel ranks (adapters sharded, base whole
-and frozen), DeepSeek-V3 with tensor parallel 2 and expert parallel 2 (each adapter cut with its base:
+Five msrun jobs (~30-60 s each): Qwen3 with plain data parallel over 2 ranks (replicated adapters, their
+gradients all-reduced), Qwen3 with FSDP over 2 data-parallel ranks (adapters sharded, base whole and frozen), DeepSeek-V3 with tensor parallel 2 and expert parallel 2 (each adapter cut with its base:
 column-parallel lora_b by rows, row-parallel lora_a by columns, expert adapters by expert), Qwen3 with
 context parallel 2, and DeepSeek-V3 with pipeline parallel 2.
 """
@@ -40,7 +40,11 @@ def work(tmp_path_factory):
     pp["parallelism"]["pipeline_parallel"] = 2
     pp["lora_config"] = dict(LORA)
     (d / "pp.yaml").write_text(yaml.safe_dump(pp))
-    return {"dir": d, "q": q, "ds": ds, "cp": cp, "pp": pp}
+    dp = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt_dp2", steps=3, gbs=4)
+    dp["parallelism"]["data_parallel_shard"] = 1  # dp_replicate = 2
+    dp["lora_config"] = dict(LORA)
+    (d / "dp.yaml").write_text(yaml.safe_dump(dp))
+    return {"dir": d, "q": q, "ds": ds, "cp": cp, "pp": pp, "dp": dp}
 
 
 def _same_as_single(work, name: str, out: str, rank: int = 0) -> None:
@@ -65,6 +69,11 @@ def _same_as_single(work, name: str, out: str, rank: int = 0) -> None:
             np.testing.assert_allclose(many[n], ref[n], rtol=1e-4, atol=1e-6)
         elif not n.endswith(("tokens_per_expert", "expert_bias")):
             assert np.array_equal(many[n], ref[n]), n
+
+
+def test_lora_under_dp2_equals_one_process(work):
+    train_msrun(work["dir"] / "dp.yaml", work["dir"] / "out_dp2")
+    _same_as_single(work, "dp", "out_dp2")
 
 
 def test_lora_under_fsdp2_equals_one_process(work):
