@@ -11,9 +11,9 @@ What the engine runs (`engine/parallel/parallelize.py`): every combination of DP
 sequence parallel, EP, CP (colossal, ulysses, hybrid) and PP (1F1B, GPipe, interleaved 1F1B) over the
 reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
-exceptions are refused here with their reason: the families without a tensor/context-parallel plan
-(DeepSeek-V4, Qwen3-MoE), DeepSeek-V4 under expert and pipeline parallel (hyper-connection streams and
-hash-routed experts), and Muon where it needs whole matrices.
+exceptions are refused here with their reason: DeepSeek-V4 (no tensor/context-parallel plan; no pipeline plan
+for its hyper-connection streams) and Muon where it needs whole matrices. Qwen3-MoE is Qwen3's GQA attention
+with the shared MoE parts, so it takes the GQA plan and every other dimension.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import attrs
 from mftk.derive import Layout, accumulation_steps, parse_layer_range, stage_chunks
 
 # attention kind per model family: which tensor / context parallel plan applies (engine/parallel/parallelize.py)
-ATTENTION_KINDS = {"qwen3": "gqa", "deepseek_v3": "mla"}
+ATTENTION_KINDS = {"qwen3": "gqa", "qwen3_moe": "gqa", "deepseek_v3": "mla"}
 
 # dimensions besides TP and CP (no attention kind above) a family's parallel plan does not cover yet, and why
 FAMILY_GAPS: dict[str, dict[str, str]] = {

@@ -25,6 +25,8 @@ FOUR = {"num_hidden_layers": 4}  # 'auto' splits the layers evenly over two stag
 GLOBAL = {**FOUR, "moe_router_load_balancing_type": "global_aux_loss"}
 # name -> (parallelism, model overrides); every layout on 2 workers
 LAYOUTS = {
+    "tp2×ep2": ({"tensor_parallel": 2, "expert_parallel": 2, "sequence_parallel": True}, {}),
+    "cp2×ep2": ({"context_parallel": 2, "expert_parallel": 2}, {}),
     "pp2": ({"pipeline_parallel": 2}, FOUR),
     "pp2 global_aux_loss": ({"pipeline_parallel": 2}, GLOBAL),
 }
