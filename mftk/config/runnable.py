@@ -11,9 +11,9 @@ What the engine runs (`engine/parallel/parallelize.py`): every combination of DP
 sequence parallel, EP, CP (colossal, ulysses, hybrid) and PP (1F1B, GPipe, interleaved 1F1B) over the
 reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
-exceptions are refused here with their reason: the families without a tensor/context-parallel plan
-(DeepSeek-V4, Qwen3-MoE), DeepSeek-V4 under expert and pipeline parallel (hyper-connection streams and
-hash-routed experts), Qwen3-MoE under pipeline parallel, and Muon where it needs whole matrices.
+exceptions are refused here with their reason: DeepSeek-V4 (no tensor/context-parallel plan; no pipeline plan
+for its hyper-connection streams) and Muon where it needs whole matrices. Qwen3-MoE is Qwen3's GQA attention
+with the shared MoE parts, so it takes the GQA plan and every other dimension.
 """
 from __future__ import annotations
 
@@ -24,12 +24,11 @@ import attrs
 from mftk.derive import Layout, accumulation_steps, parse_layer_range, stage_chunks
 
 # attention kind per model family: which tensor / context parallel plan applies (engine/parallel/parallelize.py)
-ATTENTION_KINDS = {"qwen3": "gqa", "deepseek_v3": "mla"}
+ATTENTION_KINDS = {"qwen3": "gqa", "qwen3_moe": "gqa", "deepseek_v3": "mla"}
 
 # dimensions besides TP and CP (no attention kind above) a family's parallel plan does not cover yet, and why
 FAMILY_GAPS: dict[str, dict[str, str]] = {
     "deepseek_v4": {"pp": "its hyper-connection residual streams have no pipeline-parallel plan"},
-    "qwen3_moe": {"pp": "its pipeline-parallel run is not verified against one process"},
 }
 
 # rule name -> (mesh dimension it constrains, what it says); plan-parallel explains its rejections with these
@@ -54,7 +53,6 @@ RULES: dict[str, tuple[str, str]] = {
     "pp_order": ("pp", "pipeline stages hold the layers in order"),
     "pp_dropout": ("pp", "hidden_dropout 0 (pipeline stages recompute their forward)"),
     "fsdp_dropout": ("dp", "hidden_dropout 0 under FSDP (each unit replays its forward in its backward)"),
-    "pp_global_aux": ("pp", "no global_aux_loss (its running counts would be added twice)"),
     "pp_interleave": ("pp", "interleaved 1F1B: pp > 1, a 1f1b schedule, micro-batches a multiple of pp"),
     "track_logits": ("tp", "max attention logit tracking only without TP, CP and PP"),
     "family_dims": ("world", "the model family has a plan for this parallel dimension"),
@@ -323,11 +321,6 @@ def _pipeline(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
         out.append(Refusal("pp_dropout", "model.hidden_dropout", "pipeline parallel recomputes each stage's forward "
                            "in its backward, so hidden_dropout must be 0 (the masks would differ)",
                            "set model.hidden_dropout: 0.0, or pipeline_parallel: 1"))
-    if (m.is_moe() and getattr(m, "moe_router_load_balancing_type", "") == "global_aux_loss"
-            and getattr(m, "moe_aux_loss_coeff", 0.0) > 0):
-        out.append(Refusal("pp_global_aux", "model.moe_router_load_balancing_type", "global_aux_loss keeps running "
-                           "expert counts that the pipeline's recomputed forward would add twice",
-                           "use seq_aux_loss or aux_loss, or pipeline_parallel: 1"))
     if v > 1:
         if s.schedule == "gpipe":
             out.append(Refusal("pp_interleave", "parallelism.pipeline_parallel_schedule",

@@ -1,5 +1,5 @@
 """`plan-parallel`, `validate-config` and `train` agree on every layout of the tiny templates (Qwen3, DeepSeek-V3,
-and DeepSeek-V4 with Muon and Qwen3-MoE, whose plans cover fewer dimensions) at world sizes 2, 4 and 8: a layout the plan lists as valid loads without a problem and is parallelized by the engine on its first
+Qwen3-MoE, and DeepSeek-V4 with Muon, whose plan covers fewer dimensions) at world sizes 2, 4 and 8: a layout the plan lists as valid loads without a problem and is parallelized by the engine on its first
 and last rank (no process needed: the groups are rank arithmetic), and a layout the plan rejects is refused by
 validate-config with the same rules (one function, `config.runnable.layout_refusals`, decides for all three)."""
 from __future__ import annotations

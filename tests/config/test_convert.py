@@ -12,7 +12,6 @@ from commands.app import app
 from mftk.config.convert import check_conversion, convert_file
 from mftk.config.static_map import stages_from_offset
 from mftk.config.load import load_config
-from mftk.config.model import model_configs
 from mftk.errors import ConfigError
 from tests.config.static_yamls import STATIC, write_static
 
@@ -130,7 +129,7 @@ def test_recompute_true_is_listed_unmapped_while_the_engine_does_not_apply_it(tm
     assert "does not apply yet" in reasons["recompute_config.recompute"]
 
 
-@pytest.mark.parametrize("name", ["deepseek3_671b", "qwen3_32b"])
+@pytest.mark.parametrize("name", ["deepseek3_671b", "qwen3_32b", "qwen3_moe_30b_a3b"])
 def test_the_result_validates(tmp_path, name):
     conv = convert_file(write_static(tmp_path, name))
     out = tmp_path / "pynative.yaml"
@@ -148,19 +147,11 @@ def test_qwen3_moe_converts_and_validate_gives_one_line(tmp_path):
     assert yaml.safe_load(out.read_text()) == conv.config
     v = runner.invoke(app, ["validate-config", str(out), "--world-size", "16", "--no-check-files"],
                       env={"COLUMNS": "400"})
-    if "qwen3_moe" in model_configs():  # the family another change adds: then the converted file must validate
-        # but for its tp4·pp4 layout, which train cannot run for Qwen3-MoE (config.runnable), and says so here
-        refused = [line for line in v.stderr.splitlines() if line.strip().startswith("•")]
-        assert v.exit_code == 1 and len(refused) == 3, v.output
-        assert all("parallelism.tensor_parallel" in x or "parallelism.pipeline_parallel" in x
-                   or "pipeline's recomputed forward" in x for x in refused), v.output
-        plain = runner.invoke(app, ["validate-config", str(out), "--world-size", "16", "--no-check-files",
-                                    "--set", "parallelism.tensor_parallel=1", "--set", "parallelism.pipeline_parallel=1"])
-        assert plain.exit_code == 0, plain.output
-    else:
-        assert v.exit_code == 1
-        lines = [line for line in v.stderr.splitlines() if line.strip() and "no effect in mftk" not in line]
-        assert len(lines) == 1 and "'qwen3_moe' is not a model family mftk trains" in lines[0], v.stderr
+    # its own layout (tp4·pp4·ep4 on 16 ranks, global_aux_loss) is one mftk trains: valid as converted
+    assert v.exit_code == 0, v.output
+    assert "✓ valid" in v.stdout and "tp=4 × pp=4 × ep=4" in v.stdout, v.output
+    assert not [line for line in v.stderr.splitlines() if line.strip().startswith("•")], v.output
+    assert yaml.safe_load(out.read_text())["model"]["moe_router_load_balancing_type"] == "global_aux_loss"
 
 
 def test_validate_config_on_a_static_yaml_is_one_line(tmp_path):

@@ -2,6 +2,7 @@
 layouts (the arithmetic in each message checked by hand); what it accepts is run by the msrun layout tests."""
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from mftk.config.model import DeepseekV3ModelConfig
@@ -48,11 +49,28 @@ def test_muon_plain_dp_and_expert_parallel_run():
     assert refused(v4(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=2), muon=True, global_batch_size=4) == {}
 
 
+def test_qwen3_moe_takes_the_gqa_plan_and_every_dimension():
+    """Qwen3-MoE is Qwen3's attention with the shared MoE parts: TP×EP, CP, PP (with global_aux_loss too, whose
+    counts the pipeline replays from the first forward's) all run (msrun: test_train_qwen3_moe_layouts)."""
+    m = qwen3_moe()
+    assert refused(m, Layout(world=2, tp=2, ep=2), global_batch_size=4) == {}
+    assert refused(m, Layout(world=2, cp=2, ep=2), global_batch_size=4) == {}
+    assert set(refused(m, Layout(world=16, dp_shard=1, tp=4, pp=4, ep=4))) == {"tp_kv_heads", "pp_layers"}  # 2 kv heads, 3 layers
+    g = attrs.evolve(m, num_hidden_layers=4, moe_router_load_balancing_type="global_aux_loss")
+    assert refused(g, Layout(world=2, pp=2), global_batch_size=4) == {}
+
+
 def refused(model, layout, **settings) -> dict[str, str]:
     s = LayoutSettings(**{"global_batch_size": 16, **settings})
     found = layout_refusals(model, layout, s)
     assert all(r.rule in RULES for r in found)
     return {r.rule: r.message for r in found}
+
+
+def test_global_aux_loss_runs_under_pipeline_parallel():
+    """The pipeline replays each chunk's forward from the counts its first forward started from
+    (msrun: tests/commands/test_train_qwen3_moe_layouts.py, pp2 global_aux_loss)."""
+    assert refused(dsv3(moe_router_load_balancing_type="global_aux_loss"), Layout(world=2, pp=2)) == {}
 
 
 def test_every_dimension_composes_on_both_families():
@@ -80,7 +98,6 @@ def test_every_dimension_composes_on_both_families():
     (qwen(), Layout(world=2, pp=2), {"layers_per_stage": ["2-3", "0-1"]}, "pp_order", "after those of stage k−1"),
     (qwen(), Layout(world=2, pp=2), {"layers_per_stage": ["0-1", "3"]}, "pp_layers", "exactly once"),
     (qwen(hidden_dropout=0.1), Layout(world=2, pp=2), {}, "pp_dropout", "hidden_dropout must be 0"),
-    (dsv3(moe_router_load_balancing_type="global_aux_loss"), Layout(world=2, pp=2), {}, "pp_global_aux", "twice"),
     (qwen(), Layout(world=2, pp=2, interleave=2), {"schedule": "gpipe"}, "pp_interleave", "gpipe does not"),
     (qwen(), Layout(world=4, dp_shard=2, pp=2, interleave=2), {"global_batch_size": 2}, "pp_interleave",
      "(dp·local_batch_size) = 1) to be a multiple of pipeline_parallel=2"),
@@ -93,8 +110,9 @@ def test_every_dimension_composes_on_both_families():
     (v4(), Layout(world=16, dp_shard=16, ep=16), {}, "ep_experts", "n_routed_experts % ep = 8 % 16 = 8"),
     (v4(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
     (v4(), Layout(world=2, tp=2), {}, "tp_family", "not implemented for model_type 'deepseek_v4'"),
-    (qwen3_moe(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
-    (qwen3_moe(), Layout(world=2, cp=2), {}, "cp_family", "not implemented for model_type 'qwen3_moe'"),
+    (qwen3_moe(), Layout(world=4, tp=4), {}, "tp_kv_heads", "num_key_value_heads % tp = 2 % 4 = 2"),
+    (attrs.evolve(qwen3_moe(), intermediate_size=129), Layout(world=2, tp=2), {}, "tp_ffn",
+     "ffn_hidden_size (intermediate_size) % tp = 129 % 2 = 1"),
 ])
 def test_each_refusal_names_its_rule_and_arithmetic(model, layout, settings, rule, text):
     got = refused(model, layout, **settings)

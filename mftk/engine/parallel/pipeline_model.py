@@ -16,6 +16,12 @@ The chunk forward is `GPTModel`'s own pieces (`prepare`, `run_layers`, `finish`)
 are added to its objective (their gradient reaches the earlier stages through the activation gradient),
 and the logged values (LM loss, per-layer aux losses, MTP losses, tokens per expert) are recorded per
 micro-batch for the trainer.
+
+``global_aux_loss`` keeps running expert counts in each router (`layers.moe.aux_loss` adds a micro-batch's
+counts, then uses the running mean). The backward replays a chunk's forward, which would add them again
+and see other micro-batches' counts (1F1B runs later forwards before earlier backwards); so each chunk's
+first forward of a micro-batch records the counts it started from, and its replay runs from them and puts
+back the counts it found: every forward sees what the single process's accumulation step sees.
 """
 from __future__ import annotations
 
@@ -75,6 +81,8 @@ class StageModel(StagePosition):
         self.batches: list = []
         self.scale = 1.0
         self.records: dict[int, dict] = {}
+        self.routers = [m.router for m in moe if hasattr(m.router, "ga_steps")]  # global_aux_loss counts
+        self.global_counts: dict[tuple[int, int], list] = {}  # (chunk, micro) -> counts before its forward
 
     @property
     def my_layers(self) -> list[int]:
@@ -109,11 +117,34 @@ class StageModel(StagePosition):
         m = self.model
         self.batches = [m.prepare(b["input_ids"], b["labels"], b.get("loss_mask"), b.get("attention_mask"))
                         for b in batches]
-        self.scale, self.records = float(scale), {}
+        self.scale, self.records, self.global_counts = float(scale), {}, {}
 
     def fn(self, chunk: int, x, micro: int):
         """Chunk forward on micro-batch ``micro``: ``(activation, aux objective)``, or the scaled objective on
-        the last virtual stage (`pipeline.PipelineStage`)."""
+        the last virtual stage (`pipeline.PipelineStage`); a replay (the backward's) starts from the
+        ``global_aux_loss`` counts the first forward started from."""
+        if not self.routers:
+            return self._forward(chunk, x, micro)
+        key = (chunk, micro)
+        if key not in self.global_counts:
+            self.global_counts[key] = self._counts()
+            return self._forward(chunk, x, micro)
+        now = self._counts()
+        self._set_counts(self.global_counts[key])
+        try:
+            return self._forward(chunk, x, micro)
+        finally:
+            self._set_counts(now)
+
+    def _counts(self) -> list:
+        return [(r.global_tokens_per_expert.asnumpy().copy(), r.ga_steps.asnumpy().copy()) for r in self.routers]
+
+    def _set_counts(self, counts: list) -> None:
+        for r, (tokens, steps) in zip(self.routers, counts):
+            r.global_tokens_per_expert.set_data(Tensor(tokens))
+            r.ga_steps.set_data(Tensor(steps))
+
+    def _forward(self, chunk: int, x, micro: int):
         m, batch = self.model, self.batches[micro]
         layers = [m.decoder.layers[i] for i in self.chunks[chunk]]
         h = m.embed(batch.main.ids) + x if self.first_chunk(chunk) else x  # x: a float zero on the first
