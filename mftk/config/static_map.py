@@ -425,13 +425,7 @@ def _recompute(w: _Walk) -> None:
     model = w.out.get("model", {})
     layers = _int(model.get("num_hidden_layers", model.get("num_layers")), 0)
     mtp = _int(model.get("num_nextn_predict_layers", model.get("mtp_num_layers", 0)), 0)
-    from mftk.config.status import RECOMPUTE_APPLIED
-
-    if value is True and layers > 0 and not RECOMPUTE_APPLIED:
-        w.unmapped.append((f"{rc}.recompute", "would be recompute.mode: full over every layer, which mftk's engine "
-                           "does not apply yet (validate-config refuses it with more than one process); add it back "
-                           "for MindSpore Transformers"))
-    elif value is True and layers > 0:
+    if value is True and layers > 0:
         ids = f"0-{layers + mtp - 1}" if layers + mtp > 1 else "0"
         w.put("recompute.mode", "full", f"{rc}.recompute", f"= full, full_recompute_layer = [{ids}] (every layer"
               + (", MTP included)" if mtp else ")"))

@@ -226,8 +226,9 @@ def build_muon(config: Any, model: Any, names: list[str], arrays: list[np.ndarra
                nesterov=o.nesterov, matched_adamw_rms=o.matched_adamw_rms, eps=o.eps, adamw_betas=o.adamw_betas,
                adamw_eps=o.adamw_eps, adamw_include=adamw_globs(o.adamw_include), splits=split_rules(config.model),
                qk_clip=qk, full_shapes=full_shapes)
-    if dist is not None and dist.sharding.enabled:
-        opt.attach_sharding(*_row_gatherers(dist))
+    gatherers = _row_gatherers(dist) if dist is not None else None
+    if gatherers is not None:
+        opt.attach_sharding(*gatherers)
     return opt
 
 
@@ -253,16 +254,28 @@ def _max_logits_reader(model: Any, dist: Any) -> Callable[[], dict[str, np.ndarr
     return read
 
 
-def _row_gatherers(dist: Any) -> tuple[Callable, Callable]:
+def _row_gatherers(dist: Any) -> tuple[Callable, Callable] | None:
+    """FSDP (`parallel.fsdp`): the optimizer holds the row blocks the Parameters hold, so a Muon weight split
+    over ``fsdp`` (the placement table) is all-gathered before the orthogonalisation and cut back after it;
+    None when nothing is split."""
     from mindspore import Tensor
 
     from mftk.engine.parallel import comm
 
-    sh = dist.sharding
+    names, group = dist.sharding.names, dist.groups.fsdp
+    split = {i for i, n in enumerate(names) if n in dist.table and dist.table[n].split_over("fsdp")}
+    if not split or group.is_trivial:
+        return None
 
     def gather(i: int, local: np.ndarray) -> np.ndarray:
-        if sh.rows[i] is None:
+        if i not in split:
             return local
-        return comm.all_gather(Tensor(np.ascontiguousarray(local)), dist.groups.fsdp, 0).asnumpy()
+        return comm.all_gather(Tensor(np.ascontiguousarray(local)), group, 0).asnumpy()
 
-    return gather, lambda i, full: sh.local(i, full)
+    def scatter(i: int, full: np.ndarray) -> np.ndarray:
+        if i not in split:
+            return full
+        block = full.shape[0] // group.size
+        return np.ascontiguousarray(full[group.rank * block:(group.rank + 1) * block])
+
+    return gather, scatter

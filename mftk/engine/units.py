@@ -136,22 +136,44 @@ class ReplayedUnit(nn.Cell):
 
 
 # ------------------------------------------------------------------------------------ installing
+_NO_TABLE = Tensor(0, ms.int32)  # stands in for cos/sin when the rope is held by the adapter (not differentiated)
+
+
 def _layer_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
     """A transformer layer: ``(x, rope, mask, input_ids=None) -> (x, aux or None, counts or None)``."""
     original = cell.construct
     pattern: list = []
+    # a rope that is not a (cos, sin) pair of tensors (DeepSeek-V4's (RopeSet, seq_len)) cannot pass through a
+    # Cell call: it is held here for the forward and its replay (one model's rope is the same for every call)
+    held: list = [None]
+    # cells that leave a loss on themselves for GPTModel's objective (DeepSeek-V4's indexer loss): inside a
+    # unit that loss is computed outside autograd, so it becomes an extra output of the unit (its gradient
+    # then flows through the replay) and is set back on the cell from there
+    side = [c for _, c in cell.cells_and_names() if hasattr(c, "with_indexer_loss")]
+    side_set: list = []
 
     def fn(x, cos, sin, mask, *ids):
-        out = original(x, (cos, sin), mask, ids[0] if ids else None)
+        rope = (cos, sin) if held[0] is None else held[0]
+        out = original(x, rope, mask, ids[0] if ids else None)
         pattern[:] = [o is None for o in out]
-        return tuple(o for o in out if o is not None)
+        side_set[:] = [c.indexer_loss is not None for c in side]
+        return tuple(o for o in out if o is not None) + tuple(c.indexer_loss for c in side if c.indexer_loss is not None)
 
     unit._u_fn[:] = [fn]
 
     def construct(x, rope, mask, input_ids=None):
         ids = () if input_ids is None else (input_ids,)
-        outs = iter(unit.run(x, rope[0], rope[1], mask, *ids, *params))
-        return tuple(None if none else next(outs) for none in pattern)
+        if isinstance(rope[0], Tensor):
+            held[0], cos, sin = None, rope[0], rope[1]
+        else:
+            held[0], cos, sin = rope, _NO_TABLE, _NO_TABLE
+        outs = list(unit.run(x, cos, sin, mask, *ids, *params))
+        extra = iter(outs[len(outs) - sum(side_set):])
+        for c, on in zip(side, side_set):
+            if on:
+                c.indexer_loss = next(extra)
+        main = iter(outs)
+        return tuple(None if none else next(main) for none in pattern)
 
     return construct
 

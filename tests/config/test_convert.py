@@ -113,20 +113,10 @@ def test_pipeline_stages_from_the_static_offset():
     assert stages_from_offset(10, 4, 1, [0, 0]) is None  # one entry per stage is needed
 
 
-def test_recompute_true_is_full_recompute_of_every_layer_and_mtp(tmp_path, monkeypatch):
-    from mftk.config import status
-
-    monkeypatch.setattr(status, "RECOMPUTE_APPLIED", True)  # the mapping once the engine applies recompute
+def test_recompute_true_is_full_recompute_of_every_layer_and_mtp(tmp_path):
     c = convert_file(write_static(tmp_path, "deepseek3_671b")).config
     assert c["recompute"] == {"mode": "full", "full_recompute_layer": ["0-61"]}  # 61 layers + 1 MTP layer
     assert c["parallelism"]["pipeline_parallel_interleave_num"] == 2
-
-
-def test_recompute_true_is_listed_unmapped_while_the_engine_does_not_apply_it(tmp_path):
-    conv = convert_file(write_static(tmp_path, "deepseek3_671b"))
-    assert "recompute" not in conv.config
-    reasons = dict(conv.unmapped)
-    assert "does not apply yet" in reasons["recompute_config.recompute"]
 
 
 @pytest.mark.parametrize("name", ["deepseek3_671b", "qwen3_32b", "qwen3_moe_30b_a3b"])

@@ -138,9 +138,9 @@ def test_print_resolved_marks_non_implemented_fields():
     from mftk.config.report import resolved_yaml
 
     data = _template()
-    data["recompute"] = {"full_recompute_layer": ["0-1"]}
+    data["swap"] = {"default_prefetch": 2}
     text = resolved_yaml(load_data(data, check_files=False))
-    line = next(l for l in text.splitlines() if l.strip().startswith("full_recompute_layer:"))
+    line = next(l for l in text.splitlines() if l.strip().startswith("default_prefetch:"))
     assert "# no effect:" in line
     assert "# refused:" in next(l for l in text.splitlines() if l.strip().startswith("amsgrad:"))
     assert "#" not in next(l for l in text.splitlines() if l.strip().startswith("learning_rate:")).split("# default")[0]
