@@ -3,17 +3,16 @@ global norm, the logged-value reductions and the checkpoint layout — all read 
 (`parallel.placement`) that `parallel.parallelize` filled.
 
 The trainer keeps its gradients and AdamW state in flat fp32 numpy buffers (one vectorised update,
-`optim.py`). FSDP shards them by rows: a parameter split over ``fsdp`` in the table (dim 0 of its TP/EP
-block, when that divides evenly) keeps this rank's rows in the optimizer; everything else stays whole.
+`optim.py`). Under FSDP the Parameters themselves hold this rank's rows (`parallel.fsdp`), so the flat
+layout is the local one and their gradients arrive already reduce-scattered by their units (``presynced``).
 
-Per step (`sync_grads`), on the full flat gradient of this rank's parameters:
+Per step (`sync_grads`), on the flat gradient of this rank's parameters, for those not presynced:
 1. a tensor two pipeline stages hold (the embedding of a tied head or of MTP) is summed over the two;
 2. under TP, every parameter TP left whole saw only this rank's tokens (sequence parallel): summed over TP;
-3. dense parameters are averaged over dp×cp (one message; the CPU reduce-scatter is an all-reduce + slice);
+3. dense parameters are averaged over dp×cp (one message);
 4. expert-parallel weights are distinct per EP rank: summed over the ranks holding the same experts,
    divided by dp×cp.
-Then this rank keeps its FSDP rows, the norm sums each element once over the world, AdamW updates the
-local rows and the updated rows are all-gathered (one message) back into the model parameters.
+Then the norm sums each element once over the world (`norm_weights`) and AdamW updates the local rows.
 
 Numerics: each rank's loss is the mean over its micro-batches, so the dp-average of gradients and losses
 equals the single-process run with the same global batch (same samples, summed in another order: equal

@@ -149,7 +149,9 @@ def _layer_adapter(cell: Any, unit: ReplayedUnit, params: list) -> Callable:
     # cells that leave a loss on themselves for GPTModel's objective (DeepSeek-V4's indexer loss): inside a
     # unit that loss is computed outside autograd, so it becomes an extra output of the unit (its gradient
     # then flows through the replay) and is set back on the cell from there
-    side = [c for _, c in cell.cells_and_names() if hasattr(c, "with_indexer_loss")]
+    from mftk.engine.layers.csa import indexer_cells
+
+    side = indexer_cells(cell)
     side_set: list = []
 
     def fn(x, cos, sin, mask, *ids):

@@ -83,8 +83,11 @@ def _layer_to_mf(src: Source, p: str, m: str, cfg: Any, layer_id: int, hashed: b
     out[m + "mlp.tokens_per_expert"] = np.zeros((cfg.n_routed_experts,), np.float32)
 
 
+_HEAD = (("hc_fn.weight", "hc_head_fn"), ("hc_base", "hc_head_base"), ("hc_scale", "hc_head_scale"))  # (reference, published) names of the hc head
+
+
 def _head_to_mf(src: Source, p: str, m: str, out: dict) -> None:
-    for a, b in (("hc_fn.weight", "hc_head_fn"), ("hc_base", "hc_head_base"), ("hc_scale", "hc_head_scale")):
+    for a, b in _HEAD:
         out[m + a] = src.take(p + b)
 
 
@@ -146,7 +149,7 @@ def _layer_to_hf(src: Source, p: str, m: str, cfg: Any, layer_id: int, hashed: b
 
 
 def _head_to_hf(src: Source, p: str, m: str, out: dict) -> None:
-    for a, b in (("hc_fn.weight", "hc_head_fn"), ("hc_base", "hc_head_base"), ("hc_scale", "hc_head_scale")):
+    for a, b in _HEAD:
         out[p + b] = src.take(m + a)
 
 

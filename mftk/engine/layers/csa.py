@@ -242,3 +242,8 @@ class DeepseekV4Attention(nn.Cell):
         w = self.linear_o_group_proj.reshape(self.g, self.r_o, -1)  # (g, r_o, nh·d/g)
         y = _bmm_nt(ops.swapaxes(out, 0, 1), w)  # (g, B·S, r_o)
         return self.linear_proj(ops.swapaxes(y, 0, 1).reshape(b, s, self.g * self.r_o))
+
+
+def indexer_cells(cell) -> list:
+    """The cells under ``cell`` that leave an indexer loss on themselves for `GPTModel`'s objective."""
+    return [c for _, c in cell.cells_and_names() if hasattr(c, "with_indexer_loss")]

@@ -320,7 +320,9 @@ class GPTModel(nn.Cell):
     def indexer_losses(self) -> list:
         """This forward's indexer KL losses (DeepSeek-V4 CSA layers in training; α-free), layer order."""
         if self._indexer_cells is None:
-            self._indexer_cells = [c for _, c in self.cells_and_names() if hasattr(c, "with_indexer_loss")]
+            from mftk.engine.layers.csa import indexer_cells
+
+            self._indexer_cells = indexer_cells(self)
         return [c.indexer_loss for c in self._indexer_cells if c.indexer_loss is not None]
 
     def forward(self, batch: dict) -> ModelOutput:
