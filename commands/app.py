@@ -90,6 +90,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     cls=MftkGroup,
+    suggest_commands=False,  # click's NoSuchCommand already suggests; Typer's would say it a second time
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

@@ -81,6 +81,18 @@ def test_every_subcommand_help_works_without_mindspore():
         assert "MS False" in out.stdout, cli_name
 
 
+def test_a_mistyped_subcommand_gets_one_suggestion():
+    """Click and Typer both append "Did you mean"; the message must say it once, naming the real command."""
+    from commands.app import app
+    from tests.helpers.cli import runner
+
+    res = runner.invoke(app, ["validate-confg", "x.yaml"])
+    assert res.exit_code == 2
+    text = " ".join(res.output.replace("│", " ").split())
+    assert text.count("Did you mean") == 1, text
+    assert "Did you mean 'validate-config'?" in text, text
+
+
 @pytest.mark.parametrize("backend", ["auto", "hf"])
 def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
     """`mftk preprocess` imports one command module and the data layer: never MindSpore, the engine, the
