@@ -8,7 +8,12 @@ backward, gradient sync, loss averaging, FSDP all-gather: ``time_collectives_ms`
 of a model run one after the other in each round (``--rounds`` > 1 interleaves them; medians over rounds);
 "vs dp" is tokens/s relative to plain DP with the same worker count, "vs dp=d" relative to plain DP over as
 many workers as the layout's own data-parallel degree d (the same micro-batches per rank: what the layout's
-model-parallel dimensions cost on top of its data parallelism; d = 1 runs in-process).
+model-parallel dimensions cost on top of its data parallelism; d = 1 runs in-process). The last three columns
+explain the rest: ``ms/coll`` is the time inside collectives per call (on 2 shared cores mostly the wait for
+every rank of the group to be scheduled), ``mb/rank`` the micro-batches each rank runs per step (gbs / d), and
+``compute ms/mb`` the time outside collectives per micro-batch and rank: a tiny model is dispatch-bound, so a
+model-parallel rank launches about as many ops per micro-batch as a DP rank (each op smaller) while running
+world/d times as many micro-batches.
 
     .venv/bin/python bench/scaling.py [--models qwen3_tiny deepseek_v3_tiny] [--workers 4] [--steps 6] [--rounds 1]
 """
@@ -46,6 +51,7 @@ LAYOUTS = {
         "pp2×tp2": {"pipeline_parallel": 2, "tensor_parallel": 2, **SP},
     },
 }
+GBS = 8  # global batch: sequences per step, one per micro-batch (local_batch_size 1)
 MODEL = {"qwen3_tiny": {"num_hidden_layers": 4}, "deepseek_v3_tiny": {}}  # 4 layers: 2 stages × 2 chunks
 
 
@@ -55,7 +61,7 @@ def config(model: str, d: Path, steps: int, name: str, parallelism: dict) -> Pat
     corpus = d / "corpus" / "tiny_text_document"
     if not corpus.with_suffix(".bin").exists():
         write_corpus(corpus)
-    raw = tiny_raw(f"{model}.yaml", corpus, d / f"ckpt_{model}", steps=steps, gbs=8, seq=128)
+    raw = tiny_raw(f"{model}.yaml", corpus, d / f"ckpt_{model}", steps=steps, gbs=GBS, seq=128)
     raw["checkpoint"]["enable_save"] = False
     raw["model"].update(MODEL[model])
     raw["parallelism"].update(parallelism)
@@ -106,7 +112,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mftk-scaling-") as tmp:
         d = Path(tmp)
         print(f"{'model':<18} {'layout':<12} {'workers':>7} {'step ms':>9} {'tokens/s':>10} {'vs dp':>6} "
-              f"{'vs dp=d':>8} {'comm share':>11} {'collectives':>12}")
+              f"{'vs dp=d':>8} {'comm share':>11} {'collectives':>12} {'ms/coll':>8} {'mb/rank':>8} "
+              f"{'compute ms/mb':>14}")
         for model in args.models:
             names = [n for n in LAYOUTS[model] if args.layouts is None or n in args.layouts or n == "dp"]
             cfgs = {n: config(model, d, args.steps, n, LAYOUTS[model][n]) for n in names}
@@ -122,8 +129,11 @@ def main() -> None:
             for n in names:
                 step_ms, tps, share, calls = med[n]
                 same = med["dp" if own_dp[n] == args.workers else f"dp={own_dp[n]}"][1]
+                micro = GBS // own_dp[n]  # micro-batches (of one sequence) each rank runs per step
+                comm_ms = share * step_ms
                 print(f"{model:<18} {n:<12} {args.workers:>7} {step_ms:>9.0f} {tps:>10.0f} {tps / med['dp'][1]:>6.2f} "
-                      f"{tps / same:>8.2f} {share:>10.0%} {calls:>12.0f}", flush=True)
+                      f"{tps / same:>8.2f} {share:>10.0%} {calls:>12.0f} {comm_ms / max(calls, 1):>8.1f} "
+                      f"{micro:>8d} {(step_ms - comm_ms) / micro:>14.0f}", flush=True)
 
 
 if __name__ == "__main__":
