@@ -187,6 +187,10 @@ class Trainer:
             kind = PipelineTrainer
             extra = {"stage": dist.stage, "schedule_name": config.parallelism.pipeline_parallel_schedule,
                      "local_batch_size": tr.local_batch_size}
+        elif getattr(optimizer, "on_device", False):
+            from mftk.engine.device_step import DeviceTrainer
+
+            kind = DeviceTrainer
         rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
         return kind(
             **extra, model=model, optimizer=optimizer, schedule=build_schedule(config),
