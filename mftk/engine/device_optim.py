@@ -106,7 +106,7 @@ class DeviceAdamW(AdamW):
             wd = self.decays[i] * bc1 / root if self.decays[i] > 0 else 0.0
             self._fused(self.master[i], self.m[i], self.v[i], lr_t, self.beta1, self.beta2, eps_t, wd, grad)
             if self.master[i] is not self.params[i]:
-                ops.assign(self.params[i], self.master[i].astype(self.params[i].dtype))
+                self.params[i].copy_(self.master[i].astype(self.params[i].dtype))
 
     # ---------------------------------------------------------------------------------- state
     def view(self, buffer: Any, i: int) -> Any:
@@ -137,7 +137,7 @@ class DeviceAdamW(AdamW):
         t = self.master[i] if state == opt_names.MASTER else self.state_buffers(i)[state]
         ops.assign(t, Tensor(np.ascontiguousarray(np.asarray(array, np.float32).reshape(self.shapes[i]))))
         if state == opt_names.MASTER and self.master[i] is not self.params[i]:
-            ops.assign(self.params[i], self.master[i].astype(self.params[i].dtype))
+            self.params[i].copy_(self.master[i].astype(self.params[i].dtype))
 
 
 class HostGrads:

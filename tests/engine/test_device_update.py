@@ -118,6 +118,27 @@ def test_optimizer_state_round_trips_bit_exactly_between_the_paths():
             assert np.array_equal(want[k].view(np.uint8), got[k].view(np.uint8)), k
 
 
+def test_low_precision_parameter_gets_an_fp32_master_cast_into_it():
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+
+    from mftk.engine.device_optim import DeviceAdamW
+
+    w = np.random.default_rng(4).standard_normal((8, 6)).astype(np.float32)
+    p = Parameter(Tensor(w, dtype=ms.bfloat16), name="w.weight")
+    opt = DeviceAdamW(["w.weight"], [p], decide_weight_decay([("w.weight", (8, 6))], 0.0), betas=BETAS, eps=EPS)
+    assert opt.master[0] is not p and opt.master[0].dtype == ms.float32
+    g = np.full((8, 6), 0.5, np.float32)
+    acc = opt.grad_buffer()
+    opt.put_grads(acc, [Tensor(g, dtype=ms.bfloat16)])
+    opt.step(acc, 1e-2)
+    start = Tensor(w, dtype=ms.bfloat16).astype(ms.float32).asnumpy().astype(np.float64)
+    want, _, _ = _reference(start, 0.0, 0.0, g.astype(np.float64), 1e-2, 1, 0.0)
+    np.testing.assert_allclose(opt.master[0].asnumpy(), want, rtol=REL, atol=1e-7)
+    np.testing.assert_allclose(p.astype(ms.float32).asnumpy(), want, rtol=1e-2)  # bf16 rounding of the master
+    assert "main_param.w.weight" in opt.state_dict(with_masters=True)
+
+
 # ------------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus):
@@ -159,6 +180,17 @@ def test_each_path_resumes_the_others_checkpoint(runs, saved, resumed):
                    resume_from=d / f"ck_{saved}" / "iteration_00000002")
     np.testing.assert_allclose(r.losses, full.losses[2:], rtol=REL)
     np.testing.assert_allclose(r.grad_norms, full.grad_norms[2:], rtol=REL)
+
+
+def test_lora_adapters_update_on_the_device_as_on_the_host(corpus, tmp_path):
+    raw = tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "ck", steps=3, gbs=2)
+    raw["lora_config"] = {"target_modules": r"(linear_qkv|linear_proj|linear_fc1|linear_fc2)$", "lora_rank": 4,
+                          "lora_alpha": 8, "lora_a_std": 0.05, "lora_b_std": 0.02}
+    host = run_single(raw, tmp_path / "host", f"checkpoint.save_path={tmp_path / 'ck_host'}")
+    dev = run_single(raw, tmp_path / "dev", f"checkpoint.save_path={tmp_path / 'ck_dev'}", "mftk.update_on_device=true")
+    assert host.losses[-1] != host.losses[0]  # the adapters train
+    np.testing.assert_allclose(dev.losses, host.losses, rtol=REL)
+    np.testing.assert_allclose(dev.grad_norms, host.grad_norms, rtol=REL)
 
 
 # ------------------------------------------------------------------------------- selection and refusals
