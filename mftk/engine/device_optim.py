@@ -95,8 +95,6 @@ class DeviceAdamW(AdamW):
     # ---------------------------------------------------------------------------------- update
     def step(self, g: Sequence[Any], lr: float) -> None:
         """One AdamW update of every parameter, one fused kernel each (module docstring)."""
-        from mindspore import ops
-
         self.global_step += 1
         t = self.global_step
         bc1, bc2 = 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t
