@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mftk.engine.trainer import MODEL_INPUTS, BatchPlan, PhaseTimer, StepOutput, Trainer
-from mftk.errors import TrainingError
+from mftk.engine.trainer import BatchPlan, PhaseTimer, StepOutput, Trainer
 
 log = logging.getLogger("mftk.train")
 
@@ -33,24 +32,11 @@ class DeviceTrainer(Trainer):
     def forward_backward(self, plan: BatchPlan, timer: PhaseTimer) -> tuple[list[Any], StepOutput]:
         """Every micro-batch's gradient, scaled by 1/accum and summed in fp32 on the device; synced, and the
         step's scalars read in one transfer."""
-        from mindspore import Tensor
-
         acc = self.optimizer.grad_buffer()
         scale = 1.0 / plan.accumulation
         scalars, counts, indexer, n_aux = [], None, [], 0
         for k in range(plan.accumulation):
-            t = time.perf_counter()
-            batch = next(self.batches)
-            self.state.micro_batches_read += 1
-            timer.add("data", time.perf_counter() - t)
-            t = time.perf_counter()
-            inputs = [Tensor(np.ascontiguousarray(batch[c])) if c in self.columns and c in batch else None
-                      for c in MODEL_INPUTS]
-            try:
-                outputs, grads = self.dispatch.call(self.gradients, inputs)
-            except (RuntimeError, ValueError, TypeError) as exc:
-                raise TrainingError(message=f"error in the forward/backward pass: {exc}",
-                                    hint="run with MFTK_DEBUG=1 for the traceback") from exc
+            t, (outputs, grads) = self.micro_batch(timer)
             _, lm, aux, mtp, tpe = outputs
             (self.optimizer.add_grads if k else self.optimizer.put_grads)(acc, grads, scale)
             grads = None
