@@ -4,7 +4,7 @@
 - a checkpoint's optimizer state round-trips bit-exactly between the two optimizer classes;
 - 5 steps of qwen3_tiny (2 micro-batches a step, clipping active) on both paths: the same losses and grad
   norms (1e-6 relative), checkpoints with the same tensor names, shapes and dtypes, and each path resumes the
-  other's checkpoint and continues the uninterrupted run;
+  other's checkpoint and continues the uninterrupted run (the device path resumes its own bit-exactly);
 - the selection rule (null: host on CPU, device on GPU/Ascend unless refused) and the refused combinations.
 The multi-process runs are in tests/commands/test_train_device_update.py.
 """
@@ -170,8 +170,9 @@ def test_five_steps_same_losses_and_grad_norms(runs):
         np.testing.assert_allclose(b[n], a[n], rtol=1e-5, atol=1e-6, err_msg=n)
 
 
-@pytest.mark.parametrize("saved,resumed", [("dev", "host"), ("host", "dev")])
+@pytest.mark.parametrize("saved,resumed", [("dev", "host"), ("host", "dev"), ("dev", "dev")])
 def test_each_path_resumes_the_others_checkpoint(runs, saved, resumed):
+    """Across the paths: the uninterrupted run's steps 3-5 to 1e-6; the device path on itself: bit-exact."""
     raw, d, host, dev = runs
     full = {"host": host, "dev": dev}[saved]
     flag = "true" if resumed == "dev" else "false"
@@ -180,6 +181,8 @@ def test_each_path_resumes_the_others_checkpoint(runs, saved, resumed):
                    resume_from=d / f"ck_{saved}" / "iteration_00000002")
     np.testing.assert_allclose(r.losses, full.losses[2:], rtol=REL)
     np.testing.assert_allclose(r.grad_norms, full.grad_norms[2:], rtol=REL)
+    if saved == resumed:
+        assert list(r.losses) == list(full.losses[2:]) and list(r.grad_norms) == list(full.grad_norms[2:])
 
 
 def test_lora_adapters_update_on_the_device_as_on_the_host(corpus, tmp_path):
