@@ -1,4 +1,7 @@
-"""AdamW update: mftk's flat vectorised numpy update vs a per-parameter loop, side by side.
+"""AdamW update: mftk's flat vectorised numpy update vs a per-parameter loop, side by side; and the
+host update (gradients copied to the flat numpy buffer, numpy AdamW) vs the device-resident one
+(`engine.device_optim.DeviceAdamW`: fp32 accumulation and MindSpore's fused AdamWeightDecay per parameter)
+on MindSpore's CPU device, interleaved, medians — why the host update stays the default on CPU.
 
 Shapes are a Qwen-like 4-layer GPT (d=512, ffn 1408, vocab 32000, about 29 M params, as in
 mindspore-cpu.md §2). Prints median seconds per update and the ratio. Run:
@@ -70,6 +73,42 @@ def main():
     print(f"per-parameter loop     : {loop_s * 1000:8.1f} ms")
     print(f"ratio (loop / flat)    : {loop_s / flat_s:8.2f}x")
     print(f"gradient flatten (fp32 accumulate into flat buffer): {acc_s * 1000:.1f} ms")
+    host_s, dev_s = host_vs_device(sh, arrays, grads, dec)
+    print(f"host update, grads from tensors (asnumpy + put_grads + step): {host_s * 1000:8.1f} ms")
+    print(f"device update on CPU (put_grads + fused step)               : {dev_s * 1000:8.1f} ms")
+    print(f"ratio (device / host)                                       : {dev_s / host_s:8.2f}x")
+
+
+def host_vs_device(sh, arrays, grads, dec, rounds: int = 7):
+    """One micro-batch's gradient tensors into the update, then the update: both paths, alternating."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+
+    from mftk.engine.device_optim import DeviceAdamW
+
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    names = [n for n, _ in sh]
+    host = AdamW(names, arrays, dec)
+    dev = DeviceAdamW(names, [Parameter(Tensor(a.copy()), name=n) for n, a in zip(names, arrays)], dec)
+    tensors = [Tensor(g) for g in grads]
+    buf = host.grad_buffer()
+
+    def host_step():
+        host.put_grads(buf, [t.asnumpy() for t in tensors])
+        host.step(buf, 1e-3)
+
+    def dev_step():
+        acc = dev.grad_buffer()
+        dev.put_grads(acc, tensors)
+        dev.step(acc, 1e-3)
+        dev.master[-1].asnumpy()  # wait for the device's queue
+
+    host_step(), dev_step()  # warm-up
+    h, d = [], []
+    for _ in range(rounds):
+        h.append(median(host_step, 1))
+        d.append(median(dev_step, 1))
+    return sorted(h)[rounds // 2], sorted(d)[rounds // 2]
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ RULES: dict[str, tuple[str, str]] = {
     "family_dims": ("world", "the model family has a plan for this parallel dimension"),
     "muon_tp": ("tp", "Muon without tensor parallel (it orthogonalises each weight's full matrix)"),
     "muon_qk_clip": ("dp", "Muon's QK-clip without FSDP (it rescales head rows of the fp32 masters)"),
+    "device_update": ("world", "mftk.update_on_device: true without pipeline parallel and without Muon"),
 }
 
 
@@ -85,6 +86,7 @@ class LayoutSettings:
     track_max_logits: bool = False
     muon: bool = False  # optimizer.type: Muon
     qk_clip: bool = False  # Muon's QK-clip is active (`optimizer_muon.qk_clip_active`)
+    update_on_device: bool | None = None  # mftk.update_on_device (None: by device, `device_update_gaps` decides)
 
 
 def settings_of(config: Any, *, track_max_logits: bool = False) -> LayoutSettings:
@@ -99,7 +101,7 @@ def settings_of(config: Any, *, track_max_logits: bool = False) -> LayoutSetting
                           global_batch_size=t.global_batch_size, local_batch_size=t.local_batch_size,
                           rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
                           track_max_logits=track_max_logits, muon=config.optimizer.type == "Muon",
-                          qk_clip=qk_clip_active(config))
+                          qk_clip=qk_clip_active(config), update_on_device=config.mftk.update_on_device)
 
 
 def ulysses_degree(method: str, cp: int, degree: int | None) -> int:
@@ -135,6 +137,8 @@ def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refus
         out += _family_gaps(model, layout)
         out += _fsdp(model, layout)
     out += _muon(layout, s)
+    if s.update_on_device:
+        out += device_update_gaps(layout, s)
     if s.track_max_logits and (layout.tp > 1 or layout.cp > 1 or layout.pp > 1):
         out.append(Refusal("track_logits", "model.track_max_attention_logit",
                            f"max attention logit tracking with {layout.describe()} is not supported: the tracked "
@@ -187,6 +191,22 @@ def _muon(lay: Layout, s: LayoutSettings) -> list[Refusal]:
                         "FSDP splits)", "set parallelism.data_parallel_shard: 1 (plain data parallel), or "
                         "qk_clip_enabled: false")]
     return []
+
+
+def device_update_gaps(lay: Layout, s: LayoutSettings) -> list[Refusal]:
+    """What the device-resident update (`engine.device_optim`) does not run: refused when
+    ``mftk.update_on_device: true`` asks for it; with null, a device run takes the host update and logs why."""
+    out = []
+    if lay.pp > 1:
+        out.append(Refusal("device_update", "mftk.update_on_device", f"mftk.update_on_device: true with "
+                           f"pipeline_parallel={lay.pp} is not supported yet (the pipeline schedule accumulates its "
+                           "gradients on the host)", "set mftk.update_on_device: false (or null), or "
+                           "parallelism.pipeline_parallel: 1"))
+    if s.muon:
+        out.append(Refusal("device_update", "mftk.update_on_device", "mftk.update_on_device: true with "
+                           "optimizer.type: Muon is not supported yet (its orthogonalisation runs on the host)",
+                           "set mftk.update_on_device: false (or null), or optimizer.type: AdamW"))
+    return out
 
 
 def _batch(lay: Layout, s: LayoutSettings) -> list[Refusal]:

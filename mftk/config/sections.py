@@ -357,6 +357,12 @@ class MftkConfig:
         None, "Dispatch the step from a SCHED_IDLE thread so MindSpore's busy-waiting leaves the cores to "
         "its kernels (1.06-1.19x on CPU). null: on for one-process CPU runs of models with >= 10M parameters; "
         "false on a machine whose cores other busy processes share.")
+    update_on_device: Optional[bool] = field(
+        None, "Keep the gradient buffers, fp32 master weights, AdamW moments, global norm and clipping on the "
+        "device as MindSpore tensors (one fused update per parameter); the host reads one small batch of scalars "
+        "per step and full tensors only for checkpoints, which either path resumes. null: on for a GPU or Ascend "
+        "run, off on CPU, where the host numpy update is faster; true forces it on CPU (CI tests it so); false "
+        "keeps the host update on a device. Not with pipeline_parallel > 1 or optimizer.type: Muon (refused).")
 
 
 # Top-level keys the reference reads with getattr although they have no schema: accepted with a

@@ -121,22 +121,6 @@ class DistContext:
     def _buffer_slices(self) -> list:
         return self.sharding.full_slices if self.sharding.enabled else self._opt_slices
 
-    def _pack(self, flat: np.ndarray, idx: Sequence[int]) -> np.ndarray:
-        sl = self._buffer_slices()
-        return np.concatenate([flat[sl[i]] for i in idx]) if idx else np.zeros(0, np.float32)
-
-    def _unpack(self, flat: np.ndarray, idx: Sequence[int], packed: np.ndarray) -> None:
-        sl, off = self._buffer_slices(), 0
-        for i in idx:
-            n = sl[i].stop - sl[i].start
-            flat[sl[i]] = packed[off:off + n]
-            off += n
-
-    def _reduce(self, flat: np.ndarray, idx: Sequence[int], group: Any) -> None:
-        """Sum the gradients of parameters ``idx`` over ``group``, in place (one message)."""
-        if idx and not group.is_trivial:
-            self._unpack(flat, idx, _all_reduce_np(self._pack(flat, idx), group))
-
     @property
     def rank(self) -> int:
         return self.groups.rank
@@ -148,27 +132,39 @@ class DistContext:
     def sync_grads(self, full: np.ndarray) -> np.ndarray:
         """The steps of the module docstring on the flat gradient of this rank's parameters, in place; the
         gradients of FSDP-sharded parameters (``presynced``) arrive reduced from their units and are left alone."""
-        from mftk.engine.parallel.data_parallel import sync_flat_gradients
+        return self._sync(_FlatGrads(np.asarray(full, np.float32), self._buffer_slices())).result
 
-        full = np.asarray(full, np.float32)
+    def sync_grad_tensors(self, grads: list[Any]) -> list[Any]:
+        """`sync_grads` on the device path's per-parameter gradient tensors (`device_optim`), on the device."""
+        return self._sync(_TensorGrads(grads)).result
+
+    def _sync(self, buf: Any) -> Any:
+        """The module docstring's steps, over a host flat buffer or a list of device tensors (``buf``)."""
         pre = set(self.presynced)
         place = [(i, self.table[n]) for i, n in enumerate(self.sharding.names) if i not in pre]
         g = self.groups
-        self._reduce(full, [i for i, p in place if len(p.stages) > 1], g.embedding)
-        self._reduce(full, [i for i, p in place if not p.split_over("tp") and not p.expert], g.tp)
+        buf.reduce([i for i, p in place if len(p.stages) > 1], g.embedding, "sum")
+        buf.reduce([i for i, p in place if not p.split_over("tp") and not p.expert], g.tp, "sum")
         experts = [i for i, p in place if p.expert]
-        mine = self._pack(full, experts)
+        mine = buf.pack(experts)
         if pre:  # only the whole parameters: one message
-            dense = [i for i, p in place if not p.expert]
-            if dense and not g.dp_cp.is_trivial:
-                self._unpack(full, dense, _all_reduce_np(self._pack(full, dense), g.dp_cp, "avg"))
+            buf.reduce([i for i, p in place if not p.expert], g.dp_cp, "avg")
         else:
-            full = sync_flat_gradients(full, g, op="avg")
+            buf.reduce_all(g.dp_cp, "avg")
         if experts:
             for group in (g.edp, g.dp_replicate):
-                mine = _all_reduce_np(mine, group)
-            self._unpack(full, experts, mine / np.float32(max(g.dp_cp.size, 1)))
-        return full
+                mine = buf.all_reduce(mine, group, "sum")
+            buf.unpack(experts, mine / float(max(g.dp_cp.size, 1)))
+        return buf
+
+    def norm_squared(self, grads: list[Any], optimizer: Any) -> Any:
+        """The device path's squared global norm: each parameter's Σg² weighted by 1/its replicas
+        (`placement.PlacementTable.norm_weight`), summed over the world, as a device scalar."""
+        from mftk.engine.parallel import comm
+
+        weights = [self.table.norm_weight(n, self.groups) for n in self.sharding.names]
+        sq = optimizer.squared_norm(grads, weights)
+        return comm.all_reduce(sq.reshape(1), self.groups.world, "sum").reshape(())
 
     def mean(self, values: Sequence[float]) -> np.ndarray:
         """Scalars averaged over dp×cp (the logged loss, aux and MTP losses), at float64 precision."""
@@ -230,6 +226,66 @@ class DistContext:
             opt_keys += [STEP] if STEP in optimizer else []
         return (self.table.sharded_tensors(model_keys, layout),
                 self.table.sharded_tensors(opt_keys, layout) if optimizer is not None else {})
+
+
+class _FlatGrads:
+    """`DistContext._sync`'s view of the host path's flat fp32 gradient (parameter ``i`` at ``slices[i]``)."""
+
+    def __init__(self, flat: np.ndarray, slices: list) -> None:
+        self.result, self.slices = flat, slices
+
+    def pack(self, idx: Sequence[int]) -> np.ndarray:
+        return np.concatenate([self.result[self.slices[i]] for i in idx]) if idx else np.zeros(0, np.float32)
+
+    def unpack(self, idx: Sequence[int], packed: np.ndarray) -> None:
+        off = 0
+        for i in idx:
+            n = self.slices[i].stop - self.slices[i].start
+            self.result[self.slices[i]] = packed[off:off + n]
+            off += n
+
+    @staticmethod
+    def all_reduce(packed: np.ndarray, group: Any, op: str) -> np.ndarray:
+        return _all_reduce_np(packed, group, op)
+
+    def reduce(self, idx: Sequence[int], group: Any, op: str) -> None:
+        """Reduce the gradients of parameters ``idx`` over ``group``, in place (one message)."""
+        if idx and not group.is_trivial:
+            self.unpack(idx, self.all_reduce(self.pack(idx), group, op))
+
+    def reduce_all(self, group: Any, op: str) -> None:
+        from mftk.engine.parallel.comm import all_reduce_numpy
+
+        self.result = all_reduce_numpy(self.result, group, op)  # in the buffer's own memory: no copy
+
+
+class _TensorGrads(_FlatGrads):
+    """The same for the device path's list of per-parameter gradient tensors: packs are device tensors."""
+
+    def __init__(self, grads: list[Any]) -> None:
+        self.result = grads
+
+    def pack(self, idx: Sequence[int]) -> Any:
+        from mindspore import ops
+
+        return ops.concat([self.result[i].reshape(-1) for i in idx]) if idx else None
+
+    def unpack(self, idx: Sequence[int], packed: Any) -> None:
+        off = 0
+        for i in idx:
+            shape = tuple(self.result[i].shape)
+            n = int(np.prod(shape, dtype=np.int64))
+            self.result[i] = packed[off:off + n].reshape(shape)
+            off += n
+
+    @staticmethod
+    def all_reduce(packed: Any, group: Any, op: str) -> Any:
+        from mftk.engine.parallel import comm
+
+        return comm.all_reduce(packed, group, op)
+
+    def reduce_all(self, group: Any, op: str) -> None:
+        self.reduce(range(len(self.result)), group, op)
 
 
 def _all_reduce_np(packed: np.ndarray, group: Any, op: str = "sum") -> np.ndarray:

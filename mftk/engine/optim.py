@@ -121,6 +121,13 @@ class AdamW:
             start += n
         self.decay_end = sum(int(np.prod(self.shapes[i], dtype=np.int64)) for i in decayed)
         self.size = start
+        self.global_step = 0
+        self.shares_weights = False  # set by state.share_masters: the model parameters are views of `master`
+        self._allocate(arrays)
+
+    def _allocate(self, arrays: Sequence[np.ndarray]) -> None:
+        """The state buffers (host: three flat fp32 numpy arrays), masters filled from ``arrays``."""
+        start = self.size
         self.master = np.zeros(start, np.float32)
         self.m = np.zeros(start, np.float32)
         self.v = np.zeros(start, np.float32)
@@ -128,8 +135,6 @@ class AdamW:
         self._scratch = [(np.empty(min(start, CHUNK), np.float32), np.empty(min(start, CHUNK), np.float32))
                          for _ in range(threads)]
         self._grads: np.ndarray | None = None
-        self.global_step = 0
-        self.shares_weights = False  # set by state.share_masters: the model parameters are views of `master`
         self.set_masters(arrays)
 
     # ---------------------------------------------------------------------------------- views
@@ -226,6 +231,16 @@ class AdamW:
         """Checkpoint prefix → flat buffer of parameter ``i``'s optimizer state (Muon names some differently)."""
         return {"adam_m": self.m, "adam_v": self.v}
 
+    def read_state(self, state: str, i: int) -> np.ndarray:
+        """A host copy of parameter ``i``'s optimizer state ``state`` (``opt_names.MASTER``: its fp32 master)."""
+        buf = self.master if state == opt_names.MASTER else self.state_buffers(i)[state]
+        return self.view(buf, i).copy()
+
+    def write_state(self, state: str, i: int, array: np.ndarray) -> None:
+        """Parameter ``i``'s state ``state`` (or master) from a checkpoint's array of its shape."""
+        buf = self.master if state == opt_names.MASTER else self.state_buffers(i)[state]
+        buf[self.slices[i]] = np.asarray(array, np.float32).reshape(-1)
+
     def state_kinds(self, name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
         """The state prefixes a parameter of this name and global shape has, whichever rank holds it
         (``metadata.json`` lists the states of every stage's parameters)."""
@@ -239,10 +254,10 @@ class AdamW:
         """
         out: dict[str, np.ndarray] = {}
         for i, n in enumerate(self.names):
-            for state, buf in self.state_buffers(i).items():
-                out[opt_names.state_name(state, n)] = self.view(buf, i).copy()
+            for state in self.state_buffers(i):
+                out[opt_names.state_name(state, n)] = self.read_state(state, i)
             if with_masters:
-                out[opt_names.state_name(opt_names.MASTER, n)] = self.view(self.master, i).copy()
+                out[opt_names.state_name(opt_names.MASTER, n)] = self.read_state(opt_names.MASTER, i)
         out[opt_names.STEP] = np.array([self.global_step], np.int64)
         return out
 
@@ -277,11 +292,11 @@ class AdamW:
         for line in opt_names.describe_unused(unused):
             log.warning("Optimizer states not used by mftk's %s, skipped: %s", type(self).__name__, line)
         for i, n in enumerate(self.names):
-            for state, buf in self.state_buffers(i).items():
-                buf[self.slices[i]] = np.asarray(tensors[opt_names.state_name(state, n)], np.float32).reshape(-1)
+            for state in self.state_buffers(i):
+                self.write_state(state, i, tensors[opt_names.state_name(state, n)])
             master = opt_names.state_name(opt_names.MASTER, n)
             if master in tensors:
-                self.master[self.slices[i]] = np.asarray(tensors[master], np.float32).reshape(-1)
+                self.write_state(opt_names.MASTER, i, tensors[master])
         self.global_step = int(np.asarray(tensors[opt_names.STEP]).reshape(-1)[0])
         return skipped
 

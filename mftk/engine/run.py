@@ -294,13 +294,17 @@ class _Run:
 
     def _optimizer(self, model: Any, dist: Any, plan: ResumePlan | None, loaded: Any) -> Any:
         from mftk.engine import builders
+        from mftk.engine.device_optim import chosen
 
-        optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None, dist)
+        on_device = chosen(self.config, self.layout)
+        optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None, dist,
+                                             on_device=on_device)
         if dist is not None:
             from mftk.engine.state import share_masters
 
             dist.bind(optimizer)
-            share_masters(list(model.trainable_params()), optimizer)  # weights = masters (several processes)
+            if not on_device:  # the device update writes the weights itself
+                share_masters(list(model.trainable_params()), optimizer)  # weights = masters (several processes)
         if loaded is not None and loaded.optimizer is not None:
             optimizer.load_state_dict(dist.cut(loaded.optimizer) if dist else loaded.optimizer, where=str(plan.step_dir))
         return optimizer

@@ -187,6 +187,10 @@ class Trainer:
             kind = PipelineTrainer
             extra = {"stage": dist.stage, "schedule_name": config.parallelism.pipeline_parallel_schedule,
                      "local_batch_size": tr.local_batch_size}
+        elif getattr(optimizer, "on_device", False):
+            from mftk.engine.device_step import DeviceTrainer
+
+            kind = DeviceTrainer
         rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
         return kind(
             **extra, model=model, optimizer=optimizer, schedule=build_schedule(config),
@@ -242,24 +246,11 @@ class Trainer:
     # ------------------------------------------------------------------------------- components
     def forward_backward(self, plan: BatchPlan, timer: PhaseTimer) -> tuple[np.ndarray, StepOutput]:
         """Every micro-batch's gradient, scaled by 1/accum and summed in fp32 (reference §2.5)."""
-        from mindspore import Tensor
-
         acc = self.optimizer.grad_buffer()  # the optimizer's flat layout (FSDP: this rank's rows), reused
         scale = 1.0 / plan.accumulation
         losses, aux_sum, mtp_sum, counts, indexer = [], None, None, None, []
         for _ in range(plan.accumulation):
-            t = time.perf_counter()
-            batch = next(self.batches)
-            self.state.micro_batches_read += 1
-            timer.add("data", time.perf_counter() - t)
-            t = time.perf_counter()
-            inputs = [Tensor(np.ascontiguousarray(batch[c])) if c in self.columns and c in batch else None
-                      for c in MODEL_INPUTS]
-            try:
-                outputs, grads = self.dispatch.call(self.gradients, inputs)
-            except (RuntimeError, ValueError, TypeError) as exc:
-                raise TrainingError(message=f"error in the forward/backward pass: {exc}",
-                                    hint="run with MFTK_DEBUG=1 for the traceback") from exc
+            t, (outputs, grads) = self.micro_batch(timer)
             _, lm, aux, mtp, tpe = outputs
             fill = self.optimizer.add_grads if len(losses) else self.optimizer.put_grads
             fill(acc, grads, scale)
@@ -284,6 +275,24 @@ class Trainer:
             acc, out = self.sync(acc, out)
             timer.add("communication", time.perf_counter() - t)
         return acc, out
+
+    def micro_batch(self, timer: PhaseTimer) -> tuple[float, tuple[Any, Any]]:
+        """The next micro-batch read (timed as ``data``) and its `gradients`; returns the time its compute
+        started, for the caller's ``forward_backward`` phase."""
+        from mindspore import Tensor
+
+        t = time.perf_counter()
+        batch = next(self.batches)
+        self.state.micro_batches_read += 1
+        timer.add("data", time.perf_counter() - t)
+        t = time.perf_counter()
+        inputs = [Tensor(np.ascontiguousarray(batch[c])) if c in self.columns and c in batch else None
+                  for c in MODEL_INPUTS]
+        try:
+            return t, self.dispatch.call(self.gradients, inputs)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise TrainingError(message=f"error in the forward/backward pass: {exc}",
+                                hint="run with MFTK_DEBUG=1 for the traceback") from exc
 
     def gradients(self, inputs: list[Any]) -> tuple[Any, list[np.ndarray]]:
         """One micro-batch's model outputs and parameter gradients (on the dispatch thread)."""

@@ -83,6 +83,7 @@ class PlanInputs:
     track_max_logits: bool = False      # max attention logit tracking (refused with TP/CP/PP)
     muon: bool = False                  # optimizer.type: Muon (refused with TP)
     qk_clip: bool = False               # Muon's QK-clip is active (refused with FSDP)
+    update_on_device: bool | None = None  # mftk.update_on_device (true: refused with PP)
 
 
 @attrs.frozen(kw_only=True)

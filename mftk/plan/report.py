@@ -143,7 +143,7 @@ def plan_inputs(config, parallelism) -> PlanInputs:
                       sequence_parallel=parallelism.sequence_parallel,
                       rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
                       track_max_logits=tracking_requested(config), muon=config.optimizer.type == "Muon",
-                      qk_clip=qk_clip_active(config))
+                      qk_clip=qk_clip_active(config), update_on_device=config.mftk.update_on_device)
 
 
 def _rate_ok(flag: str, value: float | None, what: str) -> None:

@@ -181,7 +181,7 @@ def check_layout(layout: Layout, inputs: PlanInputs, *, nodes: int | None = None
                               layers_per_stage=inputs.layers_per_stage, schedule=inputs.schedule,
                               global_batch_size=inputs.global_batch_size, local_batch_size=inputs.local_batch_size,
                               rampup=inputs.rampup, track_max_logits=inputs.track_max_logits,
-                              muon=inputs.muon, qk_clip=inputs.qk_clip)
+                              muon=inputs.muon, qk_clip=inputs.qk_clip, update_on_device=inputs.update_on_device)
     out += [Rejection(r.rule, r.message) for r in layout_refusals(inputs.model, layout, settings)]
     return out
 
