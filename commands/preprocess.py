@@ -83,7 +83,7 @@ def preprocess(
 
     import attrs
 
-    from commands._render import RichProgress, console, err_console, print_json
+    from commands._render import RichProgress, console, err_console, print_json, skip_teardown
     from mftk.data.preprocess import preprocess as run
     from mftk.errors import InputError
 
@@ -102,8 +102,10 @@ def preprocess(
         data = attrs.asdict(summary)
         data["data_path"] = summary.data_path_block()
         print_json(data)
-        return
-    _render(summary, console)
+    else:
+        _render(summary, console)
+    if summary.format == "megatron":  # complete: fsynced and renamed (MindSpore's own exit hooks run as usual)
+        skip_teardown()
 
 
 def _render(summary, console) -> None:

@@ -88,9 +88,13 @@ def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
     without it, `mftk.data.gigatoken_ids`); with ``--tokenizer-backend hf`` not gigatoken either."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} with some words"}) + "\n" for i in range(50)))
-    code = ("import sys, atexit\n"
-            "atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in TOP or "
-            "m.startswith(('mftk.', 'commands.')))))\n"
+    code = ("import os, sys\n"  # the command ends with os._exit (no teardown): report the modules there
+            "real_exit = os._exit\n"
+            "def _exit(code):\n"
+            "    print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in TOP or "
+            "m.startswith(('mftk.', 'commands.'))), flush=True)\n"
+            "    real_exit(code)\n"
+            "os._exit = _exit\n"
             f"sys.argv = ['mftk', 'preprocess', '-i', {str(corpus)!r}, '-t', {str(ROOT / 'mftk' / 'templates' / 'data')!r}, "
             f"'-o', {str(tmp_path / 'o')!r}, '--tokenizer-backend', {backend!r}, '--json']\n"
             "from commands.app import main\nmain()\n")
