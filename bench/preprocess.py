@@ -1,6 +1,6 @@
 """Benchmark: `mftk preprocess` end to end against the tokenizer limits, side by side.
 
-    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--only abcd]
+    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--only awbcdvj]
                                [--workdir DIR]
 
 Builds a deterministic corpus of real text that ships with Python (pydoc topics + standard-library
