@@ -1,6 +1,6 @@
 """Benchmark: `mftk preprocess` end to end against the tokenizer limits, side by side.
 
-    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--only abcd]
+    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--only awbcdvj]
                                [--workdir DIR]
 
 Builds a deterministic corpus of real text that ships with Python (pydoc topics + standard-library
@@ -8,7 +8,11 @@ sources, cut into ~4 KB documents, repeated to --mb megabytes of JSONL), trains 
 its first 8 MB, then runs, interleaved round by round (medians reported):
 
   (a) gigatoken ``encode_files(JsonlFileSource(corpus, field="text"))``: the JSONL file straight to
-      token arrays, tokenizer already loaded; the limit for any tool that reads JSONL;
+      token arrays, tokenizer already loaded (afresh before each round, untimed); the limit for any
+      tool that reads JSONL;
+  (w) the same with one tokenizer kept over the rounds, as (a) was measured before: from the second
+      round on, gigatoken's memo of the words it has seen already holds this corpus's words, which
+      no run of a tool starts with (shown for comparison with the older figures);
   (b) HF tokenizers ``encode_batch_fast`` over the texts already in memory (the old ceiling);
   (c) ``mftk preprocess`` as a fresh process, backend auto (start-up, backend check, validation of
       every line, writing included);
@@ -21,7 +25,9 @@ are (pip compiles on install): where PYTHONDONTWRITEBYTECODE is set, every fresh
 would otherwise compile them from source, 0.3-0.4 s of CPU no user pays. The 1-minute load
 average of the machine is printed with every round (a shared machine's other load shows there).
 
-Prints each throughput, the ratios c/a, c/b, c/d, checks that the .bin/.idx of (c) and (d) are
+Prints each throughput, the ratios c/a, c/w, c/b, c/d, where (c)'s wall time goes (process start-up,
+imports and exit: c minus the run's own ``wall_s``; set-up: tokenizers loaded and backend chosen, the
+run's ``setup_s``; the read-parse-encode-write pass: the rest), checks that the .bin/.idx of (c) and (d) are
 byte-identical, the CPU seconds of (a) and (c) (less sensitive to other load on a shared machine than
 wall time), and the peak RSS of the (c) process tree (its rusage, from a small helper
 process that starts it). --workers sets the threads of
@@ -94,6 +100,7 @@ def _cpu() -> float:
 
 
 def run_a(gtok, corpus: Path) -> tuple[float, float, int]:
+    """(seconds, CPU seconds, tokens) of gigatoken's encode_files with ``gtok``."""
     import gigatoken
 
     t0, c0 = time.perf_counter(), _cpu()
@@ -165,8 +172,9 @@ def run_j(corpus: Path) -> float:
 
 
 def run_mftk(spawner: Spawner, tokenizer: Path, corpus: Path, out: Path, workers: int,
-             backend: str) -> tuple[float, float, int, float, str]:
-    """(seconds, CPU seconds, tokens, peak RSS MiB, backend used) of one fresh `mftk preprocess` process."""
+             backend: str) -> tuple[float, float, int, float, str, tuple[float, float]]:
+    """(seconds, CPU seconds, tokens, peak RSS MiB, backend used, (run wall_s, setup_s)) of one fresh
+    `mftk preprocess` process."""
     cmd = [sys.executable, "-m", "mftk", "preprocess", "-i", str(corpus), "-t", str(tokenizer), "-o", str(out),
            "--workers", str(workers), "--tokenizer-backend", backend, "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -174,7 +182,17 @@ def run_mftk(spawner: Spawner, tokenizer: Path, corpus: Path, out: Path, workers
     if code != 0:
         sys.exit(f"mftk preprocess failed:\n{stderr}")
     data = json.loads(stdout)
-    return seconds, cpu, data["sources"][0]["outputs"][0]["tokens"], peak, data["backend"]
+    return (seconds, cpu, data["sources"][0]["outputs"][0]["tokens"], peak, data["backend"],
+            (data["wall_s"], data["setup_s"]))
+
+
+def breakdown(walls: list[float], inside: list[tuple[float, float]]) -> str:
+    """Where (c)'s wall time went, medians over the rounds."""
+    outside = statistics.median(w - own for w, (own, _) in zip(walls, inside))
+    setup = statistics.median(s for _, s in inside)
+    run = statistics.median(own - s for own, s in inside)
+    return (f"(c) wall, medians: start-up+imports+exit {outside:.3f} s, set-up (tokenizers, backend check) "
+            f"{setup:.3f} s, read-parse-encode-write {run:.3f} s")
 
 
 def same_outputs(a: Path, b: Path) -> bool:
@@ -188,7 +206,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=32000)
-    parser.add_argument("--only", default="abcdvj", help="which measurements, a subset of abcdvj")
+    parser.add_argument("--only", default="awbcdvj", help="which measurements, a subset of awbcdvj")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # before any tokenizer's pool starts
@@ -213,7 +231,8 @@ def main() -> None:
     hf = Tokenizer.from_file(str(tokenizer))
     gtok.encode_batch(["warm up the pool and the awkward import"])
     times: dict[str, list[float]] = {k: [] for k in args.only}
-    cpus: dict[str, list[float]] = {"a": [], "c": []}  # CPU seconds: less sensitive to a shared machine
+    cpus: dict[str, list[float]] = {"a": [], "w": [], "c": []}  # CPU seconds: less sensitive to a shared machine
+    inside: list[tuple[float, float]] = []  # (c)'s own (wall_s, setup_s)
     tokens: dict[str, int] = {}
     rss: list[float] = []
     backends = set()
@@ -221,20 +240,26 @@ def main() -> None:
     for r in range(args.repeats):  # interleaved, so drift in machine load hits every measurement alike
         row = []
         if "a" in args.only:
-            t, cpu, tokens["a"] = run_a(gtok, corpus)
+            t, cpu, tokens["a"] = run_a(gigatoken.Tokenizer.from_json(tokenizer.read_bytes()), corpus)
             times["a"].append(t)
             cpus["a"].append(cpu)
+        if "w" in args.only:
+            t, cpu, tokens["w"] = run_a(gtok, corpus)
+            times["w"].append(t)
+            cpus["w"].append(cpu)
         if "b" in args.only:
             t, tokens["b"] = run_b(hf, texts)
             times["b"].append(t)
         if "c" in args.only:
-            t, cpu, tokens["c"], peak, backend = run_mftk(spawner, tokenizer, corpus, work / "c", args.workers, "auto")
+            t, cpu, tokens["c"], peak, backend, own = run_mftk(spawner, tokenizer, corpus, work / "c", args.workers,
+                                                               "auto")
             times["c"].append(t)
+            inside.append(own)
             cpus["c"].append(cpu)
             rss.append(peak)
             backends.add(backend)
         if "d" in args.only:
-            t, _, tokens["d"], _, _ = run_mftk(spawner, tokenizer, corpus, work / "d", args.workers, "hf")
+            t, _, tokens["d"], _, _, _ = run_mftk(spawner, tokenizer, corpus, work / "d", args.workers, "hf")
             times["d"].append(t)
         if "v" in args.only:
             times["v"].append(run_v(corpus))
@@ -244,27 +269,34 @@ def main() -> None:
             equal = same_outputs(work / "c", work / "d") and (equal is not False)
         for k in args.only:
             row.append(f"{k} {mb / times[k][-1]:7.1f} MB/s")
-        row += [f"c/{k} {times[k][-1] / times['c'][-1]:.2f}" for k in "ad" if k in args.only and "c" in args.only]
+        row += [f"c/{k} {times[k][-1] / times['c'][-1]:.2f}" for k in "awd" if k in args.only and "c" in args.only]
         print(f"  round {r + 1}: " + "   ".join(row) + f"   (load {os.getloadavg()[0]:.1f})")
     spawner.close()
     if len(set(tokens.values())) > 1:
         sys.exit(f"token counts differ between measurements: {tokens}")
     med = {k: statistics.median(v) for k, v in times.items()}
     n = next(iter(tokens.values()), 0)
-    names = {"a": "gigatoken encode_files, JSONL file -> arrays", "b": "HF encode_batch_fast, texts in memory",
+    names = {"a": "gigatoken encode_files, JSONL file -> arrays", "w": "the same, memo warm from earlier rounds",
+             "b": "HF encode_batch_fast, texts in memory",
              "c": "mftk preprocess, backend auto (fresh process)", "d": "mftk preprocess --tokenizer-backend hf",
              "v": "mftk validation alone (read+parse every line)", "j": "json.loads per line (stdlib parse)"}
     print(f"tokens: {n:,}")
-    for k in "abcdvj":
+    for k in "awbcdvj":
         if k in med:
-            tok_s = f"{n / med[k] / 1e6:7.2f} M tokens/s" if k in "abcd" else " " * 18
+            tok_s = f"{n / med[k] / 1e6:7.2f} M tokens/s" if k in "awbcd" else " " * 18
             print(f"({k}) {names[k]:<47} {mb / med[k]:8.1f} MB/s {tok_s}  median {med[k]:.3f} s")
-    ratios = [f"c/{k} {med[k] / med['c']:.3f}" for k in "abd" if k in med and "c" in med]
+    ratios = [f"c/{k} {med[k] / med['c']:.3f}" for k in "awbd" if k in med and "c" in med]
     if ratios:
         print("ratios (throughput of c over the other): " + "   ".join(ratios))
-    if cpus["a"] and cpus["c"]:
-        ca, cc = statistics.median(cpus["a"]), statistics.median(cpus["c"])
-        print(f"CPU seconds (user+sys, medians): a {ca:.2f}, c {cc:.2f}; c/a by CPU time {ca / cc:.3f}")
+    if "c" in med:
+        print("ratio spread over rounds: " + "   ".join(
+            f"c/{k} {min(x / y for x, y in zip(times[k], times['c'])):.2f}-"
+            f"{max(x / y for x, y in zip(times[k], times['c'])):.2f}" for k in "awd" if k in med))
+        print(breakdown(times["c"], inside))
+    for k in "aw":
+        if cpus[k] and cpus["c"]:
+            ck, cc = statistics.median(cpus[k]), statistics.median(cpus["c"])
+            print(f"CPU seconds (user+sys, medians): {k} {ck:.2f}, c {cc:.2f}; c/{k} by CPU time {ck / cc:.3f}")
     if "v" in med and "c" in med:
         print(f"validation alone is {med['v'] / med['c']:.0%} of (c)'s wall time (it overlaps the encoding there)")
     if rss:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -128,8 +129,31 @@ def _build(module_name: str, cli_name: str, panel: str):  # type: ignore[no-unty
 
 
 def main() -> None:
-    """Console entry point; library errors are mapped to exit codes by `MftkGroup.invoke`."""
-    app()
+    """Console entry point; library errors are mapped to exit codes by `MftkGroup.invoke`.
+
+    A command that finished and asked for it (`commands._render.skip_teardown`) ends the process at
+    once (``os._exit``) after stdout and stderr are flushed: nothing is left to write by then.
+    """
+    render = sys.modules.get("commands._render")  # not imported here: `mftk --version` stays light
+    if render is not None:
+        render.reset_teardown()  # a request from an earlier in-process invocation is not this one's
+    try:
+        app()
+    except SystemExit as exc:
+        render = sys.modules.get("commands._render")
+        if exc.code in (0, None) and render is not None and render.teardown_skippable() and _flushed():
+            os._exit(0)
+        raise
+
+
+def _flushed() -> bool:
+    """stdout and stderr flushed (False if that fails: the normal exit then reports it)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -74,9 +74,16 @@ def preprocess(
     json_out: JsonOpt = False,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
+    from mftk.data.preload import TokenizerPreload, use_threads
+
+    preload = None
+    if tokenizer is not None and not merge:  # first: the loads run beside the imports below
+        use_threads(workers)
+        preload = TokenizerPreload(tokenizer, tokenizer_backend)
+
     import attrs
 
-    from commands._render import RichProgress, console, err_console, print_json
+    from commands._render import RichProgress, console, err_console, print_json, skip_teardown
     from mftk.data.preprocess import preprocess as run
     from mftk.errors import InputError
 
@@ -90,13 +97,15 @@ def preprocess(
                   eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
                   weights=parsed_weights, resume=resume, merge_only=merge, format=format, seq_length=seq_length,
                   tokenizer_backend=tokenizer_backend, num_shards=num_shards, shard_index=shard_index,
-                  progress=RichProgress(err_console))
+                  progress=RichProgress(err_console), preload=preload)
     if json_out:
         data = attrs.asdict(summary)
         data["data_path"] = summary.data_path_block()
         print_json(data)
-        return
-    _render(summary, console)
+    else:
+        _render(summary, console)
+    if summary.format == "megatron":  # complete: fsynced and renamed (MindSpore's own exit hooks run as usual)
+        skip_teardown()
 
 
 def _render(summary, console) -> None:

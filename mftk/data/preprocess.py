@@ -30,7 +30,8 @@ from mftk.data.indexed import best_dtype, data_paths, merge
 from mftk.data.jsonl import CHUNK_BYTES, expand_inputs, sample_texts
 from mftk.data.pipeline import Meter, OutputPair, RunOptions, SourceRun, SourceSummary
 from mftk.data.shards import Piece, check_shard, shard_name, shard_pieces
-from mftk.data.tokenize import BackendMismatch, GigatokenPreload, choose_backend, load_tokenizer
+from mftk.data.preload import TokenizerPreload, use_threads
+from mftk.data.tokenize import BackendMismatch, choose_backend, load_tokenizer
 from mftk.errors import InputError
 from mftk.files import LARGE_JSON_LIMIT, read_bytes
 from mftk.lock import exclusive_output
@@ -40,7 +41,8 @@ __all__ = ["OutputPair", "PreprocessSummary", "Source", "SourceSummary", "parse_
 
 _NAMED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
 LOCK_WHAT = "mftk preprocess output"
-SAMPLE_TEXTS = 256  # input texts the backend check encodes with both tokenizers
+SAMPLE_TEXTS = 128  # input texts the backend check encodes with both tokenizers (cut to SAMPLE_CHARS)
+SAMPLE_CHARS = 1024
 
 
 @attrs.define
@@ -70,6 +72,7 @@ class PreprocessSummary:
     backend: str | None = None  # tokenizer backend used: gigatoken or hf
     backend_note: str = ""  # why (the check it passed, or why gigatoken was not used)
     shard: list[int] | None = None  # [K, N]: this run wrote shard K of N
+    setup_s: float = 0.0  # of wall_s: until the first chunk is read (tokenizers loaded, backend chosen)
 
     @property
     def tokens(self) -> int:
@@ -142,13 +145,15 @@ def preprocess(
     num_shards: int | None = None,
     shard_index: int | None = None,
     progress: Progress = NULL_PROGRESS,
+    preload: TokenizerPreload | None = None,
 ) -> PreprocessSummary:
     """Tokenize every input group into ``<output_prefix>[_<name>]_<key>_document.{bin,idx}``.
 
     ``merge_only`` instead concatenates existing prefixes (``inputs``, globs allowed) into
     ``output_prefix``. ``format="mindrecord"`` (needs ``seq_length``) writes
     ``<output_prefix>[_<name>]_<key>.mindrecord``. ``batch_bytes`` is the size of the chunks the
-    input is read, parsed and encoded in.
+    input is read, parsed and encoded in. ``preload``: the tokenizers, already loading
+    (`mftk.data.preload`; the command starts it before importing this module); else started here.
     """
     started = time.perf_counter()
     if not inputs:
@@ -182,20 +187,21 @@ def preprocess(
     with contextlib.ExitStack() as locks:
         for path in prefixes + [out for prefix in prefixes for out in _outputs(prefix, keys, format)]:
             locks.enter_context(exclusive_output(path, LOCK_WHAT))  # the group's state and each output pair
-        if workers:
-            os.environ["RAYON_NUM_THREADS"] = str(workers)  # read once, at each tokenizer pool's first use
-        preload = GigatokenPreload(tokenizer) if tokenizer_backend in ("auto", "gigatoken") else None
-        tok = load_tokenizer(tokenizer, eod_token)
+        use_threads(workers)
+        if preload is None:
+            preload = TokenizerPreload(tokenizer, tokenizer_backend)
+        tok = load_tokenizer(tokenizer, eod_token, preload)
         if append_eod and tok.eod_id is None:
             raise InputError(message=f"{tok.path}: no end-of-document token found for --append-eod",
                              hint="pass --eod-token with the token your model uses, e.g. <|endoftext|>")
         all_files = [p for group in files for p in group]
-        check = choose_backend(tok, tokenizer_backend, sample_texts(all_files, keys, SAMPLE_TEXTS)
+        check = choose_backend(tok, tokenizer_backend, sample_texts(all_files, keys, SAMPLE_TEXTS, SAMPLE_CHARS)
                                if tokenizer_backend != "hf" else [], preload)
         options = _options(tok, keys, compat, append_eod, on_error, max_errors, batch_bytes, format, seq_length,
                            shard)
         options.confirm = check.confirm
         total = sum(p.size() for group in pieces for p in group)
+        setup_s = time.perf_counter() - started
         try:
             summaries = _run_groups(sources, prefixes, pieces, tok, options, progress, total, resume)
         except BackendMismatch:  # nothing was kept; tok encodes with HF tokenizers now
@@ -206,7 +212,7 @@ def preprocess(
         weights = [t / total for t in tokens]
     return PreprocessSummary(summaries, tok.path, tok.vocab_size, tok.eod_id, tok.eod_token, options.dtype.name,
                              compat, append_eod, list(weights), time.perf_counter() - started, format, seq_length,
-                             tok.backend, tok.backend_note, [shard[1], shard[0]] if shard else None)
+                             tok.backend, tok.backend_note, [shard[1], shard[0]] if shard else None, setup_s)
 
 
 def _run_groups(sources: list[Source], prefixes: list[str], pieces: list[list[Piece]], tok, options: RunOptions,

@@ -26,6 +26,8 @@ from typing import Protocol
 import attrs
 import numpy as np
 
+from mftk.data.gigatoken_ids import encode_batch_arrays
+from mftk.data.preload import TokenizerPreload, tokenizer_file
 from mftk.errors import DataFormatError, InputError
 from mftk.files import CONFIG_LIMIT, LARGE_JSON_LIMIT, read_bytes, read_json, regular_file_or_error
 
@@ -105,7 +107,7 @@ class GigatokenEncoder:
         self._tok = None
         if loaded is None:
             self._load()
-        else:  # built from these bytes by `preload_gigatoken`
+        else:  # built from these bytes by `TokenizerPreload`
             self._tok = loaded
             self._rss_at_load = _rss()
 
@@ -121,7 +123,7 @@ class GigatokenEncoder:
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.uint32), np.zeros(0, np.int64)
-        flat, lengths = _flat(self._tok.encode_batch(texts))  # parallel unless in a forked worker
+        flat, lengths = encode_batch_arrays(self._tok.encode_batch, texts)  # parallel unless in a forked worker
         if _rss() - self._rss_at_load > self.memo_budget:
             self.reloads += 1
             self._load()
@@ -155,19 +157,6 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def _flat(array) -> tuple[np.ndarray, np.ndarray]:
-    """(content, lengths) of an awkward list array: zero-copy views in the usual offsets layout."""
-    layout = array.layout
-    offsets = getattr(layout, "offsets", None)
-    content = getattr(getattr(layout, "content", None), "data", None)
-    if offsets is not None and isinstance(content, np.ndarray) and not hasattr(layout, "mask"):
-        off = np.asarray(offsets.data, dtype=np.int64)
-        return content[off[0]:off[-1]], np.diff(off)
-    import awkward as ak  # any other layout: let awkward flatten it
-
-    return ak.to_numpy(ak.flatten(array, axis=1)), ak.to_numpy(ak.num(array, axis=1)).astype(np.int64)
 
 
 def wrap_sequences(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray,
@@ -217,42 +206,11 @@ class LoadedTokenizer:
         return self.encoder.encode(texts)
 
 
-def tokenizer_file(path: str | os.PathLike) -> Path:
-    """The ``tokenizer.json`` that ``path`` names: the file itself, or the one in the directory."""
-    p = Path(path)
-    return p / "tokenizer.json" if p.is_dir() else p
-
-
-class GigatokenPreload:
-    """gigatoken's tokenizer built on a thread while the caller loads the HF tokenizer and samples the input.
-
-    The costs it hides are gigatoken's own load (its Rust side releases the GIL) and the first
-    batch, which imports ``awkward`` (gigatoken's result type; 0.15-0.3 s of imports), both beside
-    `load_tokenizer` (HF's Rust load also releases the GIL). Nothing is decided here: `choose_backend`
-    still checks the ids; a failure is kept and reported by `result`, as a load inside the check would be.
-    """
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-gigatoken-load")
-        self._future = self._pool.submit(self._load, tokenizer_file(path))
-        self._pool.shutdown(wait=False)
-
-    @staticmethod
-    def _load(file: Path) -> tuple[bytes, object]:
-        import gigatoken
-
-        data = read_bytes(file, limit=LARGE_JSON_LIMIT, what="tokenizer file")
-        tok = gigatoken.Tokenizer.from_json(data)
-        tok.encode_batch(["warm up"])  # the first batch imports awkward; no ids are kept from it
-        return data, tok
-
-    def result(self) -> tuple[bytes, object]:
-        """(tokenizer.json bytes, gigatoken.Tokenizer); raises what the load raised."""
-        return self._future.result()
-
-
-def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> LoadedTokenizer:
+def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None,
+                   preload: TokenizerPreload | None = None) -> LoadedTokenizer:
     """Load ``tokenizer.json`` (or a directory holding one) and resolve the EOD id; backend ``hf``.
+
+    ``preload``: the tokenizers already loading on threads; its HF tokenizer is used when it loaded.
 
     The EOD token is, in order: ``eod_token``; the ``eos_token`` of a ``tokenizer_config.json``
     next to it (what Megatron's HF tokenizer uses as ``eod``); the first of
@@ -270,7 +228,9 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None) -> Loa
         raise InputError(message=f"{file}: {size:,} bytes is not a tokenizer.json (limit {LARGE_JSON_LIMIT:,})",
                          path=str(file), hint=hint)
     try:
-        tok = Tokenizer.from_file(str(file))
+        tok = preload.hf(file) if preload is not None else None
+        if tok is None:
+            tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the Rust side raises a plain Exception for any parse error
         raise DataFormatError(message=f"{file}: not a Hugging Face tokenizer.json ({str(exc)[:200]})",
                               path=str(file), hint="pass the tokenizer.json written by the `tokenizers` "
@@ -336,12 +296,12 @@ NO_CHECK = BackendCheck()  # a verdict that is already final
 
 
 def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
-                   preload: GigatokenPreload | None = None) -> BackendCheck:
+                   preload: TokenizerPreload | None = None) -> BackendCheck:
     """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf); return the check still to confirm.
 
     ``sample`` is text from the actual input. ``auto`` falls back to HF with the reason in
     ``tok.backend_note``; an explicit ``gigatoken`` that cannot reproduce HF is an error.
-    ``preload``: gigatoken's tokenizer, already being built from ``tok.path`` (else built here).
+    ``preload``: the tokenizers already loading (`TokenizerPreload`); gigatoken's is built here if not.
     What is known at once (gigatoken cannot load the tokenizer, or fails on the check texts) is
     decided here; the id comparison is the returned `BackendCheck`, which the caller confirms
     before keeping anything (`BackendCheck.confirm`; ``choose_backend(...).confirm()`` waits for it).
@@ -376,7 +336,7 @@ def _refuse(tok: LoadedTokenizer, choice: str, problem: str) -> None:
     tok.backend_note = f"gigatoken not used: {problem}"
 
 
-def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: GigatokenPreload | None
+def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: TokenizerPreload | None
                          ) -> tuple[GigatokenEncoder | None, list[tuple[str, str]] | str]:
     """(gigatoken encoder, the named check texts), or (None, why it cannot be used)."""
     hf = tok.tokenizer
@@ -390,11 +350,11 @@ def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: Gigat
     if wrap is None:
         return None, "its post-processor does more than add fixed special tokens around the text"
     try:
-        if preload is None:
+        loaded = preload.gigatoken(Path(tok.path)) if preload is not None else None
+        if loaded is None:
             encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
         else:
-            data, loaded = preload.result()
-            encoder = GigatokenEncoder(data, *wrap, loaded=loaded)
+            encoder = GigatokenEncoder(loaded[0], *wrap, loaded=loaded[1])
     except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
         return None, f"gigatoken cannot load it ({_first_line(exc)})"
     cases = [(name, text) for name, text in EDGE_CASES] + _added_token_cases(hf)

@@ -72,3 +72,34 @@ def test_missing_input_and_tokenizer_exit_2(tmp_path):
     r = runner.invoke(app, ["preprocess", "-i", str(d / "a.jsonl"), "-o", str(d / "o"), "-t", str(d),
                             "--weights", "a,b"])
     assert r.exit_code == 2 and "--weights" in flat(r.stderr)
+
+
+def test_finished_run_ends_without_teardown_and_keeps_its_output(tmp_path):
+    """The real process (commands.app.main) ends with os._exit once the outputs are in place: stdout is
+    complete, the files equal an in-process run's, and a failed run still exits normally (code 1)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    d = _setup(tmp_path)
+    root = Path(__file__).resolve().parents[2]
+    code = ("import atexit, sys\natexit.register(lambda: print('TEARDOWN', file=sys.stderr))\n"
+            "sys.argv = ['mftk', *sys.argv[1:]]\nfrom commands.app import main\nmain()\n")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", code, "preprocess", "-t", str(d), *args], capture_output=True,
+                              text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300)
+
+    r = run("-i", str(d / "a.jsonl"), "-o", str(d / "sub"), "--append-eod", "--json")
+    assert r.returncode == 0 and "TEARDOWN" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["sources"][0]["outputs"][0]["tokens"] > 0
+    inproc = runner.invoke(app, ["preprocess", "-i", str(d / "a.jsonl"), "-o", str(d / "cli"), "-t", str(d),
+                                 "--append-eod"])
+    assert inproc.exit_code == 0, inproc.output
+    for ext in ("bin", "idx"):
+        assert (d / f"sub_text_document.{ext}").read_bytes() == (d / f"cli_text_document.{ext}").read_bytes()
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith("sub")) == ["sub_text_document.bin",
+                                                                              "sub_text_document.idx"]
+    bad = run("-i", str(d / "b.jsonl"), "-o", str(d / "bad"))
+    assert bad.returncode == 1 and "TEARDOWN" in bad.stderr and "b.jsonl:2" in flat(bad.stderr)

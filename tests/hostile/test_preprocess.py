@@ -232,13 +232,17 @@ def test_full_tmpfs(tmp_path):
 # -- item 5: one very long line --------------------------------------------------------------------
 
 PEAK = textwrap.dedent("""
-    import runpy, sys
+    import os, runpy, sys
+    def report():
+        peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+        print(f"VmHWM {peak}", file=sys.stderr, flush=True)
+    real_exit = os._exit
+    os._exit = lambda code: (report(), real_exit(code))  # a finished run ends without teardown
     sys.argv = ["mftk", *sys.argv[1:]]
     try:
         runpy.run_module("mftk", run_name="__main__")
     finally:
-        peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
-        print(f"VmHWM {peak}", file=sys.stderr)
+        report()
 """)
 
 
