@@ -387,7 +387,11 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         from mftk.engine.parallel.pipeline_model import stage_chunks_of
 
         chunks = stage_chunks_of(config)
-    par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks))
+    from mftk.engine.recompute import replayed_layers
+
+    replay = replayed_layers(model, config.recompute, config.recompute_comm)
+    par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks,
+                                          fsdp_replay=replay))
     _log_parallel(par, layout, groups, p)
     _recompute(model, config)
     _release_freed_memory()
@@ -422,7 +426,7 @@ def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
     fsdp = sum(1 for t in table if t.split_over("fsdp"))
     if fsdp:
         log.info("FSDP: %s along dim 0 over %d ranks, with their gradients and optimizer states; each unit (layer, "
-                 "embedding, output layer) gathers them for its forward and again for its replayed backward",
+                 "embedding, output layer) gathers them for its forward and again for its backward",
                  sharded_phrase(fsdp, sum(1 for t in table if t.trainable)), groups.fsdp.size)
 
 

@@ -22,10 +22,11 @@ tokens), averaged over dp×cp, cut to this rank's rows.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Collection, Iterator, Sequence
 
 import numpy as np
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, nn
 
 from mftk.engine import units
 from mftk.engine.parallel import comm
@@ -45,6 +46,10 @@ class FsdpHooks(units.UnitHooks):
         self.slots = [[(c, k) for c in owners for k, v in c._params.items() if v is p] for p in self.sharded]
         self.full: list[Parameter] = []  # one full-shape stand-in per sharded one (one row while not gathered)
         self.depth = 0  # nested gathers (a unit called inside another's replay) free only at the outermost
+        # the kept-activations path (`gathered`): the gather cell, the live gathered weights by storage, and the
+        # weights the backward gathered again
+        self._gather_cell = _GatherRows(self)
+        self._at_gather, self._live, self._live_full, self._again = False, {}, (), None
 
     # ------------------------------------------------------------------ weights
     def gather(self) -> None:
@@ -81,21 +86,115 @@ class FsdpHooks(units.UnitHooks):
         idx = [i for i, on in enumerate(self.mask) if on]
         if not idx:
             return grads
+        out = list(grads)
+        for i, t in zip(idx, self.reduce_sharded([grads[i] for i in idx])):
+            out[i] = t
+        return out
+
+    def reduce_sharded(self, full: list) -> list[Tensor]:
+        """Full gradients of the ``sharded`` parameters → this rank's rows, reduced (`reduce`)."""
         g = self.groups
-        full = [grads[i] for i in idx]
+        full = list(full)
         whole = [k for k, w in enumerate(self.tp_whole) if w]
         if whole and not g.tp.is_trivial:
             summed = _all_reduce_list([full[k] for k in whole], g.tp, "sum")
             for k, t in zip(whole, summed):
                 full[k] = t
         full = _all_reduce_list(full, g.dp_cp, "avg")
-        out = list(grads)
         size, rank = g.fsdp.size, g.fsdp.rank
-        for i, t in zip(idx, full):
+        out = []
+        for t in full:
             a = t.asnumpy() if isinstance(t, Tensor) else t
             block = a.shape[0] // size
-            out[i] = Tensor(np.ascontiguousarray(a[rank * block:(rank + 1) * block]))  # its own buffer: a view
-        return out                                                                       # would keep the full one
+            out.append(Tensor(np.ascontiguousarray(a[rank * block:(rank + 1) * block])))  # its own buffer: a
+        return out                                                                     # view would keep the full one
+
+    # ------------------------------------------------------------------ kept activations (no replay)
+    @contextmanager
+    def gathered(self) -> Iterator[tuple]:
+        """The unit's forward differentiated as it is (its activations kept for the backward) on its weights
+        gathered by `_GatherRows` — a differentiable all-gather whose backward is `reduce_sharded` — and
+        shadowing the row blocks in their cells. The gathered weights are freed when the forward ends:
+        saved-tensor hooks store a handle in place of each of them, and the unit's backward gathers them once
+        again when it first needs one (torch FSDP2's ``reshard_after_forward``)."""
+        self.depth += 1
+        if self.depth > 1:  # a unit called inside its own forward (nested): already gathered
+            try:
+                yield self._live_full
+            finally:
+                self.depth -= 1
+            return
+        import mindspore as ms
+
+        try:
+            with ms.saved_tensors_hooks(self._pack, self._unpack):
+                self._at_gather = True
+                full = self._gather_cell(*self.sharded)
+                self._at_gather = False
+                full = tuple(full) if isinstance(full, (tuple, list)) else (full,)
+                self._live = {_key(t): k for k, t in enumerate(full)}
+                self._live_full = full
+                for t, slots in zip(full, self.slots):
+                    for cell, key in slots:
+                        object.__setattr__(cell, key, t)  # shadows the registry entry: read as cell.<key>
+                yield full
+        finally:
+            for slots in self.slots:
+                for cell, key in slots:
+                    cell.__dict__.pop(key, None)
+            self._at_gather, self._live, self._live_full = False, {}, ()
+            self.depth -= 1
+
+    def _pack(self, x: Tensor) -> Any:
+        """A gathered weight is saved as its index (the gather cell's own output as a marker: its backward
+        does not read it); every other tensor as itself."""
+        key = _key(x)
+        if self._at_gather and key in self._gather_cell.made:
+            return (_GATHER_OUT,)
+        k = self._live.get(key)
+        return x if k is None else (_WEIGHT, k)
+
+    def _unpack(self, packed: Any) -> Tensor:
+        if not isinstance(packed, tuple):
+            return packed
+        if packed[0] == _GATHER_OUT:
+            return _MARKER
+        if self._again is None:  # the first saved weight the unit's backward reads: gather them all once
+            self._again = [Tensor.from_numpy(comm.all_gather_rows(p.asnumpy(), self.groups.fsdp))
+                           for p in self.sharded]
+        return self._again[packed[1]]
+
+
+_GATHER_OUT, _WEIGHT = "gather-out", "weight"
+_MARKER = Tensor(np.zeros(1, np.float32))
+
+
+def _key(t: Tensor) -> tuple:
+    """A tensor's storage and shape: the saved-tensor hooks see other Python objects for the same tensor."""
+    return (t.data_ptr(), tuple(t.shape))
+
+
+class _GatherRows(nn.Cell):
+    """``(*row blocks) -> full weights`` (all-gathered); backward: their full gradients reduce-scattered
+    (`FsdpHooks.reduce_sharded`), after which the weights the unit's backward gathered again are dropped."""
+
+    def __init__(self, hooks: FsdpHooks) -> None:
+        super().__init__()
+        object.__setattr__(self, "hooks", hooks)  # plain attributes: not a sub-cell
+        object.__setattr__(self, "made", set())
+
+    def construct(self, *blocks):
+        full = tuple(Tensor.from_numpy(comm.all_gather_rows(b.asnumpy(), self.hooks.groups.fsdp)) for b in blocks)
+        object.__setattr__(self, "made", {_key(t) for t in full})
+        return full
+
+    def bprop(self, *args):
+        n = len(self.hooks.sharded)
+        douts = args[n + 1]
+        douts = douts if isinstance(douts, tuple) else (douts,)
+        grads = self.hooks.reduce_sharded(list(douts))
+        self.hooks._again = None  # noqa: SLF001 — the unit's backward is over
+        return tuple(grads)
 
 
 def _placeholder(p: Parameter, size: int) -> Parameter:
@@ -152,9 +251,11 @@ def shardable(model: Any, table: Any) -> set[str]:
             if p.name in table and table[p.name].trainable and len(table[p.name].stages) == 1}
 
 
-def apply_fsdp(model: Any, groups: Any, table: Any) -> list[units.ReplayedUnit]:
+def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = ()) -> list[str]:
     """Cut every FSDP-split parameter (the table's ``fsdp`` rows) to this rank's block and make every unit
-    this rank trains gather it for its forward and its replay."""
+    this rank trains gather it for its forward and its backward: the units named in ``replay`` (the layers
+    recompute selects, `recompute.replayed_layers`) replay their forward in the backward (`units.ReplayedUnit`),
+    the others keep their activations (`FsdpHooks.gathered`). Returns the names of the units installed."""
     size, rank = groups.fsdp.size, groups.fsdp.rank
     installed = []
     for name, cell, kind, params in unit_cells(model):
@@ -170,5 +271,34 @@ def apply_fsdp(model: Any, groups: Any, table: Any) -> list[units.ReplayedUnit]:
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
         hooks = FsdpHooks(params, sharded, groups, tp_whole, owners)
-        installed.append(units.install(cell, kind, params, hooks, name=name))
+        if name in replay:
+            units.install(cell, kind, params, hooks, name=name)
+        else:
+            _keep(cell, kind, hooks)
+        installed.append(name)
     return installed
+
+
+def _keep(cell: Any, kind: str, hooks: FsdpHooks) -> None:
+    """``cell``'s forward run inside `FsdpHooks.gathered` (its activations kept). The head loss reads the
+    head weight as an argument: the gathered one is passed in its place."""
+    original = cell.construct
+    if kind == "loss":
+        head = hooks.sharded[0]
+
+        def construct(h, weight, labels, weights):
+            if weight is not head:  # not the weight the unit gathers: the plain loss
+                return original(h, weight, labels, weights)
+            with hooks.gathered() as full:
+                return original(h, full[0], labels, weights)
+    else:
+        def construct(*args, **kwargs):
+            with hooks.gathered():
+                return original(*args, **kwargs)
+    object.__setattr__(cell, "_fsdp_kept", hooks)  # not a sub-cell
+    cell.construct = construct
+
+
+def kept_hooks(cell: Any) -> FsdpHooks | None:
+    """The hooks of an FSDP unit that keeps its activations (None: not one)."""
+    return getattr(cell, "_fsdp_kept", None)

@@ -48,6 +48,7 @@ class ParallelDims:
     groups: Any  # groups.ParallelGroups
     ulysses: int = 1  # the all-to-all degree inside CP: 1 colossal, cp ulysses, in between hybrid
     stage_chunks: Any = None  # [rank][chunk] -> decoder layer ids, under PP (`derive.stage_chunks`)
+    fsdp_replay: frozenset = frozenset()  # FSDP units that replay their forward (recompute's layers)
 
 
 @attrs.frozen
@@ -79,7 +80,7 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
         from mftk.engine.parallel import fsdp
 
         table.add_fsdp_rows(g.fsdp.size, axis_sizes(g), only=fsdp.shardable(model, table))
-        fsdp.apply_fsdp(model, g, table)
+        fsdp.apply_fsdp(model, g, table, dims.fsdp_replay)
     return Parallelized(model=model, table=table, stage=stage)
 
 
