@@ -299,8 +299,9 @@ class _Run:
         if dist is not None:
             from mftk.engine.state import share_masters
 
-            dist.bind(optimizer)
+            dist.bind(optimizer, list(model.trainable_params()))
             share_masters(list(model.trainable_params()), optimizer)  # weights = masters (several processes)
+            _release_freed_memory()  # the weights share_masters replaced, freed on this (the build's) thread
         if loaded is not None and loaded.optimizer is not None:
             optimizer.load_state_dict(dist.cut(loaded.optimizer) if dist else loaded.optimizer, where=str(plan.step_dir))
         return optimizer
@@ -395,7 +396,7 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
     _log_parallel(par, layout, groups, p)
     _recompute(model, config)
     _release_freed_memory()
-    dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage)
+    dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage, grad_sink=par.grad_sink)
     return model, dist
 
 

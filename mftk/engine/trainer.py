@@ -255,6 +255,9 @@ class Trainer:
             t = time.perf_counter()
             inputs = [Tensor(np.ascontiguousarray(batch[c])) if c in self.columns and c in batch else None
                       for c in MODEL_INPUTS]
+            sink = getattr(self.dist, "grad_sink", None)  # FSDP units put their gradients in ``acc``
+            if sink is not None:
+                sink.begin(acc, scale, first=not losses)
             try:
                 outputs, grads = self.dispatch.call(self.gradients, inputs)
             except (RuntimeError, ValueError, TypeError) as exc:
@@ -285,10 +288,15 @@ class Trainer:
             timer.add("communication", time.perf_counter() - t)
         return acc, out
 
-    def gradients(self, inputs: list[Any]) -> tuple[Any, list[np.ndarray]]:
-        """One micro-batch's model outputs and parameter gradients (on the dispatch thread)."""
-        outputs, grads = self.grad_fn(*inputs)
-        return outputs, [g.asnumpy() for g in grads]
+    def gradients(self, inputs: list[Any]) -> tuple[Any, list[np.ndarray | None]]:
+        """One micro-batch's model outputs and parameter gradients (on the dispatch thread); None for those an
+        FSDP unit put in the buffer already (`parallel.fsdp.GradSink`)."""
+        sink = getattr(self.dist, "grad_sink", None)
+        try:
+            outputs, grads = self.grad_fn(*inputs)
+        finally:
+            done = sink.end() if sink is not None else set()
+        return outputs, [None if i in done else g.asnumpy() for i, g in enumerate(grads)]
 
     def sync(self, acc: np.ndarray, out: StepOutput) -> tuple[np.ndarray, StepOutput]:
         """Data parallel: gradients and logged losses averaged over dp×cp, expert counts summed (FSDP-sharded

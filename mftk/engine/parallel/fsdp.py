@@ -36,8 +36,9 @@ class FsdpHooks(units.UnitHooks):
     """Gather / free / reduce-scatter of one unit's sharded parameters (``sharded`` is a subset of ``params``)."""
 
     def __init__(self, params: Sequence[Parameter], sharded: Sequence[Parameter], groups: Any,
-                 tp_whole: Sequence[bool], owners: Sequence[Any] = ()) -> None:
+                 tp_whole: Sequence[bool], owners: Sequence[Any] = (), sink: "GradSink | None" = None) -> None:
         self.params = list(params)
+        self.sink = sink
         ids = {id(p) for p in sharded}
         self.mask = [id(p) in ids for p in self.params]
         self.sharded = [p for p, on in zip(self.params, self.mask) if on]
@@ -82,7 +83,7 @@ class FsdpHooks(units.UnitHooks):
     # ------------------------------------------------------------------ gradients
     def reduce(self, grads: list[Tensor]) -> list[Tensor]:
         """Full gradients of ``params`` → the sharded ones summed over TP where whole, averaged over dp×cp and
-        cut to this rank's rows (two messages at most); the others unchanged (synchronised after the step)."""
+        cut to this rank's rows (`reduce_sharded`); the others unchanged (synchronised after the step)."""
         idx = [i for i, on in enumerate(self.mask) if on]
         if not idx:
             return grads
@@ -92,22 +93,24 @@ class FsdpHooks(units.UnitHooks):
         return out
 
     def reduce_sharded(self, full: list) -> list[Tensor]:
-        """Full gradients of the ``sharded`` parameters → this rank's rows, reduced (`reduce`)."""
+        """Full gradients of the ``sharded`` parameters → this rank's rows (`reduce`): one tensor at a time,
+        reduced in its own memory (the framework's gradient, a numpy view) and its block copied out, so no
+        concatenated copy of the unit's gradients exists beside them."""
         g = self.groups
-        full = list(full)
-        whole = [k for k, w in enumerate(self.tp_whole) if w]
-        if whole and not g.tp.is_trivial:
-            summed = _all_reduce_list([full[k] for k in whole], g.tp, "sum")
-            for k, t in zip(whole, summed):
-                full[k] = t
-        full = _all_reduce_list(full, g.dp_cp, "avg")
         size, rank = g.fsdp.size, g.fsdp.rank
         out = []
-        for t in full:
-            a = t.asnumpy() if isinstance(t, Tensor) else t
+        for k in range(len(full)):
+            t, full[k] = full[k], None
+            a = t.asnumpy() if isinstance(t, Tensor) else np.asarray(t)
+            if self.tp_whole[k]:
+                a = comm.all_reduce_numpy(a, g.tp, "sum")
+            a = comm.all_reduce_numpy(a, g.dp_cp, "avg")
             block = a.shape[0] // size
-            out.append(Tensor(np.ascontiguousarray(a[rank * block:(rank + 1) * block])))  # its own buffer: a
-        return out                                                                     # view would keep the full one
+            rows = a[rank * block:(rank + 1) * block]
+            put = self.sink.put(self.sharded[k], rows) if self.sink is not None else None
+            out.append(put if put is not None else Tensor(np.ascontiguousarray(rows)))  # its own buffer: a view
+            del t, a, rows                                                               # would keep the full one
+        return out
 
     # ------------------------------------------------------------------ kept activations (no replay)
     @contextmanager
@@ -165,6 +168,43 @@ class FsdpHooks(units.UnitHooks):
         return self._again[packed[1]]
 
 
+class GradSink:
+    """The trainer's flat fp32 gradient buffer, for the units to put the row blocks they reduced straight in:
+    the framework's gradient of a sharded parameter is then a view of its slot (`Tensor.from_numpy`), not a
+    second copy beside the buffer (4 bytes per sharded parameter less at the end of every backward). Active
+    between `begin` and `end` (one micro-batch of `trainer.Trainer`); elsewhere (the pipeline trainer) the
+    units return their blocks as before. The arithmetic is the optimizer's (`AdamW.put_grad` / ``add_grad``)."""
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        self.optimizer: Any = None
+        self.flat: np.ndarray | None = None
+        self.scale, self.first = 1.0, True
+        self.done: set[int] = set()  # indices (trainer order) put in this micro-batch
+
+    def bind(self, params: Sequence[Parameter], optimizer: Any) -> None:
+        """``params``: the trainer's (the optimizer's order)."""
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self.optimizer = optimizer
+
+    def begin(self, flat: np.ndarray, scale: float, first: bool) -> None:
+        self.flat, self.scale, self.first, self.done = flat, scale, first, set()
+
+    def end(self) -> set[int]:
+        done, self.flat, self.done = self.done, None, set()
+        return done
+
+    def put(self, p: Parameter, rows: np.ndarray) -> Tensor | None:
+        i = self.index.get(id(p)) if self.flat is not None else None
+        if i is None:  # not active, or not trained here
+            return None
+        first = self.first and i not in self.done  # a unit used twice adds its second gradient
+        fill = self.optimizer.put_grad if first else self.optimizer.add_grad
+        slot = fill(self.flat, i, rows, self.scale)
+        self.done.add(i)
+        return Tensor.from_numpy(slot.reshape(rows.shape))
+
+
 _GATHER_OUT, _WEIGHT = "gather-out", "weight"
 _MARKER = Tensor(np.zeros(1, np.float32))
 
@@ -210,21 +250,6 @@ def _one_row(p: Parameter) -> Tensor:
     return Tensor(np.zeros((1,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype)
 
 
-def _all_reduce_list(tensors: list[Tensor], group: Any, op: str) -> list[Tensor]:
-    """One flat buffer reduced in place, in chunks (`comm.all_reduce_numpy`); views of it come back."""
-    if group.is_trivial or not tensors:
-        return tensors
-    arrays = [t.asnumpy() if isinstance(t, Tensor) else np.asarray(t) for t in tensors]  # TP's sum gives numpy
-    flat = np.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0].reshape(-1))
-    flat = comm.all_reduce_numpy(flat, group, op)
-    out, off = [], 0
-    for t in tensors:
-        n = int(np.prod(t.shape))
-        out.append(flat[off:off + n].reshape(t.shape))
-        off += n
-    return out
-
-
 # ------------------------------------------------------------------------------------ applying
 def unit_cells(model: Any) -> list[tuple[str, Any, str, list]]:
     """``(name, cell, kind, params)`` of every FSDP unit of the model, on every rank alike (``params``: every
@@ -251,7 +276,8 @@ def shardable(model: Any, table: Any) -> set[str]:
             if p.name in table and table[p.name].trainable and len(table[p.name].stages) == 1}
 
 
-def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = ()) -> list[str]:
+def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = (),
+               sink: GradSink | None = None) -> list[str]:
     """Cut every FSDP-split parameter (the table's ``fsdp`` rows) to this rank's block and make every unit
     this rank trains gather it for its forward and its backward: the units named in ``replay`` (the layers
     recompute selects, `recompute.replayed_layers`) replay their forward in the backward (`units.ReplayedUnit`),
@@ -270,7 +296,7 @@ def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = ()
         params = units.renew(owners, params, rows)  # the row blocks, and every other one as it is now
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
-        hooks = FsdpHooks(params, sharded, groups, tp_whole, owners)
+        hooks = FsdpHooks(params, sharded, groups, tp_whole, owners, sink)
         if name in replay:
             units.install(cell, kind, params, hooks, name=name)
         else:
