@@ -110,7 +110,7 @@ class Assumptions:
     logits_copies: float = 2.0           # fp32 (tokens × V) tensors live at the loss: kept logits + their gradient
     # several processes (all 0/False: the accelerator accounting of peers.md §4)
     fsdp_keeps_full: bool = False        # FSDP shards only the optimizer: full weights, framework grads, grad buffer
-    fsdp_units: bool = False             # mftk's FSDP: each unit replays its forward (full recompute), experts whole
+    fsdp_units: bool = False             # mftk's FSDP: units put their grads in the flat buffer, experts whole
     dist_master_shared: bool = False     # several processes: the fp32 weights are views of the optimizer's masters
     grad_sync_copies: float = 0.0        # fp32 copies of this rank's flat gradient the sync makes (×2 with dp·cp > 1)
     dist_norm_bytes: float = 0.0         # per local param: unblocked grad-norm scratch when sharded or TP/EP
@@ -339,8 +339,8 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
     if stages is None:
         raise ValueError(f"layers cannot be split over pp={lay.pp}, interleave={lay.interleave}")
     recompute = inputs.recompute if lay.world > 1 else "none"  # the reference applies recompute only when world > 1
-    if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1:
-        recompute = "full"  # every FSDP unit replays its forward in its backward (engine/parallel/fsdp.py)
+    if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1 and recompute == "selective":
+        recompute = "full"  # FSDP replays a layer recompute selects whole (engine/recompute.replayed_layers)
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)
@@ -403,6 +403,11 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     if full:
         terms.append(Term("gradients", (4 + g) * local,
                           "(4 + g_fw)·(dense + emb + experts)  [full framework grads + full fp32 flat buffer]",
+                          {**ins, "g_fw": g}))
+    elif asm.fsdp_units and fsdp > 1:
+        terms.append(Term("gradients", 4 * shard + g * experts / efsdp,
+                          "4·((dense + emb)/fsdp + experts/efsdp) + g_fw·experts/efsdp  [fp32 main grads, "
+                          "reduce-scattered; the units put theirs in the buffer, the framework returns views of it]",
                           {**ins, "g_fw": g}))
     else:
         terms.append(Term("gradients", (4 + g) * shard,
