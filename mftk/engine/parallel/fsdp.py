@@ -3,13 +3,21 @@
 block of its gradient, fp32 master and AdamW moments.
 
 Units (torchtitan's ``fully_shard`` per block): every transformer layer this pipeline stage holds (MTP layers
-included), the embedding, and the output layer (through the head loss). A unit is a `units.ReplayedUnit`:
-its sharded weights are all-gathered (one message) just before its forward and again before its replay in
-the backward into full-shape Parameters that stand in for the row blocks in their cells, and dropped right
-after each (the cells get their row blocks back); the replay's full
-gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an all-reduce and a
-slice, mindspore-cpu.md §4) — so the model never holds more than one unit's full weights and gradients.
-The replay also means FSDP units keep no activations inside them (full recompute of each unit).
+included), the embedding, and the output layer (through the head loss). Two kinds:
+
+- kept (the default, `FsdpHooks.gathered`): the unit's forward is differentiated as it is and keeps its
+  activations. Its weights come from `_GatherRows`, an all-gather whose backward is the reduce-scatter, and
+  shadow the row blocks in their cells; when the forward ends they are freed — saved-tensor hooks store a
+  handle in place of each, and the unit's backward gathers them once more when it first needs one (torch
+  FSDP2's ``reshard_after_forward``);
+- replayed (the layers recompute selects, `recompute.replayed_layers`): a `units.ReplayedUnit` whose weights
+  are gathered into full-shape Parameters standing in for the row blocks for its forward and again for its
+  replay in the backward; it keeps no activations inside it.
+
+Either way the full gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an
+in-place all-reduce of each gradient and a slice, mindspore-cpu.md §4) — and the blocks go straight into the
+trainer's flat gradient buffer (`GradSink`), so the model never holds more than one unit's full weights
+and gradients.
 
 Left whole (replicated, synchronised by `distributed.DistContext.sync_grads` as in plain DP): parameters
 used outside every unit (final norm, MTP's ``eh_proj`` and norms, a tied embedding, the embedding copy two
