@@ -136,9 +136,13 @@ class Assumptions:
 # Several workers (`--multi` grid and bench/memory.py's 220M model), from the code of engine/distributed.py,
 # parallel/fsdp.py and state.py (issue 17):
 # - the fp32 weights are views of the optimizer's masters (no second copy: dist_master_shared);
-# - FSDP (parallel/fsdp.py): weights, framework grads, the flat buffer and AdamW states all 1/F; every unit
-#   replays its forward (activations as full recompute); the largest unit's gather + replay gradients are the
-#   transient "fsdp gathered" term ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded;
+# - FSDP (parallel/fsdp.py): weights, the flat buffer and AdamW states all 1/F, and no framework grads beside
+#   the buffer (the units put theirs in it: GradSink); units keep their activations unless recompute selects
+#   their layer (a selected layer is replayed whole: "selective" counts as "full"); the largest unit's gathered
+#   weights, gathered again in the backward, and its full gradients are the transient "fsdp gathered" term
+#   ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded. bench/memory.py's 220M runs (msrun workers
+#   with MALLOC_ENV, engine/launch.py): dp2 1.07, fsdp2 0.90 at seq 256, 0.99 / 1.03 at seq 1024 without / with
+#   full recompute;
 # - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy of the gradient), but
 #   MindSpore's CPU collectives keep ~2.5 messages of buffers once one ran (the `--multi` dp2 point measures
 #   +40 MiB over the same states); TP/EP pack the parts they sum (1 copy);
