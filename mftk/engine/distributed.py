@@ -87,6 +87,7 @@ class DistContext:
     sharding: FlatSharding
     stage: Any = None  # parallel.pipeline_model.StageModel under PP
     presynced: tuple[int, ...] = ()  # FSDP-sharded parameters: their units already reduced their gradients
+    grad_sink: Any = None  # parallel.fsdp.GradSink under FSDP (bound to the optimizer by `bind`)
     norm_weights: np.ndarray | None = None  # set by `bind`: per local gradient element, 1 / its replicas
     _opt_slices: list | None = None
     _state_kinds: Any = None  # set by `bind`: (name, global shape) -> the optimizer's state prefixes for it
@@ -95,7 +96,7 @@ class DistContext:
     def pipeline(self) -> bool:
         return self.stage is not None
 
-    def bind(self, optimizer: Any) -> None:
+    def bind(self, optimizer: Any, params: Sequence[Any] = ()) -> None:
         """Learn the optimizer's flat layout (the trainer's gradient buffer when not FSDP) and each local
         gradient element's weight in the global norm (`placement.PlacementTable.norm_weight`)."""
         self._opt_slices = list(optimizer.slices)
@@ -104,6 +105,8 @@ class DistContext:
         for i, name in enumerate(self.sharding.names):
             w[optimizer.slices[i]] = self.table.norm_weight(name, self.groups)
         self.norm_weights = w
+        if self.grad_sink is not None:
+            self.grad_sink.bind(params, optimizer)
 
     def cut(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """Global tensors (a loaded checkpoint's optimizer state) → this rank's blocks of its stage's tensors."""
@@ -313,10 +316,11 @@ def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
     return total
 
 
-def make_context(groups: Any, table: Any, params: Sequence[Any], stage: Any = None) -> DistContext:
+def make_context(groups: Any, table: Any, params: Sequence[Any], stage: Any = None, grad_sink: Any = None) -> DistContext:
     """The context of this rank: its trainable ``params`` (model order) with their FSDP rows from ``table``."""
     names = [p.name for p in params]
     sharded = tuple(i for i, n in enumerate(names) if table[n].split_over("fsdp"))
     # the Parameters already hold their FSDP rows (`parallel.fsdp`): the flat layout is the local one, whole
     sharding = FlatSharding(names, [tuple(p.shape) for p in params], 1, 0)
-    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage, presynced=sharded)
+    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage, presynced=sharded,
+                       grad_sink=grad_sink)

@@ -158,25 +158,38 @@ class AdamW:
             self._grads = np.empty(self.size, np.float32)
         return self._grads
 
-    def put_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray], scale: float = 1.0) -> None:
-        """``flat = scale·g`` for every gradient: the first micro-batch, with no zero-fill pass."""
+    def put_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray | None], scale: float = 1.0) -> None:
+        """``flat = scale·g`` for every gradient: the first micro-batch, with no zero-fill pass. ``None``: a
+        gradient already in ``flat`` (an FSDP unit put it there, `parallel.fsdp.GradSink`)."""
         for i, g in enumerate(grads):
-            dst = flat[self.slices[i]]
-            src = np.asarray(g, np.float32).reshape(-1)
-            if scale == 1.0:
-                np.copyto(dst, src)
-            else:
-                np.multiply(src, np.float32(scale), out=dst)
+            if g is not None:
+                self.put_grad(flat, i, g, scale)
 
-    def add_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray], scale: float = 1.0) -> None:
-        """``flat += scale·g`` for every gradient (fp32 accumulation over micro-batches)."""
+    def add_grads(self, flat: np.ndarray, grads: Sequence[np.ndarray | None], scale: float = 1.0) -> None:
+        """``flat += scale·g`` for every gradient (fp32 accumulation over micro-batches); ``None`` as in ``put_grads``."""
         for i, g in enumerate(grads):
-            dst = flat[self.slices[i]]
-            src = np.asarray(g, np.float32).reshape(-1)
-            if scale == 1.0:
-                dst += src
-            else:
-                dst += src * np.float32(scale)
+            if g is not None:
+                self.add_grad(flat, i, g, scale)
+
+    def put_grad(self, flat: np.ndarray, i: int, g: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """Parameter ``i``'s slot of ``flat`` = scale·g; returns the slot (a view)."""
+        dst = flat[self.slices[i]]
+        src = np.asarray(g, np.float32).reshape(-1)
+        if scale == 1.0:
+            np.copyto(dst, src)
+        else:
+            np.multiply(src, np.float32(scale), out=dst)
+        return dst
+
+    def add_grad(self, flat: np.ndarray, i: int, g: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """Parameter ``i``'s slot of ``flat`` += scale·g; returns the slot (a view)."""
+        dst = flat[self.slices[i]]
+        src = np.asarray(g, np.float32).reshape(-1)
+        if scale == 1.0:
+            dst += src
+        else:
+            dst += src * np.float32(scale)
+        return dst
 
     # ---------------------------------------------------------------------------------- update
     def step(self, g: np.ndarray, lr: float) -> None:

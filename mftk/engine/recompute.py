@@ -12,7 +12,9 @@ sections (reference `distributed/activation_checkpoint.py`; 2.1.0 forms, mindfor
   collectives run again in the backward instead of their outputs being kept.
 
 Gradients are those of the run without recompute (the replay sees the very inputs, weights and buffers).
-FSDP units (`parallel.fsdp`) replay already; recompute leaves them as they are. ``exclude_op`` (outputs kept,
+Under FSDP (`parallel.fsdp`) a layer is one unit whose weights are gathered: the layers recompute selects
+(`replayed_layers`: the full ones, and under ``select`` / ``recompute_comm`` every layer with a selected
+cell) become replaying FSDP units, replayed whole; the others keep their activations. ``exclude_op`` (outputs kept,
 not replayed) is refused by `config.runnable` while recompute is on: a replay that skips a cell inside a
 unit is not built.
 
@@ -45,6 +47,28 @@ def numbered_layers(model: Any) -> dict[int, tuple[str, Any]]:
     return out
 
 
+def replayed_layers(model: Any, recompute: Any, recompute_comm: Any = None) -> frozenset[str]:
+    """Paths of the layers recompute replays in part or whole: under FSDP each of them is replayed whole
+    (a replay inside a unit whose weights are gathered for the unit is not built)."""
+    mode = str(getattr(recompute, "mode", "None"))
+    layers = numbered_layers(model)
+    ids = set(layer_ids(recompute.full_recompute_layer)) if mode in ("full", "select") else set()
+    for select in _selections(recompute, recompute_comm):
+        for ranges in select.values():
+            ids.update(layer_ids(ranges))
+    return frozenset(layers[i][0] for i in ids if i in layers)
+
+
+def _selections(recompute: Any, recompute_comm: Any) -> list[dict]:
+    """The ``select_module`` dicts that apply: recompute's under ``select``, recompute_comm's when enabled."""
+    out = []
+    if str(getattr(recompute, "mode", "None")) == "select" and isinstance(recompute.select_module, dict):
+        out.append(recompute.select_module)
+    if recompute_comm is not None and recompute_comm.enable and isinstance(recompute_comm.select_module, dict):
+        out.append(recompute_comm.select_module)
+    return out
+
+
 def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> list[str]:
     """Install the replayed units the sections ask for; returns their paths (logged at start-up)."""
     mode = str(getattr(recompute, "mode", "None"))
@@ -56,13 +80,9 @@ def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> l
             path, layer = layers[i]
             if _trains(layer) and units.unit_of(layer) is None:
                 units.install(layer, "layer", units.renew(cells, _params(layer)), name=path)
+            if units.unit_of(layer) is not None:  # installed here, or an FSDP unit that replays (`replayed_layers`)
                 done.append(path)
-    selections = []
-    if mode == "select" and isinstance(recompute.select_module, dict):
-        selections.append(recompute.select_module)
-    if recompute_comm is not None and recompute_comm.enable and isinstance(recompute_comm.select_module, dict):
-        selections.append(recompute_comm.select_module)
-    for select in selections:
+    for select in _selections(recompute, recompute_comm):
         for pattern, ranges in select.items():
             for i in layer_ids(ranges):
                 path, layer = layers[i]

@@ -302,9 +302,10 @@ class _Run:
         if dist is not None:
             from mftk.engine.state import share_masters
 
-            dist.bind(optimizer)
+            dist.bind(optimizer, list(model.trainable_params()))
             if not on_device:  # the device update writes the weights itself
                 share_masters(list(model.trainable_params()), optimizer)  # weights = masters (several processes)
+                _release_freed_memory()  # the weights share_masters replaced, freed on this (the build's) thread
         if loaded is not None and loaded.optimizer is not None:
             optimizer.load_state_dict(dist.cut(loaded.optimizer) if dist else loaded.optimizer, where=str(plan.step_dir))
         return optimizer
@@ -391,11 +392,15 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         from mftk.engine.parallel.pipeline_model import stage_chunks_of
 
         chunks = stage_chunks_of(config)
-    par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks))
+    from mftk.engine.recompute import replayed_layers
+
+    replay = replayed_layers(model, config.recompute, config.recompute_comm)
+    par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks,
+                                          fsdp_replay=replay))
     _log_parallel(par, layout, groups, p)
     _recompute(model, config)
     _release_freed_memory()
-    dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage)
+    dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage, grad_sink=par.grad_sink)
     return model, dist
 
 
@@ -426,7 +431,7 @@ def _log_parallel(par: Any, layout: Any, groups: Any, p: Any) -> None:
     fsdp = sum(1 for t in table if t.split_over("fsdp"))
     if fsdp:
         log.info("FSDP: %s along dim 0 over %d ranks, with their gradients and optimizer states; each unit (layer, "
-                 "embedding, output layer) gathers them for its forward and again for its replayed backward",
+                 "embedding, output layer) gathers them for its forward and again for its backward",
                  sharded_phrase(fsdp, sum(1 for t in table if t.trainable)), groups.fsdp.size)
 
 

@@ -250,6 +250,9 @@ class Trainer:
         scale = 1.0 / plan.accumulation
         losses, aux_sum, mtp_sum, counts, indexer = [], None, None, None, []
         for _ in range(plan.accumulation):
+            sink = getattr(self.dist, "grad_sink", None)  # FSDP units put their gradients in ``acc``
+            if sink is not None:
+                sink.begin(acc, scale, first=not losses)
             t, (outputs, grads) = self.micro_batch(timer)
             _, lm, aux, mtp, tpe = outputs
             fill = self.optimizer.add_grads if len(losses) else self.optimizer.put_grads
@@ -294,10 +297,15 @@ class Trainer:
             raise TrainingError(message=f"error in the forward/backward pass: {exc}",
                                 hint="run with MFTK_DEBUG=1 for the traceback") from exc
 
-    def gradients(self, inputs: list[Any]) -> tuple[Any, list[np.ndarray]]:
-        """One micro-batch's model outputs and parameter gradients (on the dispatch thread)."""
-        outputs, grads = self.grad_fn(*inputs)
-        return outputs, [g.asnumpy() for g in grads]
+    def gradients(self, inputs: list[Any]) -> tuple[Any, list[np.ndarray | None]]:
+        """One micro-batch's model outputs and parameter gradients (on the dispatch thread); None for those an
+        FSDP unit put in the buffer already (`parallel.fsdp.GradSink`)."""
+        sink = getattr(self.dist, "grad_sink", None)
+        try:
+            outputs, grads = self.grad_fn(*inputs)
+        finally:
+            done = sink.end() if sink is not None else set()
+        return outputs, [None if i in done else g.asnumpy() for i, g in enumerate(grads)]
 
     def sync(self, acc: np.ndarray, out: StepOutput) -> tuple[np.ndarray, StepOutput]:
         """Data parallel: gradients and logged losses averaged over dp×cp, expert counts summed (FSDP-sharded

@@ -111,7 +111,7 @@ class Assumptions:
     logits_copies: float = 2.0           # fp32 (tokens × V) tensors live at the loss: kept logits + their gradient
     # several processes (all 0/False: the accelerator accounting of peers.md §4)
     fsdp_keeps_full: bool = False        # FSDP shards only the optimizer: full weights, framework grads, grad buffer
-    fsdp_units: bool = False             # mftk's FSDP: each unit replays its forward (full recompute), experts whole
+    fsdp_units: bool = False             # mftk's FSDP: units put their grads in the flat buffer, experts whole
     dist_master_shared: bool = False     # several processes: the fp32 weights are views of the optimizer's masters
     grad_sync_copies: float = 0.0        # fp32 copies of this rank's flat gradient the sync makes (×2 with dp·cp > 1)
     dist_norm_bytes: float = 0.0         # per local param: unblocked grad-norm scratch when sharded or TP/EP
@@ -137,9 +137,13 @@ class Assumptions:
 # Several workers (`--multi` grid and bench/memory.py's 220M model), from the code of engine/distributed.py,
 # parallel/fsdp.py and state.py (issue 17):
 # - the fp32 weights are views of the optimizer's masters (no second copy: dist_master_shared);
-# - FSDP (parallel/fsdp.py): weights, framework grads, the flat buffer and AdamW states all 1/F; every unit
-#   replays its forward (activations as full recompute); the largest unit's gather + replay gradients are the
-#   transient "fsdp gathered" term ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded;
+# - FSDP (parallel/fsdp.py): weights, the flat buffer and AdamW states all 1/F, and no framework grads beside
+#   the buffer (the units put theirs in it: GradSink); units keep their activations unless recompute selects
+#   their layer (a selected layer is replayed whole: "selective" counts as "full"); the largest unit's gathered
+#   weights, gathered again in the backward, and its full gradients are the transient "fsdp gathered" term
+#   ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded. bench/memory.py's 220M runs (msrun workers
+#   with MALLOC_ENV, engine/launch.py): dp2 1.07, fsdp2 0.90 at seq 256, 0.99 / 1.03 at seq 1024 without / with
+#   full recompute;
 # - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy of the gradient), but
 #   MindSpore's CPU collectives keep ~2.5 messages of buffers once one ran (the `--multi` dp2 point measures
 #   +40 MiB over the same states); TP/EP pack the parts they sum (1 copy);
@@ -340,8 +344,8 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
     if stages is None:
         raise ValueError(f"layers cannot be split over pp={lay.pp}, interleave={lay.interleave}")
     recompute = inputs.recompute if lay.world > 1 else "none"  # the reference applies recompute only when world > 1
-    if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1:
-        recompute = "full"  # every FSDP unit replays its forward in its backward (engine/parallel/fsdp.py)
+    if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1 and recompute == "selective":
+        recompute = "full"  # FSDP replays a layer recompute selects whole (engine/recompute.replayed_layers)
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)
@@ -404,6 +408,11 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     if full:
         terms.append(Term("gradients", (4 + g) * local,
                           "(4 + g_fw)·(dense + emb + experts)  [full framework grads + full fp32 flat buffer]",
+                          {**ins, "g_fw": g}))
+    elif asm.fsdp_units and fsdp > 1:
+        terms.append(Term("gradients", 4 * shard + g * experts / efsdp,
+                          "4·((dense + emb)/fsdp + experts/efsdp) + g_fw·experts/efsdp  [fp32 main grads, "
+                          "reduce-scattered; the units put theirs in the buffer, the framework returns views of it]",
                           {**ins, "g_fw": g}))
     else:
         terms.append(Term("gradients", (4 + g) * shard,

@@ -65,7 +65,9 @@ def test_peak_rss_is_logged_per_step(baseline):
     metrics = [json.loads(l) for l in open(result.metrics_file, encoding="utf-8")]
     peaks = [m["peak_rss_mib"] for m in metrics]
     assert all(b >= a for a, b in zip(peaks, peaks[1:])) and peaks[0] > 100
-    assert peaks[-1] <= status_bytes("VmHWM") / 2 ** 20  # this process's own high-water mark, read later
+    # this process's own high-water mark, read later; Linux keeps RSS counters per thread and folds them in
+    # every 64 page faults, so two reads may disagree by a few hundred KiB (0.15 MiB seen): 2 MiB of slack
+    assert peaks[-1] <= status_bytes("VmHWM") / 2 ** 20 + 2
     assert "peak_device_mib" not in metrics[0]
     assert any(re.search(r"Memory: rank 0 peak RSS \d+ MiB", l) for l in open(result.log_file, encoding="utf-8"))
 

@@ -79,14 +79,35 @@ def all_reduce_numpy(a, group: AxisGroup, op: str = "sum"):
     if group.is_trivial or not a.size:
         return a
     a = np.ascontiguousarray(a, np.float32)
+    flat = a.reshape(-1)
+    # a view of memory numpy does not own (a framework tensor's ``asnumpy``) goes through an owned staging
+    # chunk: ``Tensor.from_numpy`` of a part of such a view at an offset reads nothing (mccl: "dest size is 0")
+    staged = not a.flags["OWNDATA"] and a.base is not None and not _numpy_owned(a)
+    stage = np.empty(min(a.size, REDUCE_CHUNK), np.float32) if staged else None
     for start in range(0, a.size, REDUCE_CHUNK):
-        part = a[start:start + REDUCE_CHUNK]
+        part = flat[start:start + REDUCE_CHUNK]
+        if stage is not None:
+            view = part
+            part = stage[:view.size]
+            np.copyto(part, view)
         t = Tensor.from_numpy(part)
         CLOCK.run(dist.all_reduce, t, op=op, group=group.name)
         done = t.asnumpy()
         if not np.shares_memory(done, part):  # a backend that did not write in place
             part[...] = done
+        if stage is not None:
+            np.copyto(view, part)
     return a
+
+
+def _numpy_owned(a) -> bool:
+    """Whether the memory under view ``a`` belongs to a numpy array (the end of its ``base`` chain)."""
+    import numpy as np
+
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(base, np.ndarray) and base.flags["OWNDATA"]
 
 
 def all_gather_rows(a, group: AxisGroup):

@@ -3,13 +3,21 @@
 block of its gradient, fp32 master and AdamW moments.
 
 Units (torchtitan's ``fully_shard`` per block): every transformer layer this pipeline stage holds (MTP layers
-included), the embedding, and the output layer (through the head loss). A unit is a `units.ReplayedUnit`:
-its sharded weights are all-gathered (one message) just before its forward and again before its replay in
-the backward into full-shape Parameters that stand in for the row blocks in their cells, and dropped right
-after each (the cells get their row blocks back); the replay's full
-gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an all-reduce and a
-slice, mindspore-cpu.md §4) — so the model never holds more than one unit's full weights and gradients.
-The replay also means FSDP units keep no activations inside them (full recompute of each unit).
+included), the embedding, and the output layer (through the head loss). Two kinds:
+
+- kept (the default, `FsdpHooks.gathered`): the unit's forward is differentiated as it is and keeps its
+  activations. Its weights come from `_GatherRows`, an all-gather whose backward is the reduce-scatter, and
+  shadow the row blocks in their cells; when the forward ends they are freed — saved-tensor hooks store a
+  handle in place of each, and the unit's backward gathers them once more when it first needs one (torch
+  FSDP2's ``reshard_after_forward``);
+- replayed (the layers recompute selects, `recompute.replayed_layers`): a `units.ReplayedUnit` whose weights
+  are gathered into full-shape Parameters standing in for the row blocks for its forward and again for its
+  replay in the backward; it keeps no activations inside it.
+
+Either way the full gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an
+in-place all-reduce of each gradient and a slice, mindspore-cpu.md §4) — and the blocks go straight into the
+trainer's flat gradient buffer (`GradSink`), so the model never holds more than one unit's full weights
+and gradients.
 
 Left whole (replicated, synchronised by `distributed.DistContext.sync_grads` as in plain DP): parameters
 used outside every unit (final norm, MTP's ``eh_proj`` and norms, a tied embedding, the embedding copy two
@@ -22,10 +30,11 @@ tokens), averaged over dp×cp, cut to this rank's rows.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Collection, Iterator, Sequence
 
 import numpy as np
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, nn
 
 from mftk.engine import units
 from mftk.engine.parallel import comm
@@ -35,8 +44,9 @@ class FsdpHooks(units.UnitHooks):
     """Gather / free / reduce-scatter of one unit's sharded parameters (``sharded`` is a subset of ``params``)."""
 
     def __init__(self, params: Sequence[Parameter], sharded: Sequence[Parameter], groups: Any,
-                 tp_whole: Sequence[bool], owners: Sequence[Any] = ()) -> None:
+                 tp_whole: Sequence[bool], owners: Sequence[Any] = (), sink: "GradSink | None" = None) -> None:
         self.params = list(params)
+        self.sink = sink
         ids = {id(p) for p in sharded}
         self.mask = [id(p) in ids for p in self.params]
         self.sharded = [p for p, on in zip(self.params, self.mask) if on]
@@ -45,6 +55,10 @@ class FsdpHooks(units.UnitHooks):
         self.slots = [[(c, k) for c in owners for k, v in c._params.items() if v is p] for p in self.sharded]
         self.full: list[Parameter] = []  # one full-shape stand-in per sharded one (one row while not gathered)
         self.depth = 0  # nested gathers (a unit called inside another's replay) free only at the outermost
+        # the kept-activations path (`gathered`): the gather cell, the live gathered weights by storage, and the
+        # weights the backward gathered again
+        self._gather_cell = _GatherRows(self)
+        self._at_gather, self._live, self._live_full, self._again = False, {}, (), None
 
     # ------------------------------------------------------------------ weights
     def gather(self) -> None:
@@ -77,25 +91,158 @@ class FsdpHooks(units.UnitHooks):
     # ------------------------------------------------------------------ gradients
     def reduce(self, grads: list[Tensor]) -> list[Tensor]:
         """Full gradients of ``params`` → the sharded ones summed over TP where whole, averaged over dp×cp and
-        cut to this rank's rows (two messages at most); the others unchanged (synchronised after the step)."""
+        cut to this rank's rows (`reduce_sharded`); the others unchanged (synchronised after the step)."""
         idx = [i for i, on in enumerate(self.mask) if on]
         if not idx:
             return grads
-        g = self.groups
-        full = [grads[i] for i in idx]
-        whole = [k for k, w in enumerate(self.tp_whole) if w]
-        if whole and not g.tp.is_trivial:
-            summed = _all_reduce_list([full[k] for k in whole], g.tp, "sum")
-            for k, t in zip(whole, summed):
-                full[k] = t
-        full = _all_reduce_list(full, g.dp_cp, "avg")
         out = list(grads)
+        for i, t in zip(idx, self.reduce_sharded([grads[i] for i in idx])):
+            out[i] = t
+        return out
+
+    def reduce_sharded(self, full: list) -> list[Tensor]:
+        """Full gradients of the ``sharded`` parameters → this rank's rows (`reduce`): one tensor at a time,
+        reduced in its own memory (the framework's gradient, a numpy view) and its block copied out, so no
+        concatenated copy of the unit's gradients exists beside them."""
+        g = self.groups
         size, rank = g.fsdp.size, g.fsdp.rank
-        for i, t in zip(idx, full):
-            a = t.asnumpy() if isinstance(t, Tensor) else t
+        out = []
+        for k in range(len(full)):
+            t, full[k] = full[k], None
+            a = t.asnumpy() if isinstance(t, Tensor) else np.asarray(t)
+            if self.tp_whole[k]:
+                a = comm.all_reduce_numpy(a, g.tp, "sum")
+            a = comm.all_reduce_numpy(a, g.dp_cp, "avg")
             block = a.shape[0] // size
-            out[i] = Tensor(np.ascontiguousarray(a[rank * block:(rank + 1) * block]))  # its own buffer: a view
-        return out                                                                       # would keep the full one
+            rows = a[rank * block:(rank + 1) * block]
+            put = self.sink.put(self.sharded[k], rows) if self.sink is not None else None
+            out.append(put if put is not None else Tensor(np.ascontiguousarray(rows)))  # its own buffer: a view
+            del t, a, rows                                                               # would keep the full one
+        return out
+
+    # ------------------------------------------------------------------ kept activations (no replay)
+    @contextmanager
+    def gathered(self) -> Iterator[tuple]:
+        """The unit's forward differentiated as it is (its activations kept for the backward) on its weights
+        gathered by `_GatherRows` — a differentiable all-gather whose backward is `reduce_sharded` — and
+        shadowing the row blocks in their cells. The gathered weights are freed when the forward ends:
+        saved-tensor hooks store a handle in place of each of them, and the unit's backward gathers them once
+        again when it first needs one (torch FSDP2's ``reshard_after_forward``)."""
+        self.depth += 1
+        if self.depth > 1:  # a unit called inside its own forward (nested): already gathered
+            try:
+                yield self._live_full
+            finally:
+                self.depth -= 1
+            return
+        import mindspore as ms
+
+        try:
+            with ms.saved_tensors_hooks(self._pack, self._unpack):
+                self._at_gather = True
+                full = self._gather_cell(*self.sharded)
+                self._at_gather = False
+                full = tuple(full) if isinstance(full, (tuple, list)) else (full,)
+                self._live = {_key(t): k for k, t in enumerate(full)}
+                self._live_full = full
+                for t, slots in zip(full, self.slots):
+                    for cell, key in slots:
+                        object.__setattr__(cell, key, t)  # shadows the registry entry: read as cell.<key>
+                yield full
+        finally:
+            for slots in self.slots:
+                for cell, key in slots:
+                    cell.__dict__.pop(key, None)
+            self._at_gather, self._live, self._live_full = False, {}, ()
+            self.depth -= 1
+
+    def _pack(self, x: Tensor) -> Any:
+        """A gathered weight is saved as its index (the gather cell's own output as a marker: its backward
+        does not read it); every other tensor as itself."""
+        key = _key(x)
+        if self._at_gather and key in self._gather_cell.made:
+            return (_GATHER_OUT,)
+        k = self._live.get(key)
+        return x if k is None else (_WEIGHT, k)
+
+    def _unpack(self, packed: Any) -> Tensor:
+        if not isinstance(packed, tuple):
+            return packed
+        if packed[0] == _GATHER_OUT:
+            return _MARKER
+        if self._again is None:  # the first saved weight the unit's backward reads: gather them all once
+            self._again = [Tensor.from_numpy(comm.all_gather_rows(p.asnumpy(), self.groups.fsdp))
+                           for p in self.sharded]
+        return self._again[packed[1]]
+
+
+class GradSink:
+    """The trainer's flat fp32 gradient buffer, for the units to put the row blocks they reduced straight in:
+    the framework's gradient of a sharded parameter is then a view of its slot (`Tensor.from_numpy`), not a
+    second copy beside the buffer (4 bytes per sharded parameter less at the end of every backward). Active
+    between `begin` and `end` (one micro-batch of `trainer.Trainer`); elsewhere (the pipeline trainer) the
+    units return their blocks as before. The arithmetic is the optimizer's (`AdamW.put_grad` / ``add_grad``)."""
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        self.optimizer: Any = None
+        self.flat: np.ndarray | None = None
+        self.scale, self.first = 1.0, True
+        self.done: set[int] = set()  # indices (trainer order) put in this micro-batch
+
+    def bind(self, params: Sequence[Parameter], optimizer: Any) -> None:
+        """``params``: the trainer's (the optimizer's order)."""
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self.optimizer = optimizer
+
+    def begin(self, flat: np.ndarray, scale: float, first: bool) -> None:
+        self.flat, self.scale, self.first, self.done = flat, scale, first, set()
+
+    def end(self) -> set[int]:
+        done, self.flat, self.done = self.done, None, set()
+        return done
+
+    def put(self, p: Parameter, rows: np.ndarray) -> Tensor | None:
+        i = self.index.get(id(p)) if self.flat is not None else None
+        if i is None:  # not active, or not trained here
+            return None
+        first = self.first and i not in self.done  # a unit used twice adds its second gradient
+        fill = self.optimizer.put_grad if first else self.optimizer.add_grad
+        slot = fill(self.flat, i, rows, self.scale)
+        self.done.add(i)
+        return Tensor.from_numpy(slot.reshape(rows.shape))
+
+
+_GATHER_OUT, _WEIGHT = "gather-out", "weight"
+_MARKER = Tensor(np.zeros(1, np.float32))
+
+
+def _key(t: Tensor) -> tuple:
+    """A tensor's storage and shape: the saved-tensor hooks see other Python objects for the same tensor."""
+    return (t.data_ptr(), tuple(t.shape))
+
+
+class _GatherRows(nn.Cell):
+    """``(*row blocks) -> full weights`` (all-gathered); backward: their full gradients reduce-scattered
+    (`FsdpHooks.reduce_sharded`), after which the weights the unit's backward gathered again are dropped."""
+
+    def __init__(self, hooks: FsdpHooks) -> None:
+        super().__init__()
+        object.__setattr__(self, "hooks", hooks)  # plain attributes: not a sub-cell
+        object.__setattr__(self, "made", set())
+
+    def construct(self, *blocks):
+        full = tuple(Tensor.from_numpy(comm.all_gather_rows(b.asnumpy(), self.hooks.groups.fsdp)) for b in blocks)
+        object.__setattr__(self, "made", {_key(t) for t in full})
+        return full
+
+    def bprop(self, *args):
+        n = len(self.hooks.sharded)
+        douts = args[n + 1]
+        douts = douts if isinstance(douts, tuple) else (douts,)
+        grads = self.hooks.reduce_sharded(list(douts))
+        self.hooks._again = None  # noqa: SLF001 — the unit's backward is over
+        return tuple(grads)
 
 
 def _placeholder(p: Parameter, size: int) -> Parameter:
@@ -109,21 +256,6 @@ def _placeholder(p: Parameter, size: int) -> Parameter:
 
 def _one_row(p: Parameter) -> Tensor:
     return Tensor(np.zeros((1,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype)
-
-
-def _all_reduce_list(tensors: list[Tensor], group: Any, op: str) -> list[Tensor]:
-    """One flat buffer reduced in place, in chunks (`comm.all_reduce_numpy`); views of it come back."""
-    if group.is_trivial or not tensors:
-        return tensors
-    arrays = [t.asnumpy() if isinstance(t, Tensor) else np.asarray(t) for t in tensors]  # TP's sum gives numpy
-    flat = np.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) > 1 else np.array(arrays[0].reshape(-1))
-    flat = comm.all_reduce_numpy(flat, group, op)
-    out, off = [], 0
-    for t in tensors:
-        n = int(np.prod(t.shape))
-        out.append(flat[off:off + n].reshape(t.shape))
-        off += n
-    return out
 
 
 # ------------------------------------------------------------------------------------ applying
@@ -152,9 +284,12 @@ def shardable(model: Any, table: Any) -> set[str]:
             if p.name in table and table[p.name].trainable and len(table[p.name].stages) == 1}
 
 
-def apply_fsdp(model: Any, groups: Any, table: Any) -> list[units.ReplayedUnit]:
+def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = (),
+               sink: GradSink | None = None) -> list[str]:
     """Cut every FSDP-split parameter (the table's ``fsdp`` rows) to this rank's block and make every unit
-    this rank trains gather it for its forward and its replay."""
+    this rank trains gather it for its forward and its backward: the units named in ``replay`` (the layers
+    recompute selects, `recompute.replayed_layers`) replay their forward in the backward (`units.ReplayedUnit`),
+    the others keep their activations (`FsdpHooks.gathered`). Returns the names of the units installed."""
     size, rank = groups.fsdp.size, groups.fsdp.rank
     installed = []
     for name, cell, kind, params in unit_cells(model):
@@ -169,6 +304,35 @@ def apply_fsdp(model: Any, groups: Any, table: Any) -> list[units.ReplayedUnit]:
         params = units.renew(owners, params, rows)  # the row blocks, and every other one as it is now
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
-        hooks = FsdpHooks(params, sharded, groups, tp_whole, owners)
-        installed.append(units.install(cell, kind, params, hooks, name=name))
+        hooks = FsdpHooks(params, sharded, groups, tp_whole, owners, sink)
+        if name in replay:
+            units.install(cell, kind, params, hooks, name=name)
+        else:
+            _keep(cell, kind, hooks)
+        installed.append(name)
     return installed
+
+
+def _keep(cell: Any, kind: str, hooks: FsdpHooks) -> None:
+    """``cell``'s forward run inside `FsdpHooks.gathered` (its activations kept). The head loss reads the
+    head weight as an argument: the gathered one is passed in its place."""
+    original = cell.construct
+    if kind == "loss":
+        head = hooks.sharded[0]
+
+        def construct(h, weight, labels, weights):
+            if weight is not head:  # not the weight the unit gathers: the plain loss
+                return original(h, weight, labels, weights)
+            with hooks.gathered() as full:
+                return original(h, full[0], labels, weights)
+    else:
+        def construct(*args, **kwargs):
+            with hooks.gathered():
+                return original(*args, **kwargs)
+    object.__setattr__(cell, "_fsdp_kept", hooks)  # not a sub-cell
+    cell.construct = construct
+
+
+def kept_hooks(cell: Any) -> FsdpHooks | None:
+    """The hooks of an FSDP unit that keeps its activations (None: not one)."""
+    return getattr(cell, "_fsdp_kept", None)

@@ -48,6 +48,7 @@ class ParallelDims:
     groups: Any  # groups.ParallelGroups
     ulysses: int = 1  # the all-to-all degree inside CP: 1 colossal, cp ulysses, in between hybrid
     stage_chunks: Any = None  # [rank][chunk] -> decoder layer ids, under PP (`derive.stage_chunks`)
+    fsdp_replay: frozenset = frozenset()  # FSDP units that replay their forward (recompute's layers)
 
 
 @attrs.frozen
@@ -55,6 +56,7 @@ class Parallelized:
     model: Any
     table: PlacementTable
     stage: Any = None  # pipeline_model.StageModel under PP
+    grad_sink: Any = None  # fsdp.GradSink under FSDP: the units put their gradients in the trainer's buffer
 
 
 def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
@@ -70,7 +72,7 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
     if lay.tp > 1 or lay.cp > 1:
         apply_sequence_shards(model, g.tp_cp, lay.cp)
     rename_parameters(model)
-    stage = None
+    stage = sink = None
     if lay.pp > 1:
         from mftk.engine.parallel.pipeline_model import StageModel
 
@@ -79,8 +81,9 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
         from mftk.engine.parallel import fsdp
 
         table.add_fsdp_rows(g.fsdp.size, axis_sizes(g), only=fsdp.shardable(model, table))
-        fsdp.apply_fsdp(model, g, table)
-    return Parallelized(model=model, table=table, stage=stage)
+        sink = fsdp.GradSink()
+        fsdp.apply_fsdp(model, g, table, dims.fsdp_replay, sink)
+    return Parallelized(model=model, table=table, stage=stage, grad_sink=sink)
 
 
 def rename_parameters(model: Any) -> None:

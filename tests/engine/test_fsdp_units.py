@@ -1,0 +1,121 @@
+"""FSDP units in one process (`parallel.fsdp`, a trivial FSDP group: each row block is the whole tensor), so the
+mechanism is checked without msrun: a unit that keeps its activations gives the gradients of the plain run
+(1e-6), never replays its forward, stores its gathered weights as handles (gathered once more in its backward,
+not kept), and puts its gradients straight into the trainer's flat buffer (`GradSink`); a unit recompute
+selects replays instead (`recompute.replayed_layers`). The msrun equality tests (tests/commands) check the
+same against one process with real shards."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mftk.engine.models.build import build_model
+from tests.engine.test_recompute import Section, _args, _grads
+from tests.helpers.models import make_qwen3, ms
+
+pytestmark = pytest.mark.engine
+
+
+class _Row:
+    trainable, expert, stages = True, False, (0,)
+
+    def split_over(self, axis: str) -> bool:
+        return axis == "fsdp"
+
+
+class _Table(dict):
+    def __missing__(self, key):
+        return _Row()
+
+
+def _groups():
+    from mftk.engine.parallel.groups import AxisGroup
+
+    one = AxisGroup(name="", ranks=(0,), rank=0)
+
+    class G:
+        fsdp = tp = dp_cp = one
+    return G()
+
+
+def _fsdp_model(cfg, replay=()):
+    from mftk.engine.parallel import fsdp
+
+    model = build_model(cfg, seed=0)
+    sink = fsdp.GradSink()
+    names = fsdp.apply_fsdp(model, _groups(), _Table(), replay=replay, sink=sink)
+    return model, names, sink
+
+
+def test_kept_units_give_the_plain_gradients_without_replaying(rng):
+    from mftk.engine import units
+    from mftk.engine.parallel import fsdp
+
+    cfg = make_qwen3()
+    plain = build_model(cfg, seed=0)
+    model, names, _ = _fsdp_model(cfg)
+    assert names == ["embedding", "output_layer"] + [f"decoder.layers.{i}" for i in range(cfg.num_hidden_layers)]
+    cells = dict(model.cells_and_names())
+    hooks = [fsdp.kept_hooks(cells[n]) for n in names if n != "output_layer"] + [fsdp.kept_hooks(model.loss)]
+    assert all(h is not None for h in hooks) and not any(units.unit_of(c) for c in cells.values())
+    regathers = []
+    for h in hooks:  # count the backward's gathers: one per unit, and only there
+        original = h._unpack
+
+        def counting(packed, h=h, original=original):
+            if isinstance(packed, tuple) and packed[0] == fsdp._WEIGHT and h._again is None:
+                regathers.append(h)
+            return original(packed)
+        h._unpack = counting
+    args = _args(cfg, rng)
+    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
+    np.testing.assert_allclose(lb, la, rtol=1e-6)
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    # every unit whose backward reads its weights saved handles and gathered them once (the embedding's
+    # lookup backward reads only the ids: never gathered again)
+    assert sorted(map(id, regathers)) == sorted(map(id, hooks[1:]))
+    assert all(h._again is None and not h._live for h in hooks)  # nothing gathered left behind
+
+
+def test_units_recompute_selects_replay(rng):
+    from mftk.engine import units
+    from mftk.engine.recompute import replayed_layers
+
+    cfg = make_qwen3()
+    section = Section(mode="select", select_module={"mlp": ["1"]}, full_recompute_layer=["0"])
+    replay = replayed_layers(build_model(cfg, seed=0), section)
+    assert replay == {"decoder.layers.0", "decoder.layers.1"}
+    plain = build_model(cfg, seed=0)
+    model, _, _ = _fsdp_model(cfg, replay)
+    cells = dict(model.cells_and_names())
+    args = _args(cfg, rng)
+    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
+    np.testing.assert_allclose(lb, la, rtol=1e-6)
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    assert [units.unit_of(cells[p]).replays for p in sorted(replay)] == [1, 1]
+
+
+def test_units_put_their_gradients_in_the_flat_buffer(rng):
+    from mftk.engine.optim import AdamW, decide_weight_decay
+
+    cfg = make_qwen3()
+    plain = build_model(cfg, seed=0)
+    model, _, sink = _fsdp_model(cfg)
+    params = list(model.trainable_params())
+    opt = AdamW([p.name for p in params], [p.asnumpy() for p in params],
+                decide_weight_decay([(p.name, tuple(p.shape)) for p in params], 0.1))
+    sink.bind(params, opt)
+    args = _args(cfg, rng)
+    _, want = _grads(plain, args)
+    flat = opt.grad_buffer()
+    for first, scale in ((True, 0.5), (False, 0.5)):  # two micro-batches, each scaled by 1/2
+        sink.begin(flat, scale, first)
+        _, grads = ms.value_and_grad(model, None, params, has_aux=True)(*args)
+        done = sink.end()
+        assert done and all(np.shares_memory(grads[i].asnumpy(), flat) for i in done)  # no copy beside it
+        opt.put_grads(flat, [None if i in done else g.asnumpy() for i, g in enumerate(grads)], scale) if first \
+            else opt.add_grads(flat, [None if i in done else g.asnumpy() for i, g in enumerate(grads)], scale)
+    for i, w in enumerate(want):
+        np.testing.assert_allclose(opt.view(flat, i), w, rtol=1e-5, atol=1e-7)
