@@ -119,29 +119,33 @@ class SinkhornFn(nn.Cell):
     """``softmax(logits) + ε``, one column normalisation, then ``iters − 1`` × (rows, columns), each
     ``x / (Σ x + ε)``, on ``(N, n, n)``, in float32 NumPy on the host (PyNative only): the matrices are
     tiny and the ~4·iters MindSpore ops of the plain loop (and their autodiff) cost more than the math.
-    Returns ``(matrix, trace)``; the trace (softmax and every normalisation's input) only carries the
-    forward to the backward, which replays the normalisations in reverse."""
+    The host works on the ``(n, n, N)`` layout: NumPy's sums and broadcasts over a short trailing axis are
+    ~10× slower than over the long one (same additions in the same order, so the same bits).
+    Returns ``(matrix, trace)``; the trace (softmax and every normalisation's input, ``(·, n, n, N)``) only
+    carries the forward to the backward, which replays the normalisations in reverse."""
 
     def __init__(self, iters: int, eps: float) -> None:
         super().__init__()
         self.iters, self.eps = int(iters), np.float32(eps)
-        self.axes = [-2] + [-1, -2] * (self.iters - 1)
+        self.axes = [0] + [1, 0] * (self.iters - 1)  # columns, then (rows, columns): axes of (n, n, N)
 
     def construct(self, logits):
-        z = logits.asnumpy()
-        e = np.exp(z - z.max(-1, keepdims=True))
-        p = e / e.sum(-1, keepdims=True)
+        z = np.ascontiguousarray(logits.asnumpy().transpose(1, 2, 0))  # (n, n, N)
+        e = np.exp(z - z.max(1, keepdims=True))
+        p = e / e.sum(1, keepdims=True)
         trace = [p]
         x = p + self.eps
         for axis in self.axes:
             trace.append(x)
             x = x / (x.sum(axis, keepdims=True) + self.eps)
-        return Tensor(x), Tensor(np.stack(trace))
+        return Tensor(np.ascontiguousarray(x.transpose(2, 0, 1))), Tensor(np.stack(trace))
 
     def bprop(self, logits, out, dout):
-        trace, g = out[1].asnumpy(), dout[0].asnumpy()
+        trace = out[1].asnumpy()
+        g = np.ascontiguousarray(dout[0].asnumpy().transpose(1, 2, 0))
         for x, axis in zip(trace[:0:-1], reversed(self.axes)):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
             d = x.sum(axis, keepdims=True) + self.eps
             g = g / d - (g * x).sum(axis, keepdims=True) / (d * d)
         p = trace[0]
-        return (Tensor((p * (g - (g * p).sum(-1, keepdims=True))).astype(np.float32)),)
+        dz = p * (g - (g * p).sum(1, keepdims=True))
+        return (Tensor(np.ascontiguousarray(dz.transpose(2, 0, 1)).astype(np.float32)),)
