@@ -141,6 +141,7 @@ class CompressedSparseAttention(nn.Cell):
         self.with_indexer_loss = indexer_loss and self.indexer is not None
         self.indexer_loss = None  # set by each training forward of an indexer layer
         self._masks: dict[int, np.ndarray] = {}
+        self._bias_cache: tuple | None = None  # ((B, S, n), mask, bias) of the last forward (no indexer)
 
     def init_overrides(self) -> dict:
         return {self.attn_sink: lambda rng, shape, std: np.zeros(shape, np.float32)}  # as both references
@@ -149,22 +150,34 @@ class CompressedSparseAttention(nn.Cell):
         """``q (B, S, nh, d)``, ``kv (B, S, d)``, ``mask (B|1, 1, S, S)`` bool (causal + padding) → ``(B, S, nh, d)``."""
         b, s = q.shape[0], q.shape[1]
         self.indexer_loss = None
-        keys = kv
-        hidden = mask.asnumpy().reshape(-1, s, s) | self._window(s)  # (B|1, S, S) True = masked
-        hidden = np.broadcast_to(hidden, (b, s, s))
+        keys, comp = kv, None
         if self.compressor is not None:
             comp = self.compressor(x, rope_table)
             if comp is not None:
                 keys = mint.cat((kv, comp), 1)  # (B, S + n, d)
-                hidden = np.concatenate([hidden, self._compressed_mask(q, comp, x, cq, rope_table, b, s,
-                                                                       comp.shape[1])], 2)
-        bias = np.zeros((b, s, hidden.shape[2] + 1), np.float32)  # the last column: the sink's, never masked
-        bias[..., :-1][hidden] = MASKED
-        # rows query-major (row = p·nh + h): q, the output and the per-row mask need no transpose
-        bias = ops.tile(Tensor(bias).reshape(b, 1, s, 1, -1), (1, 1, 1, self.nh, 1)).reshape(b, 1, s * self.nh, -1)
+        bias = self._bias(mask.asnumpy(), q, comp, x, cq, rope_table, b, s)
         sink = ops.tile(self.attn_sink.reshape(1, 1, 1, self.nh, 1), (b, 1, s, 1, 1)).reshape(b, 1, s * self.nh, 1)
         out = self.fn(q.reshape(b, 1, s * self.nh, self.d), keys.reshape(b, 1, -1, self.d), bias, sink)[0]
         return out.reshape(b, s, self.nh, self.d)
+
+    def _bias(self, mask: np.ndarray, q, comp, x, cq, rope_table, b: int, s: int):
+        """`SinkAttentionFn`'s additive bias ``(B, 1, S·nh, S + n + 1)``: 0 where visible, MASKED where not, the
+        last column (the sink's) 0; rows query-major (row = p·nh + h), so q, the output and the per-row mask
+        need no transpose. Without an indexer it depends only on the mask and the shapes: the last one is
+        reused while the mask is the same (the causal one of every step), saving its host build and tile."""
+        n = 0 if comp is None else comp.shape[1]
+        cached = self._bias_cache
+        if self.indexer is None and cached is not None and cached[0] == (b, s, n) and np.array_equal(cached[1], mask):
+            return cached[2]
+        hidden = np.broadcast_to(mask.reshape(-1, s, s) | self._window(s), (b, s, s))  # (B, S, S) True = masked
+        if comp is not None:
+            hidden = np.concatenate([hidden, self._compressed_mask(q, comp, x, cq, rope_table, b, s, n)], 2)
+        bias = np.zeros((b, s, hidden.shape[2] + 1), np.float32)
+        bias[..., :-1][hidden] = MASKED
+        bias = ops.tile(Tensor(bias).reshape(b, 1, s, 1, -1), (1, 1, 1, self.nh, 1)).reshape(b, 1, s * self.nh, -1)
+        if self.indexer is None:
+            self._bias_cache = ((b, s, n), mask.copy(), bias)
+        return bias
 
     def _window(self, s: int) -> np.ndarray:
         if s not in self._masks:
