@@ -72,8 +72,9 @@ def pair_rotation(dim: int, rope_dim: int | None = None) -> np.ndarray:
 class PairRopeFn(nn.Cell):
     """Interleaved-pair RoPE ``x·cos + rotate_pairs(x)·sin`` on ``x (B, S, N, D)`` with tables ``(1, S, 1, D)``
     (each angle repeated on its two lanes; cos 1 and sin 0 on lanes left alone, so a partial RoPE needs
-    no slice of ``x``). ``rotate_pairs`` is a product with the constant ``Rᵀ``, so the backward is
-    ``dout·cos + (dout·sin)·R``. Pass ``−sin`` for the inverse rotation."""
+    no slice of ``x``), or tables already tiled to ``x``'s shape (then nothing is tiled). ``rotate_pairs`` is
+    a product with the constant ``Rᵀ``, so the backward is ``dout·cos + (dout·sin)·R``. Pass ``−sin`` for
+    the inverse rotation."""
 
     def __init__(self, dim: int, rope_dim: int | None = None) -> None:
         super().__init__()
@@ -84,13 +85,17 @@ class PairRopeFn(nn.Cell):
         d = x.shape[-1]
         return ops.matmul(x.reshape(-1, d), mat).reshape(x.shape)
 
+    @staticmethod
+    def _full(table, x):
+        """The table tiled to ``x``'s batch and heads (nothing to do when the caller passed it full-size)."""
+        reps = (x.shape[0] // table.shape[0], 1, x.shape[2] // table.shape[2], 1)
+        return table if reps == (1, 1, 1, 1) else _tile(table, reps)
+
     def construct(self, x, cos, sin):
-        reps = (x.shape[0], 1, x.shape[2], 1)
-        return x * _tile(cos, reps) + self._rot(x, self.rt) * _tile(sin, reps)
+        return x * self._full(cos, x) + self._rot(x, self.rt) * self._full(sin, x)
 
     def bprop(self, x, cos, sin, out, dout):
-        reps = (x.shape[0], 1, x.shape[2], 1)
-        return dout * _tile(cos, reps) + self._rot(dout * _tile(sin, reps), self.r), ops.zeros_like(cos), \
+        return dout * self._full(cos, x) + self._rot(dout * self._full(sin, x), self.r), ops.zeros_like(cos), \
             ops.zeros_like(sin)
 
 
