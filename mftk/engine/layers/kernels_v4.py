@@ -28,29 +28,37 @@ class SinkAttentionFn(nn.Cell):
     matrix, no per-row max). ``q (B, 1, M, d)`` (M = queries × heads, any row order), ``kv (B, 1, Sk, d)``,
     ``bias (B, 1, M, Sk + 1)`` float (0 or −1e30: masked; the last column, the sink's, 0), ``sink_rows
     (B, 1, M, 1)`` each row's head sink.
-    Returns ``(out, probs)``; the probabilities only ride along for the backward."""
+    Returns ``(out, probs, q', k', v)``; all but ``out`` only carry the forward to the backward. The padding
+    columns and rows of ``k'``/``v`` are constants, cached per shape (a ``zeros`` per call cost as much as a
+    big op)."""
 
     def __init__(self, scale: float) -> None:
         super().__init__()
         self.scale = float(scale)
+        self._pads: dict[tuple, tuple[Tensor, Tensor, Tensor]] = {}
 
     def _keys(self, kv):
         b, g, sk, d = kv.shape
-        k = mint.cat((mint.cat((kv, ops.zeros((b, g, sk, 1), kv.dtype)), -1),
-                      mint.cat((ops.zeros((b, g, 1, d), kv.dtype), ops.ones((b, g, 1, 1), kv.dtype)), -1)), 2)
-        v = mint.cat((kv, ops.zeros((b, g, 1, d), kv.dtype)), 2)  # (B, 1, Sk+1, d): the sink adds nothing
-        return k, v  # k (B, 1, Sk+1, d+1)
+        key = (b, g, sk, d, kv.dtype)
+        if key not in self._pads:
+            sink_key = np.zeros((b, g, 1, d + 1), np.float32)
+            sink_key[..., -1] = 1.0
+            self._pads[key] = tuple(Tensor(a).astype(kv.dtype) for a in (np.zeros((b, g, sk, 1), np.float32),
+                                                                          sink_key, np.zeros((b, g, 1, d), np.float32)))
+        lane, sink_key, sink_value = self._pads[key]
+        k = mint.cat((mint.cat((kv, lane), -1), sink_key), 2)  # (B, 1, Sk+1, d+1): key [0…0 | 1] for the sink
+        v = mint.cat((kv, sink_value), 2)  # (B, 1, Sk+1, d): the sink adds nothing
+        return k, v
 
     def construct(self, q, kv, bias, sink_rows):
         k, v = self._keys(kv)
         qs = mint.cat((q * self.scale, sink_rows), -1)  # (B, 1, M, d+1)
         p = _softmax(_bmm_nt(qs, k) + bias)  # (B, 1, M, Sk+1)
-        return _bmm(p, v), p
+        return _bmm(p, v), p, qs, k, v
 
     def bprop(self, q, kv, bias, sink_rows, out, dout):
-        o, p, do = out[0], out[1], dout[0]
-        k, v = self._keys(kv)
-        qs = mint.cat((q * self.scale, sink_rows), -1)
+        o, p, qs, k, v = out
+        do = dout[0]
         c = _rowsum(do * o)  # Σ_j p_j·(do·v_j) = do·out; the sink's value is 0
         ds = (_bmm_nt(do, v) - _tile(c, (1, 1, 1, p.shape[-1]))) * p  # masked entries have p = 0
         dqs, dk = _bmm(ds, k), _bmm_tn(ds, qs)  # (B, 1, M, d+1), (B, 1, Sk+1, d+1)
