@@ -31,12 +31,22 @@ _mm = ops.MatMul()
 _mm_nt = ops.MatMul(transpose_b=True)
 
 
+_ONES: dict = {}
+
+
+def _ones_column(k: int, dtype):
+    """A cached ``(k, 1)`` column of ones (row sums as a GEMV; a fresh ``ones`` per call costs a launch)."""
+    if (k, dtype) not in _ONES:
+        _ONES[(k, dtype)] = Tensor(np.ones((k, 1), np.float32)).astype(dtype)
+    return _ONES[(k, dtype)]
+
+
 def normed_matmul(x, w, norm_weight, eps: float):
     """``RMSNorm(x; norm_weight) · wᵀ`` for ``x (N, K)``, ``w (m, K)`` with m small, as ``r ⊙ (x · (w ⊙ g)ᵀ)``:
     the norm is a per-row factor ``r = rsqrt(mean(x²) + eps)``, so the normalised ``x`` is never built."""
     if norm_weight is not None:
         w = w * ops.tile(norm_weight.reshape(1, -1), (w.shape[0], 1))
-    r = mint.rsqrt(_mm(x * x, ops.ones((x.shape[1], 1), x.dtype)) / x.shape[1] + eps)  # (N, 1)
+    r = mint.rsqrt(_mm(x * x, _ones_column(x.shape[1], x.dtype)) / x.shape[1] + eps)  # (N, 1)
     return _mm_nt(x, w) * ops.tile(r, (1, w.shape[0]))
 
 

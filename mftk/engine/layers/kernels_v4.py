@@ -28,29 +28,37 @@ class SinkAttentionFn(nn.Cell):
     matrix, no per-row max). ``q (B, 1, M, d)`` (M = queries × heads, any row order), ``kv (B, 1, Sk, d)``,
     ``bias (B, 1, M, Sk + 1)`` float (0 or −1e30: masked; the last column, the sink's, 0), ``sink_rows
     (B, 1, M, 1)`` each row's head sink.
-    Returns ``(out, probs)``; the probabilities only ride along for the backward."""
+    Returns ``(out, probs, q', k', v)``; all but ``out`` only carry the forward to the backward. The padding
+    columns and rows of ``k'``/``v`` are constants, cached per shape (a ``zeros`` per call cost as much as a
+    big op)."""
 
     def __init__(self, scale: float) -> None:
         super().__init__()
         self.scale = float(scale)
+        self._pads: dict[tuple, tuple[Tensor, Tensor, Tensor]] = {}
 
     def _keys(self, kv):
         b, g, sk, d = kv.shape
-        k = mint.cat((mint.cat((kv, ops.zeros((b, g, sk, 1), kv.dtype)), -1),
-                      mint.cat((ops.zeros((b, g, 1, d), kv.dtype), ops.ones((b, g, 1, 1), kv.dtype)), -1)), 2)
-        v = mint.cat((kv, ops.zeros((b, g, 1, d), kv.dtype)), 2)  # (B, 1, Sk+1, d): the sink adds nothing
-        return k, v  # k (B, 1, Sk+1, d+1)
+        key = (b, g, sk, d, kv.dtype)
+        if key not in self._pads:
+            sink_key = np.zeros((b, g, 1, d + 1), np.float32)
+            sink_key[..., -1] = 1.0
+            self._pads[key] = tuple(Tensor(a).astype(kv.dtype) for a in (np.zeros((b, g, sk, 1), np.float32),
+                                                                          sink_key, np.zeros((b, g, 1, d), np.float32)))
+        lane, sink_key, sink_value = self._pads[key]
+        k = mint.cat((mint.cat((kv, lane), -1), sink_key), 2)  # (B, 1, Sk+1, d+1): key [0…0 | 1] for the sink
+        v = mint.cat((kv, sink_value), 2)  # (B, 1, Sk+1, d): the sink adds nothing
+        return k, v
 
     def construct(self, q, kv, bias, sink_rows):
         k, v = self._keys(kv)
         qs = mint.cat((q * self.scale, sink_rows), -1)  # (B, 1, M, d+1)
         p = _softmax(_bmm_nt(qs, k) + bias)  # (B, 1, M, Sk+1)
-        return _bmm(p, v), p
+        return _bmm(p, v), p, qs, k, v
 
     def bprop(self, q, kv, bias, sink_rows, out, dout):
-        o, p, do = out[0], out[1], dout[0]
-        k, v = self._keys(kv)
-        qs = mint.cat((q * self.scale, sink_rows), -1)
+        o, p, qs, k, v = out
+        do = dout[0]
         c = _rowsum(do * o)  # Σ_j p_j·(do·v_j) = do·out; the sink's value is 0
         ds = (_bmm_nt(do, v) - _tile(c, (1, 1, 1, p.shape[-1]))) * p  # masked entries have p = 0
         dqs, dk = _bmm(ds, k), _bmm_tn(ds, qs)  # (B, 1, M, d+1), (B, 1, Sk+1, d+1)
@@ -72,8 +80,9 @@ def pair_rotation(dim: int, rope_dim: int | None = None) -> np.ndarray:
 class PairRopeFn(nn.Cell):
     """Interleaved-pair RoPE ``x·cos + rotate_pairs(x)·sin`` on ``x (B, S, N, D)`` with tables ``(1, S, 1, D)``
     (each angle repeated on its two lanes; cos 1 and sin 0 on lanes left alone, so a partial RoPE needs
-    no slice of ``x``). ``rotate_pairs`` is a product with the constant ``Rᵀ``, so the backward is
-    ``dout·cos + (dout·sin)·R``. Pass ``−sin`` for the inverse rotation."""
+    no slice of ``x``), or tables already tiled to ``x``'s shape (then nothing is tiled). ``rotate_pairs`` is
+    a product with the constant ``Rᵀ``, so the backward is ``dout·cos + (dout·sin)·R``. Pass ``−sin`` for
+    the inverse rotation."""
 
     def __init__(self, dim: int, rope_dim: int | None = None) -> None:
         super().__init__()
@@ -84,13 +93,17 @@ class PairRopeFn(nn.Cell):
         d = x.shape[-1]
         return ops.matmul(x.reshape(-1, d), mat).reshape(x.shape)
 
+    @staticmethod
+    def _full(table, x):
+        """The table tiled to ``x``'s batch and heads (nothing to do when the caller passed it full-size)."""
+        reps = (x.shape[0] // table.shape[0], 1, x.shape[2] // table.shape[2], 1)
+        return table if reps == (1, 1, 1, 1) else _tile(table, reps)
+
     def construct(self, x, cos, sin):
-        reps = (x.shape[0], 1, x.shape[2], 1)
-        return x * _tile(cos, reps) + self._rot(x, self.rt) * _tile(sin, reps)
+        return x * self._full(cos, x) + self._rot(x, self.rt) * self._full(sin, x)
 
     def bprop(self, x, cos, sin, out, dout):
-        reps = (x.shape[0], 1, x.shape[2], 1)
-        return dout * _tile(cos, reps) + self._rot(dout * _tile(sin, reps), self.r), ops.zeros_like(cos), \
+        return dout * self._full(cos, x) + self._rot(dout * self._full(sin, x), self.r), ops.zeros_like(cos), \
             ops.zeros_like(sin)
 
 
@@ -119,29 +132,33 @@ class SinkhornFn(nn.Cell):
     """``softmax(logits) + ε``, one column normalisation, then ``iters − 1`` × (rows, columns), each
     ``x / (Σ x + ε)``, on ``(N, n, n)``, in float32 NumPy on the host (PyNative only): the matrices are
     tiny and the ~4·iters MindSpore ops of the plain loop (and their autodiff) cost more than the math.
-    Returns ``(matrix, trace)``; the trace (softmax and every normalisation's input) only carries the
-    forward to the backward, which replays the normalisations in reverse."""
+    The host works on the ``(n, n, N)`` layout: NumPy's sums and broadcasts over a short trailing axis are
+    ~10× slower than over the long one (same additions in the same order, so the same bits).
+    Returns ``(matrix, trace)``; the trace (softmax and every normalisation's input, ``(·, n, n, N)``) only
+    carries the forward to the backward, which replays the normalisations in reverse."""
 
     def __init__(self, iters: int, eps: float) -> None:
         super().__init__()
         self.iters, self.eps = int(iters), np.float32(eps)
-        self.axes = [-2] + [-1, -2] * (self.iters - 1)
+        self.axes = [0] + [1, 0] * (self.iters - 1)  # columns, then (rows, columns): axes of (n, n, N)
 
     def construct(self, logits):
-        z = logits.asnumpy()
-        e = np.exp(z - z.max(-1, keepdims=True))
-        p = e / e.sum(-1, keepdims=True)
+        z = np.ascontiguousarray(logits.asnumpy().transpose(1, 2, 0))  # (n, n, N)
+        e = np.exp(z - z.max(1, keepdims=True))
+        p = e / e.sum(1, keepdims=True)
         trace = [p]
         x = p + self.eps
         for axis in self.axes:
             trace.append(x)
             x = x / (x.sum(axis, keepdims=True) + self.eps)
-        return Tensor(x), Tensor(np.stack(trace))
+        return Tensor(np.ascontiguousarray(x.transpose(2, 0, 1))), Tensor(np.stack(trace))
 
     def bprop(self, logits, out, dout):
-        trace, g = out[1].asnumpy(), dout[0].asnumpy()
+        trace = out[1].asnumpy()
+        g = np.ascontiguousarray(dout[0].asnumpy().transpose(1, 2, 0))
         for x, axis in zip(trace[:0:-1], reversed(self.axes)):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
             d = x.sum(axis, keepdims=True) + self.eps
             g = g / d - (g * x).sum(axis, keepdims=True) / (d * d)
         p = trace[0]
-        return (Tensor((p * (g - (g * p).sum(-1, keepdims=True))).astype(np.float32)),)
+        dz = p * (g - (g * p).sum(1, keepdims=True))
+        return (Tensor(np.ascontiguousarray(dz.transpose(2, 0, 1)).astype(np.float32)),)

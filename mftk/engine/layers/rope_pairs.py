@@ -47,22 +47,25 @@ class RopeSet:
 
 class PartialPairRope:
     """Rotates the trailing ``dim`` lanes of ``x (B, S, N, D)`` and leaves the leading ``D − dim`` alone: the
-    tables are widened with cos 1 / sin 0 on those lanes (cached), so ``x`` is never sliced (a lane slice
-    is a strided copy, slow on CPU, and so is its gradient)."""
+    tables are widened with cos 1 / sin 0 on those lanes, so ``x`` is never sliced (a lane slice is a
+    strided copy, slow on CPU, and so is its gradient), and tiled to ``x``'s batch and heads, so
+    `PairRopeFn` tiles nothing in its forward or backward (both cached: the tables are constants)."""
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
         self._fns: dict[int, PairRopeFn] = {}
-        self._tables: dict[tuple[int, int, bool], tuple[Tensor, Tensor, Tensor]] = {}
+        self._tables: dict[tuple[int, int, bool, int, int], tuple[Tensor, Tensor, Tensor]] = {}
 
     def __call__(self, x, cos, sin, *, inverse: bool = False):
-        d = x.shape[-1]
+        b, _, heads, d = x.shape
         if d not in self._fns:
             self._fns[d] = PairRopeFn(d, self.dim)
-        key = (id(cos), d, inverse)
+        key = (id(cos), d, inverse, b, heads)
         if key not in self._tables:
             c, s_ = cos.asnumpy(), sin.asnumpy() * (-1.0 if inverse else 1.0)
             pad = c.shape[:-1] + (d - self.dim,)
-            self._tables[key] = (cos, Tensor(np.concatenate([np.ones(pad, np.float32), c], -1)),
-                                 Tensor(np.concatenate([np.zeros(pad, np.float32), s_], -1)))  # cos kept: its id stays
+            reps = (b, 1, heads, 1)
+            self._tables[key] = (cos, Tensor(np.tile(np.concatenate([np.ones(pad, np.float32), c], -1), reps)),
+                                 Tensor(np.tile(np.concatenate([np.zeros(pad, np.float32), s_], -1), reps)))
+            # cos kept: its id stays
         return self._fns[d](x, *self._tables[key][1:])
