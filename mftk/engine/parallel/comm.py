@@ -131,6 +131,65 @@ def all_gather_rows(a, group: AxisGroup):
     return out
 
 
+def packs(arrays) -> list[list[int]]:
+    """Consecutive indices of ``arrays`` grouped into messages of at most ``REDUCE_CHUNK`` elements of one
+    dtype (an array larger than that stands alone): a unit of a small model is a dozen small tensors, and
+    on CPU every collective costs a round trip through all ranks, whatever its size."""
+    out: list[list[int]] = []
+    n, dtype = 0, None
+    for i, a in enumerate(arrays):
+        if out and out[-1] and (n + a.size > REDUCE_CHUNK or a.dtype != dtype):
+            out.append([])
+            n = 0
+        if not out:
+            out.append([])
+        out[-1].append(i)
+        n, dtype = n + a.size, a.dtype
+    return out
+
+
+def all_gather_rows_many(arrays, group: AxisGroup) -> list:
+    """`all_gather_rows` of several numpy arrays, the small ones packed into one message (`packs`)."""
+    import numpy as np
+
+    if group.is_trivial:
+        return [np.array(a) for a in arrays]
+    out = []
+    for pack in packs(arrays):
+        if len(pack) == 1:
+            out.append(all_gather_rows(arrays[pack[0]], group))
+            continue
+        flat = np.concatenate([np.ascontiguousarray(arrays[i]).reshape(-1) for i in pack])
+        parts = [p.asnumpy() for p in all_gather_list(Tensor.from_numpy(flat), group)]
+        off = 0
+        for i in pack:
+            a = arrays[i]
+            out.append(np.concatenate([p[off:off + a.size].reshape(a.shape) for p in parts]))
+            off += a.size
+    return out
+
+
+def all_reduce_many(arrays, group: AxisGroup, op: str = "sum") -> list:
+    """`all_reduce_numpy` of several float32 numpy arrays: one message per pack of small ones (the results
+    are views of the packed copy), a large one reduced alone in its own memory."""
+    import numpy as np
+
+    if group.is_trivial or not arrays:
+        return list(arrays)
+    out = []
+    for pack in packs(arrays):
+        if len(pack) == 1:
+            out.append(all_reduce_numpy(arrays[pack[0]], group, op))
+            continue
+        flat = all_reduce_numpy(np.concatenate([np.asarray(arrays[i], np.float32).reshape(-1) for i in pack]),
+                                group, op)
+        off = 0
+        for i in pack:
+            out.append(flat[off:off + arrays[i].size].reshape(arrays[i].shape))
+            off += arrays[i].size
+    return out
+
+
 def all_gather(t: Tensor, group: AxisGroup, dim: int = 0) -> Tensor:
     """Concatenate every member's (same-shaped) tensor along `dim`, in group-rank order."""
     parts = all_gather_list(t, group)

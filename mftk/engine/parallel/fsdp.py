@@ -69,8 +69,9 @@ class FsdpHooks(units.UnitHooks):
             return
         if not self.full:
             self.full = [_placeholder(p, self.groups.fsdp.size) for p in self.sharded]
-        for p, full, slots in zip(self.sharded, self.full, self.slots):
-            full.set_data(Tensor.from_numpy(comm.all_gather_rows(p.asnumpy(), self.groups.fsdp)))
+        gathered = comm.all_gather_rows_many([p.asnumpy() for p in self.sharded], self.groups.fsdp)
+        for full, whole, slots in zip(self.full, gathered, self.slots):
+            full.set_data(Tensor.from_numpy(whole))
             for cell, key in slots:
                 cell._params[key] = full  # noqa: SLF001 — the cell's parameter registry
 
@@ -101,23 +102,29 @@ class FsdpHooks(units.UnitHooks):
         return out
 
     def reduce_sharded(self, full: list) -> list[Tensor]:
-        """Full gradients of the ``sharded`` parameters → this rank's rows (`reduce`): one tensor at a time,
+        """Full gradients of the ``sharded`` parameters → this rank's rows (`reduce`): one tensor (or pack) at a time,
         reduced in its own memory (the framework's gradient, a numpy view) and its block copied out, so no
-        concatenated copy of the unit's gradients exists beside them."""
+        concatenated copy of the unit's gradients exists beside them; tensors smaller than a message go
+        together (`comm.packs`: at most one message of copies beside them)."""
         g = self.groups
         size, rank = g.fsdp.size, g.fsdp.rank
         out = []
-        for k in range(len(full)):
-            t, full[k] = full[k], None
-            a = t.asnumpy() if isinstance(t, Tensor) else np.asarray(t)
-            if self.tp_whole[k]:
-                a = comm.all_reduce_numpy(a, g.tp, "sum")
-            a = comm.all_reduce_numpy(a, g.dp_cp, "avg")
-            block = a.shape[0] // size
-            rows = a[rank * block:(rank + 1) * block]
-            put = self.sink.put(self.sharded[k], rows) if self.sink is not None else None
-            out.append(put if put is not None else Tensor(np.ascontiguousarray(rows)))  # its own buffer: a view
-            del t, a, rows                                                               # would keep the full one
+        for pack in comm.packs(full):  # the small ones one message per pack, a large one alone
+            arrays = []
+            for k in pack:
+                t, full[k] = full[k], None
+                arrays.append(t.asnumpy() if isinstance(t, Tensor) else np.asarray(t))
+                del t
+            whole = [j for j, k in enumerate(pack) if self.tp_whole[k]]
+            for j, a in zip(whole, comm.all_reduce_many([arrays[j] for j in whole], g.tp, "sum")):
+                arrays[j] = a
+            for k, a in zip(pack, comm.all_reduce_many(arrays, g.dp_cp, "avg")):
+                block = a.shape[0] // size
+                rows = a[rank * block:(rank + 1) * block]
+                put = self.sink.put(self.sharded[k], rows) if self.sink is not None else None
+                out.append(put if put is not None else Tensor(np.ascontiguousarray(rows)))  # own buffer: a view
+                del a, rows                                                                  # keeps the full one
+            del arrays
         return out
 
     # ------------------------------------------------------------------ kept activations (no replay)
@@ -171,8 +178,8 @@ class FsdpHooks(units.UnitHooks):
         if packed[0] == _GATHER_OUT:
             return _MARKER
         if self._again is None:  # the first saved weight the unit's backward reads: gather them all once
-            self._again = [Tensor.from_numpy(comm.all_gather_rows(p.asnumpy(), self.groups.fsdp))
-                           for p in self.sharded]
+            self._again = [Tensor.from_numpy(a) for a in
+                           comm.all_gather_rows_many([p.asnumpy() for p in self.sharded], self.groups.fsdp)]
         return self._again[packed[1]]
 
 
@@ -232,7 +239,8 @@ class _GatherRows(nn.Cell):
         object.__setattr__(self, "made", set())
 
     def construct(self, *blocks):
-        full = tuple(Tensor.from_numpy(comm.all_gather_rows(b.asnumpy(), self.hooks.groups.fsdp)) for b in blocks)
+        full = tuple(Tensor.from_numpy(a) for a in
+                     comm.all_gather_rows_many([b.asnumpy() for b in blocks], self.hooks.groups.fsdp))
         object.__setattr__(self, "made", {_key(t) for t in full})
         return full
 

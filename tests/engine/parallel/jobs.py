@@ -90,8 +90,29 @@ def _collectives(g) -> dict:
         got = comm.recv((2,), ms.float32, 0, g)
         comm.send(got * 2, 0, g)
         res["p2p"] = _l(got)
+    res.update(_packed(g))
     comm.barrier(g)
     return res
+
+
+def packed_blocks(rank: int) -> list[np.ndarray]:
+    """Row blocks of four shapes (6, 2, 12, 2 elements): with 8 elements per message, packs [0, 1], [2], [3]."""
+    return [np.arange(n, dtype=np.float32).reshape(shape) + 100 * rank + 10 * i
+            for i, (n, shape) in enumerate([(6, (2, 3)), (2, (1, 2)), (12, (3, 4)), (2, (2, 1))])]
+
+
+def _packed(g) -> dict:
+    """The FSDP unit collectives (`comm.all_gather_rows_many`, `comm.all_reduce_many`) with small messages."""
+    from mftk.engine.parallel import comm
+
+    chunk, comm.REDUCE_CHUNK = comm.REDUCE_CHUNK, 8
+    try:
+        packs = comm.packs(packed_blocks(g.rank))
+        gathered = comm.all_gather_rows_many(packed_blocks(g.rank), g)
+        reduced = comm.all_reduce_many(packed_blocks(g.rank), g, "avg")
+    finally:
+        comm.REDUCE_CHUNK = chunk
+    return {"packs": packs, "gathered": [_l(a) for a in gathered], "reduced": [_l(a) for a in reduced]}
 
 
 def _tp_mlp(g, *, sequence_parallel: bool) -> dict:

@@ -45,3 +45,18 @@ def test_uneven_all_to_all(two_rank, rank):
 def test_send_recv(two_rank):
     assert two_rank[1]["collectives"]["p2p"] == [1.5, 2.5]
     assert two_rank[0]["collectives"]["p2p"] == [3.0, 5.0]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_packed_unit_collectives(two_rank, rank):
+    """FSDP's per-unit gathers and reductions: small blocks travel together, a large one alone, and each
+    comes back as if gathered / averaged by itself."""
+    from tests.engine.parallel.jobs import packed_blocks
+
+    c = two_rank[rank]["collectives"]
+    assert c["packs"] == [[0, 1], [2], [3]]
+    mine, other = packed_blocks(0), packed_blocks(1)
+    for got, a, b in zip(c["gathered"], mine, other):
+        np.testing.assert_array_equal(np.array(got), np.concatenate([a, b]))
+    for got, a, b in zip(c["reduced"], mine, other):
+        np.testing.assert_array_equal(np.array(got), (a.astype(np.float64) + b) / 2)
