@@ -15,8 +15,8 @@ included), the embedding, and the output layer (through the head loss). Two kind
   replay in the backward; it keeps no activations inside it.
 
 Either way the full gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an
-in-place all-reduce of each gradient, or of a pack of small ones, and a slice, mindspore-cpu.md §4) — and the blocks go straight into the
-trainer's flat gradient buffer (`GradSink`), so the model never holds more than one unit's full weights
+in-place all-reduce of each gradient, or of a pack of small ones, and a slice, mindspore-cpu.md §4) — and
+the blocks go straight into the trainer's flat gradient buffer (`GradSink`), so the model never holds more than one unit's full weights
 and gradients.
 
 Left whole (replicated, synchronised by `distributed.DistContext.sync_grads` as in plain DP): parameters
