@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from mftk.engine.models.build import build_model
-from tests.engine.test_recompute import Section, _args, _grads
+from tests.helpers.models import RecomputeSection as Section
+from tests.helpers.models import lm_args as _args
 from tests.helpers.models import make_qwen3, ms
+from tests.helpers.models import value_and_grads as _grads
 
 pytestmark = pytest.mark.engine
 

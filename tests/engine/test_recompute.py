@@ -7,26 +7,12 @@ import numpy as np
 import pytest
 
 from mftk.engine.models.build import build_model
-from tests.helpers.models import make_dsv3, make_qwen3, ms
+from tests.helpers.models import RecomputeSection as Section
+from tests.helpers.models import lm_args as _args
+from tests.helpers.models import make_dsv3, make_qwen3
+from tests.helpers.models import value_and_grads as _grads
 
 pytestmark = pytest.mark.engine
-
-
-class Section:
-    def __init__(self, **kw):
-        self.mode, self.full_recompute_layer, self.select_module, self.exclude_op = "None", None, None, None
-        self.enable = False
-        self.__dict__.update(kw)
-
-
-def _grads(model, args):
-    out, grads = ms.value_and_grad(model, None, model.trainable_params(), has_aux=True)(*args)
-    return float(out[0].asnumpy()), [g.asnumpy() for g in grads]
-
-
-def _args(cfg, rng):
-    ids = rng.integers(1, cfg.vocab_size, (2, 8))
-    return ids, np.roll(ids, -1, 1), np.ones((2, 8), np.float32)
 
 
 CASES = [

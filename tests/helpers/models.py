@@ -100,3 +100,24 @@ def torch_masked_ce(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) ->
     z = torch.tensor(logits, dtype=torch.float64).reshape(-1, logits.shape[-1])
     ce = torch.nn.functional.cross_entropy(z, torch.tensor(labels.reshape(-1)), reduction="none").numpy()
     return float((ce * mask.reshape(-1)).sum() / mask.sum())
+
+
+class RecomputeSection:
+    """A stand-in for the config's recompute section (`recompute.mode`, ranges, `select_module`, ...)."""
+
+    def __init__(self, **kw):
+        self.mode, self.full_recompute_layer, self.select_module, self.exclude_op = "None", None, None, None
+        self.enable = False
+        self.__dict__.update(kw)
+
+
+def value_and_grads(model, args):
+    """(loss, gradients of the trainable parameters) of one forward of ``model`` on ``args``."""
+    out, grads = ms.value_and_grad(model, None, model.trainable_params(), has_aux=True)(*args)
+    return float(out[0].asnumpy()), [g.asnumpy() for g in grads]
+
+
+def lm_args(cfg, rng):
+    """Token ids, their next-token labels and a full loss mask: a (2, 8) batch."""
+    ids = rng.integers(1, cfg.vocab_size, (2, 8))
+    return ids, np.roll(ids, -1, 1), np.ones((2, 8), np.float32)
