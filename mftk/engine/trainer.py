@@ -249,8 +249,8 @@ class Trainer:
         acc = self.optimizer.grad_buffer()  # the optimizer's flat layout (FSDP: this rank's rows), reused
         scale = 1.0 / plan.accumulation
         losses, aux_sum, mtp_sum, counts, indexer = [], None, None, None, []
+        sink = getattr(self.dist, "grad_sink", None)  # FSDP units put their gradients in ``acc``
         for _ in range(plan.accumulation):
-            sink = getattr(self.dist, "grad_sink", None)  # FSDP units put their gradients in ``acc``
             if sink is not None:
                 sink.begin(acc, scale, first=not losses)
             t, (outputs, grads) = self.micro_batch(timer)
