@@ -126,7 +126,7 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     with forward:  # from before msrun starts: a signal can never leave it running without us
         proc = _start(cmd, log_dir, spec, env)
         try:
-            rc = _supervise(proc, watcher, started, timeout_s, forward)
+            rc = _supervise(proc, watcher, started, timeout_s, forward, done_grace_s=_done_grace_s(spec))
         except BaseException:
             _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
             raise
@@ -332,8 +332,17 @@ class _Forwarder:
                     pass
 
 
+def _done_grace_s(spec: LaunchSpec) -> float:
+    """How long msrun may take to exit once every local worker has reported done.
+
+    On one node nothing is left to wait for: every result is written, and MindSpore's teardown (the scheduler
+    and the workers deregistering) takes 1-10 s on a loaded machine for nothing. On several nodes node 0's
+    scheduler still serves ranks elsewhere that may be finishing their last save, so it is given longer."""
+    return 1.0 if spec.nnodes == 1 else 10.0
+
+
 def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeout_s: float | None,
-               forward: _Forwarder | None = None) -> int:
+               forward: _Forwarder | None = None, *, done_grace_s: float = 10.0) -> int:
     """Poll logs until msrun exits, a worker fails, or the time limit passes; returns msrun's code."""
     done_at: float | None = None
     while True:
@@ -347,9 +356,9 @@ def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeou
         if watcher.failure() is not None:
             return 1
         if watcher.all_done():
-            # every worker finished; msrun only waits for the scheduler now (normally < 1 s)
+            # every worker finished; msrun only waits for MindSpore's teardown now
             done_at = done_at or time.monotonic()
-            if time.monotonic() - done_at > 10.0:
+            if time.monotonic() - done_at > done_grace_s:
                 return 0
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             watcher.errors.setdefault(-1, f"job exceeded its time limit of {timeout_s:g} s")
