@@ -52,7 +52,6 @@ RULES: dict[str, tuple[str, str]] = {
     "pp_layers": ("pp", "num_hidden_layers split over pp·interleave ('auto') or an explicit per-stage list"),
     "pp_order": ("pp", "pipeline stages hold the layers in order"),
     "pp_dropout": ("pp", "hidden_dropout 0 (pipeline stages recompute their forward)"),
-    "fsdp_dropout": ("dp", "hidden_dropout 0 under FSDP (each unit replays its forward in its backward)"),
     "pp_interleave": ("pp", "interleaved 1F1B: pp > 1, a 1f1b schedule, micro-batches a multiple of pp"),
     "track_logits": ("tp", "max attention logit tracking only without TP, CP and PP"),
     "family_dims": ("world", "the model family has a plan for this parallel dimension"),
@@ -135,7 +134,6 @@ def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refus
         out += _context(model, layout, s)
         out += _pipeline(model, layout, s)
         out += _family_gaps(model, layout)
-        out += _fsdp(model, layout)
     out += _muon(layout, s)
     if s.update_on_device:
         out += device_update_gaps(layout, s)
@@ -356,14 +354,6 @@ def _pipeline(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
                                    f"{lay.dp * s.local_batch_size * pp}"))
                 break
     return out
-
-
-def _fsdp(m: Any, lay: Layout) -> list[Refusal]:
-    if lay.dp_shard * lay.cp > 1 and getattr(m, "hidden_dropout", 0.0):
-        return [Refusal("fsdp_dropout", "model.hidden_dropout", "FSDP gathers each unit's weights again in its "
-                        "backward and replays its forward there, so hidden_dropout must be 0 (the masks would differ)",
-                        "set model.hidden_dropout: 0.0, or parallelism.data_parallel_shard: 1 (plain data parallel)")]
-    return []
 
 
 def _stage_split(layers: int, pp: int, v: int, spec: Any, path: str) -> list[Refusal]:

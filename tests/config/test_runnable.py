@@ -73,6 +73,15 @@ def test_global_aux_loss_runs_under_pipeline_parallel():
     assert refused(dsv3(moe_router_load_balancing_type="global_aux_loss"), Layout(world=2, pp=2)) == {}
 
 
+def test_dropout_runs_under_fsdp_and_context_parallel():
+    """FSDP units no longer replay their forward (only recompute or pipeline stages do), so dropout is allowed
+    there; tests/engine/test_fsdp_units.py checks the masks and gradients are the plain run's."""
+    m = qwen(hidden_dropout=0.1)
+    assert refused(m, Layout(world=2, dp_shard=2)) == {}
+    assert refused(m, Layout(world=4, dp_shard=2, cp=2)) == {}
+    assert set(refused(m, Layout(world=4, dp_shard=2, pp=2))) == {"pp_dropout"}
+
+
 def test_every_dimension_composes_on_both_families():
     assert refused(qwen(), Layout(world=16, dp_shard=2, cp=2, tp=2, pp=2)) == {}
     assert refused(dsv3(), Layout(world=16, dp_shard=2, cp=2, tp=2, pp=2, ep=4)) == {}  # MLA, MoE, MTP

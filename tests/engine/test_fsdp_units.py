@@ -80,6 +80,26 @@ def test_kept_units_give_the_plain_gradients_without_replaying(rng):
     assert all(h._again is None and not h._live for h in hooks)  # nothing gathered left behind
 
 
+def test_kept_units_draw_the_plain_runs_dropout_masks(rng):
+    """A kept unit runs its forward once, so with dropout on it draws the same masks as the plain model from the
+    same seed and its gradients are the plain run's (why FSDP allows hidden_dropout; recompute still refuses it)."""
+    cfg = make_qwen3(hidden_dropout=0.2)
+    plain, (model, _, _) = build_model(cfg, seed=0), _fsdp_model(cfg)
+    plain.set_train(True)
+    model.set_train(True)
+    args = _args(cfg, rng)
+    ms.set_seed(5)
+    la, ga = _grads(plain, args)
+    ms.set_seed(6)
+    other, _ = _grads(plain, args)
+    assert abs(other - la) > 1e-4  # dropout is on: another seed draws other masks
+    ms.set_seed(5)
+    lb, gb = _grads(model, args)
+    np.testing.assert_allclose(lb, la, rtol=1e-6)
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
 def test_units_recompute_selects_replay(rng):
     from mftk.engine import units
     from mftk.engine.recompute import replayed_layers
