@@ -105,8 +105,8 @@ def build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     return data
 
 
-def build_optimizer(config: Any, model: Any, sharding: Any = None, dist: Any = None, *, on_device: bool = False) -> Any:
-    """AdamW (or Muon) over the trainable parameters; under FSDP over this rank's rows of each (sharded states).
+def build_optimizer(config: Any, model: Any, dist: Any = None, *, on_device: bool = False) -> Any:
+    """AdamW (or Muon) over the trainable parameters; under FSDP they hold this rank's rows (sharded states).
     ``on_device`` (`device_optim.chosen`): the device-resident AdamW over the Parameters themselves."""
     from mftk.engine.optim import AdamW, decide_weight_decay
 
@@ -122,8 +122,6 @@ def build_optimizer(config: Any, model: Any, sharding: Any = None, dist: Any = N
 
         return DeviceAdamW([p.name for p in params], params, decisions, betas=o.betas, eps=o.eps)
     arrays = [p.asnumpy() for p in params]
-    if sharding is not None:
-        arrays = [sharding.local(i, a) for i, a in enumerate(arrays)]
     if o.type == "Muon":
         from mftk.engine.muon import build_muon
 

@@ -26,65 +26,18 @@ import attrs
 import numpy as np
 
 from mftk.ckpt.metadata import ShardedTensor
-from mftk.ckpt.names import MASTER, STEP, param_of, split_state, state_name
-
-
-# --------------------------------------------------------------------------------------- sharding plan
-class FlatSharding:
-    """Which rows of each trainable parameter this rank owns, and the full-size gradient layout.
-
-    ``rows[i]``: ``(start, stop)`` of parameter ``i``'s rows kept here (FSDP), or None (whole).
-    ``size``/``rank``: the FSDP (dp_shard·cp) group; size 1 means plain DP (everything whole)."""
-
-    def __init__(self, names: Sequence[str], shapes: Sequence[tuple[int, ...]], size: int, rank: int,
-                 sharded: Sequence[bool] | None = None) -> None:
-        self.names, self.shapes = list(names), [tuple(s) for s in shapes]
-        self.size, self.rank = int(size), int(rank)
-        if sharded is None:  # stand-alone use: every parameter whose dim 0 divides evenly
-            sharded = [bool(s) and s[0] % self.size == 0 for s in self.shapes]
-        self.rows: list[tuple[int, int] | None] = [self._rows(s) if on and self.size > 1 else None
-                                                   for s, on in zip(self.shapes, sharded)]
-        self.full_slices, start = [], 0
-        for s in self.shapes:
-            n = int(np.prod(s, dtype=np.int64))
-            self.full_slices.append(slice(start, start + n))
-            start += n
-        self.full_size = start
-        self.index = {n: i for i, n in enumerate(self.names)}
-
-    def _rows(self, shape: tuple[int, ...]) -> tuple[int, int]:
-        block = shape[0] // self.size
-        return self.rank * block, (self.rank + 1) * block
-
-    @property
-    def enabled(self) -> bool:
-        return any(r is not None for r in self.rows)
-
-    def local_shape(self, i: int) -> tuple[int, ...]:
-        r = self.rows[i]
-        return self.shapes[i] if r is None else (r[1] - r[0],) + self.shapes[i][1:]
-
-    def local(self, i: int, full: np.ndarray) -> np.ndarray:
-        r = self.rows[i]
-        return np.asarray(full) if r is None else np.ascontiguousarray(np.asarray(full)[r[0]:r[1]])
-
-    def cut(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        """This rank's rows of model-block tensors (model names, or ``adam_m.<name>``-style optimizer names)."""
-        out = {}
-        for key, value in tensors.items():
-            i = self.index.get(param_of(key))
-            out[key] = value if i is None else self.local(i, value)
-        return out
+from mftk.ckpt.names import MASTER, STEP, split_state, state_name
 
 
 # --------------------------------------------------------------------------------------- step collectives
 @attrs.define
 class DistContext:
-    """One rank of a multi-process job: its groups, the placement table, its FSDP rows, its pipeline stage."""
+    """One rank of a multi-process job: its groups, the placement table, its trainable parameters' names (model
+    order: the flat layout's; FSDP Parameters already hold only this rank's rows), its pipeline stage."""
 
     groups: Any  # parallel.groups.ParallelGroups
     table: Any  # parallel.placement.PlacementTable
-    sharding: FlatSharding
+    names: list[str]
     stage: Any = None  # parallel.pipeline_model.StageModel under PP
     presynced: tuple[int, ...] = ()  # FSDP-sharded parameters: their units already reduced their gradients
     grad_sink: Any = None  # parallel.fsdp.GradSink under FSDP (bound to the optimizer by `bind`)
@@ -102,7 +55,7 @@ class DistContext:
         self._opt_slices = list(optimizer.slices)
         self._state_kinds = getattr(optimizer, "state_kinds", None)
         w = np.ones(optimizer.size, np.float32)
-        for i, name in enumerate(self.sharding.names):
+        for i, name in enumerate(self.names):
             w[optimizer.slices[i]] = self.table.norm_weight(name, self.groups)
         self.norm_weights = w
         if self.grad_sink is not None:
@@ -113,16 +66,12 @@ class DistContext:
         return self.table.cut(tensors, self.groups)
 
     def saved_model(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """What this rank writes of its model tensors (TP/EP blocks): those its stage saves, FSDP rows cut."""
-        mine = {k: v for k, v in tensors.items() if self.table.owned(k, self.groups)}
-        return self.sharding.cut(mine)
+        """What this rank writes of its model tensors (TP/EP blocks and FSDP rows): those its stage saves."""
+        return {k: v for k, v in tensors.items() if self.table.owned(k, self.groups)}
 
     def saved_optimizer(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The optimizer states this rank writes: ``global_step`` and those of the tensors its stage saves."""
         return {k: v for k, v in tensors.items() if k == STEP or self.table.owned(k, self.groups)}
-
-    def _buffer_slices(self) -> list:
-        return self.sharding.full_slices if self.sharding.enabled else self._opt_slices
 
     @property
     def rank(self) -> int:
@@ -135,7 +84,7 @@ class DistContext:
     def sync_grads(self, full: np.ndarray) -> np.ndarray:
         """The steps of the module docstring on the flat gradient of this rank's parameters, in place; the
         gradients of FSDP-sharded parameters (``presynced``) arrive reduced from their units and are left alone."""
-        return self._sync(_FlatGrads(np.asarray(full, np.float32), self._buffer_slices())).result
+        return self._sync(_FlatGrads(np.asarray(full, np.float32), self._opt_slices)).result
 
     def sync_grad_tensors(self, grads: list[Any]) -> list[Any]:
         """`sync_grads` on the device path's per-parameter gradient tensors (`device_optim`), on the device."""
@@ -144,7 +93,7 @@ class DistContext:
     def _sync(self, buf: Any) -> Any:
         """The module docstring's steps, over a host flat buffer or a list of device tensors (``buf``)."""
         pre = set(self.presynced)
-        place = [(i, self.table[n]) for i, n in enumerate(self.sharding.names) if i not in pre]
+        place = [(i, self.table[n]) for i, n in enumerate(self.names) if i not in pre]
         g = self.groups
         buf.reduce([i for i, p in place if len(p.stages) > 1], g.embedding, "sum")
         buf.reduce([i for i, p in place if not p.split_over("tp") and not p.expert], g.tp, "sum")
@@ -165,7 +114,7 @@ class DistContext:
         (`placement.PlacementTable.norm_weight`), summed over the world, as a device scalar."""
         from mftk.engine.parallel import comm
 
-        weights = [self.table.norm_weight(n, self.groups) for n in self.sharding.names]
+        weights = [self.table.norm_weight(n, self.groups) for n in self.names]
         sq = optimizer.squared_norm(grads, weights)
         return comm.all_reduce(sq.reshape(1), self.groups.world, "sum").reshape(())
 
@@ -317,10 +266,9 @@ def _sum_f64(values: np.ndarray, group: Any) -> np.ndarray:
 
 
 def make_context(groups: Any, table: Any, params: Sequence[Any], stage: Any = None, grad_sink: Any = None) -> DistContext:
-    """The context of this rank: its trainable ``params`` (model order) with their FSDP rows from ``table``."""
+    """The context of this rank: its trainable ``params`` (model order; FSDP Parameters already hold their rows,
+    `parallel.fsdp`, so the flat layout is the local one) and which of them their FSDP units sync."""
     names = [p.name for p in params]
     sharded = tuple(i for i, n in enumerate(names) if table[n].split_over("fsdp"))
-    # the Parameters already hold their FSDP rows (`parallel.fsdp`): the flat layout is the local one, whole
-    sharding = FlatSharding(names, [tuple(p.shape) for p in params], 1, 0)
-    return DistContext(groups=groups, table=table, sharding=sharding, stage=stage, presynced=sharded,
+    return DistContext(groups=groups, table=table, names=names, stage=stage, presynced=sharded,
                        grad_sink=grad_sink)

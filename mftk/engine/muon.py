@@ -262,7 +262,7 @@ def _row_gatherers(dist: Any) -> tuple[Callable, Callable] | None:
 
     from mftk.engine.parallel import comm
 
-    names, group = dist.sharding.names, dist.groups.fsdp
+    names, group = dist.names, dist.groups.fsdp
     split = {i for i, n in enumerate(names) if n in dist.table and dist.table[n].split_over("fsdp")}
     if not split or group.is_trivial:
         return None

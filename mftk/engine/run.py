@@ -297,8 +297,7 @@ class _Run:
         from mftk.engine.device_optim import chosen
 
         on_device = chosen(self.config, self.layout)
-        optimizer = builders.build_optimizer(self.config, model, dist.sharding if dist else None, dist,
-                                             on_device=on_device)
+        optimizer = builders.build_optimizer(self.config, model, dist, on_device=on_device)
         if dist is not None:
             from mftk.engine.state import share_masters
 
