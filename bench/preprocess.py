@@ -15,7 +15,9 @@ its first 8 MB, then runs, interleaved round by round (medians reported):
       no run of a tool starts with (shown for comparison with the older figures);
   (b) HF tokenizers ``encode_batch_fast`` over the texts already in memory (the old ceiling);
   (c) ``mftk preprocess`` as a fresh process, backend auto (start-up, backend check, validation of
-      every line, writing included);
+      every line, writing included); run with ``--json`` and stdout/stderr into files, as in a
+      pipeline, so it draws nothing and does not import Rich (a run on a terminal pays ~0.02-0.03 s
+      more CPU for its table and progress bar);
   (d) ``mftk preprocess --tokenizer-backend hf``, the same way;
   (v) validation alone: mftk's reader over the corpus (read + parse + check every line), in process;
   (j) the same parse with the standard library (``json.loads`` per line), to show what msgspec buys.

@@ -12,7 +12,6 @@ narrow window:
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -20,7 +19,8 @@ from rich.markup import escape
 from rich.table import Column, Table
 from rich.text import Text
 
-EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader left
+from commands._plain import (EXIT_PIPE_CLOSED, print_json, reset_teardown, silence_stdout,  # noqa: F401 - re-exported
+                             skip_teardown, teardown_skippable)
 
 
 class _Console(Console):
@@ -31,54 +31,9 @@ class _Console(Console):
         raise SystemExit(EXIT_PIPE_CLOSED)
 
 
-def silence_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's last flush does not report the closed pipe again."""
-    import os
-    import sys
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # not a real file (a test runner's buffer)
-        pass
-
-
 console = _Console(soft_wrap=True)
 err_console = _Console(stderr=True, soft_wrap=True)  # never break a path across lines
 
-
-_TEARDOWN = {"skip": False}
-
-
-def skip_teardown() -> None:
-    """The command's work is complete and on disk: the process may end without the interpreter's teardown.
-
-    Freeing every object one by one at exit (tokenizers with their vocabularies and memos, numpy,
-    modules) costs `mftk preprocess` 0.3-0.4 s after its outputs are written, fsynced and renamed.
-    Only `commands.app.main` (the real process) acts on it, after flushing stdout and stderr; a
-    command run inside another program (a test's CliRunner) ends normally.
-    """
-    _TEARDOWN["skip"] = True
-
-
-def teardown_skippable() -> bool:
-    return _TEARDOWN["skip"]
-
-
-def reset_teardown() -> None:
-    _TEARDOWN["skip"] = False
-
-
-def print_json(data: Any) -> None:
-    """Machine output: plain JSON on stdout, nothing else, so it pipes into jq."""
-    import sys
-
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-    sys.stdout.flush()
-
-
-# ----------------------------------------------------------------------------- user text
 
 def cell(value: Any) -> RenderableType:
     """A table cell or line piece: `Text` and other renderables pass through (our own styling); anything

@@ -67,9 +67,7 @@ class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):  # type: ignore[no-untyped-def]
-        from commands._errors import handle
-        from commands._render import EXIT_PIPE_CLOSED, silence_stdout
-
+        from commands._plain import EXIT_PIPE_CLOSED, silence_stdout
         from mftk.errors import MftkError
 
         try:
@@ -78,6 +76,8 @@ class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
             silence_stdout()
             raise typer.Exit(EXIT_PIPE_CLOSED) from None
         except (MftkError, KeyboardInterrupt) as exc:  # anything else is a bug: its traceback is the report
+            from commands._errors import handle  # Rich: only when there is an error to render
+
             code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
             if code is None:
                 raise
@@ -131,17 +131,17 @@ def _build(module_name: str, cli_name: str, panel: str):  # type: ignore[no-unty
 def main() -> None:
     """Console entry point; library errors are mapped to exit codes by `MftkGroup.invoke`.
 
-    A command that finished and asked for it (`commands._render.skip_teardown`) ends the process at
+    A command that finished and asked for it (`commands._plain.skip_teardown`) ends the process at
     once (``os._exit``) after stdout and stderr are flushed: nothing is left to write by then.
     """
-    render = sys.modules.get("commands._render")  # not imported here: `mftk --version` stays light
-    if render is not None:
-        render.reset_teardown()  # a request from an earlier in-process invocation is not this one's
+    plain = sys.modules.get("commands._plain")  # not imported here: `mftk --version` stays light
+    if plain is not None:
+        plain.reset_teardown()  # a request from an earlier in-process invocation is not this one's
     try:
         app()
     except SystemExit as exc:
-        render = sys.modules.get("commands._render")
-        if exc.code in (0, None) and render is not None and render.teardown_skippable() and _flushed():
+        plain = sys.modules.get("commands._plain")
+        if exc.code in (0, None) and plain is not None and plain.teardown_skippable() and _flushed():
             os._exit(0)
         raise
 

@@ -83,7 +83,7 @@ def preprocess(
 
     import attrs
 
-    from commands._render import RichProgress, console, err_console, print_json, skip_teardown
+    from commands._plain import print_json, skip_teardown
     from mftk.data.preprocess import preprocess as run
     from mftk.errors import InputError
 
@@ -97,15 +97,31 @@ def preprocess(
                   eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
                   weights=parsed_weights, resume=resume, merge_only=merge, format=format, seq_length=seq_length,
                   tokenizer_backend=tokenizer_backend, num_shards=num_shards, shard_index=shard_index,
-                  progress=RichProgress(err_console), preload=preload)
+                  progress=_progress(), preload=preload)
     if json_out:
         data = attrs.asdict(summary)
         data["data_path"] = summary.data_path_block()
         print_json(data)
     else:
+        from commands._render import console
+
         _render(summary, console)
     if summary.format == "megatron":  # complete: fsynced and renamed (MindSpore's own exit hooks run as usual)
         skip_teardown()
+
+
+def _progress():
+    """The progress bar on stderr; with no terminal there (a pipeline, ``--json`` into a file) not even
+    Rich is imported, since the bar would be disabled anyway."""
+    from commands._plain import stderr_surely_plain
+
+    if stderr_surely_plain():
+        from mftk.progress import NULL_PROGRESS
+
+        return NULL_PROGRESS
+    from commands._render import RichProgress, err_console
+
+    return RichProgress(err_console)
 
 
 def _render(summary, console) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,8 @@ def test_a_mistyped_subcommand_gets_one_suggestion():
 def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
     """`mftk preprocess` imports one command module and the data layer: never MindSpore, the engine, the
     plan or config model, pydantic or matplotlib, nor awkward (gigatoken's result type: mftk takes its arrays
-    without it, `mftk.data.gigatoken_ids`); with ``--tokenizer-backend hf`` not gigatoken either."""
+    without it, `mftk.data.gigatoken_ids`); with ``--tokenizer-backend hf`` not gigatoken either. With
+    ``--json`` and stderr not a terminal nothing is drawn, so Rich is not imported either."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} with some words"}) + "\n" for i in range(50)))
     code = ("import os, sys\n"  # the command ends with os._exit (no teardown): report the modules there
@@ -110,11 +112,14 @@ def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
             f"sys.argv = ['mftk', 'preprocess', '-i', {str(corpus)!r}, '-t', {str(ROOT / 'mftk' / 'templates' / 'data')!r}, "
             f"'-o', {str(tmp_path / 'o')!r}, '--tokenizer-backend', {backend!r}, '--json']\n"
             "from commands.app import main\nmain()\n")
-    top = ["mindspore", "pydantic", "matplotlib", "awkward", "gigatoken", "yaml", "cattrs", "safetensors"]
-    out = subprocess.run([sys.executable, "-c", f"TOP={top!r}\n" + code], capture_output=True, text=True, cwd=ROOT)
+    top = ["mindspore", "pydantic", "matplotlib", "awkward", "gigatoken", "yaml", "cattrs", "safetensors", "rich"]
+    env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR", "TTY_INTERACTIVE")}
+    out = subprocess.run([sys.executable, "-c", f"TOP={top!r}\n" + code], capture_output=True, text=True, cwd=ROOT,
+                         env=env)
     assert out.returncode == 0, out.stderr
     loaded = eval(out.stdout.rsplit("LOADED", 1)[1])  # noqa: S307 - a list literal printed by the child above
-    allowed = {"commands._errors", "commands._options", "commands._render", "commands.app", "commands.preprocess"}
+    # --json with stderr not a terminal: no table, no progress bar, so no Rich (commands._render, _errors)
+    allowed = {"commands._plain", "commands._options", "commands.app", "commands.preprocess"}
     assert {m for m in loaded if m.startswith("commands.")} == allowed
     mftk = {m for m in loaded if m.startswith("mftk.")}
     assert all(m.startswith("mftk.data.") or m in {"mftk.data", "mftk.errors", "mftk.files", "mftk.lock",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from tests.helpers.cli import runner
@@ -103,3 +104,31 @@ def test_finished_run_ends_without_teardown_and_keeps_its_output(tmp_path):
                                                                               "sub_text_document.idx"]
     bad = run("-i", str(d / "b.jsonl"), "-o", str(d / "bad"))
     assert bad.returncode == 1 and "TEARDOWN" in bad.stderr and "b.jsonl:2" in flat(bad.stderr)
+
+
+@pytest.mark.parametrize("env", [{}, {"FORCE_COLOR": "1"}, {"FORCE_COLOR": ""}, {"TTY_COMPATIBLE": "1"},
+                                 {"TTY_COMPATIBLE": "0"}, {"TTY_INTERACTIVE": "1"}])
+@pytest.mark.parametrize("tty", [False, True])
+def test_plain_stderr_only_when_rich_would_not_draw(monkeypatch, env, tty):
+    """`stderr_surely_plain` lets `mftk preprocess` skip importing Rich: it may only say so when Rich's own
+    ``Console.is_terminal`` (the reference) says the stream is no terminal."""
+    import io
+    import sys
+
+    from rich.console import Console
+
+    from commands._plain import stderr_surely_plain
+
+    class Stream(io.StringIO):
+        def isatty(self) -> bool:
+            return tty
+
+    for name in ("TTY_COMPATIBLE", "FORCE_COLOR", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    stream = Stream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    if stderr_surely_plain():
+        assert not Console(file=stream).is_terminal
+    assert stderr_surely_plain() == (not tty and not env)  # plain stderr, nothing forcing: the fast path is taken
