@@ -31,7 +31,8 @@ streams, 8 experts top-2 of width 512 + a shared one, the first layer hash-route
 8 × 32 top-16, vocab 32000, seq 512, batch 2, no MTP — transformers builds none): ``mftk`` (its real
 step with AdamW, as above) and ``mftk_spin`` (without the idle-class dispatch, which a loaded machine
 starves) against ``torch_fp32``, transformers' ``DeepseekV4ForCausalLM`` in eager fp32 with torch
-AdamW — both sides the same architecture, each with its own random init.
+AdamW, called with ``use_cache=False`` as a training step is (its default builds a ``DynamicCache`` every
+forward, which only slows torch down) — both sides the same architecture, each with its own random init.
 
 Usage: ``.venv/bin/python bench/train_step.py [--arch qwen3|deepseek_v4] [--rounds 3] [--steps 5] [--warmup 2]
 [--variants a,b,...]``
@@ -178,7 +179,8 @@ def run_torch(args, bf16: bool) -> dict:
 
     def step() -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(ids).logits if args.arch == "deepseek_v4" else model(ids)
+            # a training step builds no KV cache (transformers' use_cache defaults on)
+            logits = model(ids, use_cache=False).logits if args.arch == "deepseek_v4" else model(ids)
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                                reduction="none")
         loss = (ce * mask.reshape(-1)).sum() / mask.sum()
