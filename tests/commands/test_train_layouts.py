@@ -54,7 +54,9 @@ LAYOUTS = {
     "deepseek cp2 ulysses×ep2": ("deepseek_v3_tiny.yaml", 4, {"context_parallel": 2, "expert_parallel": 2,
                                                              "context_parallel_method": "ulysses"}, {}),
 }
-# each layout's step-2 checkpoint is resumed under another one of the list (same model)
+# each layout the issue names has its step-2 checkpoint resumed under another one of the list (same model); the
+# other context-parallel methods shard no weight differently from colossal's (CP splits the sequence), so their
+# checkpoints are checked by continuing in one process only (each resave is one more ~35 s msrun job)
 RESUME_UNDER = {
     "qwen3 pp2×dp2": "qwen3 cp2×tp2", "qwen3 pp2×tp2": "qwen3 cp2×fsdp2", "qwen3 pp2×fsdp2": "qwen3 pp2×tp2",
     "qwen3 cp2×tp2": "qwen3 pp2×dp2", "qwen3 cp2×fsdp2": "qwen3 pp2×tp2×dp2", "qwen3 pp2 v2": "qwen3 cp2×tp2",
@@ -62,8 +64,6 @@ RESUME_UNDER = {
     "deepseek tp2": "deepseek pp2×ep2", "deepseek tp2×ep2": "deepseek cp2×ep2", "deepseek pp2×ep2": "deepseek tp2×ep2",
     "deepseek pp2×tp2": "deepseek tp2×ep2×dp2", "deepseek cp2×ep2": "deepseek pp2×tp2",
     "deepseek pp2×ep2×fsdp2": "deepseek tp2", "deepseek tp2×ep2×dp2": "deepseek pp2×ep2×fsdp2",
-    "qwen3 cp2 ulysses×fsdp2": "qwen3 cp4 hybrid", "qwen3 cp4 hybrid": "qwen3 cp2 ulysses×fsdp2",
-    "deepseek cp2 ulysses×ep2": "deepseek cp2×ep2",
 }
 KEYS = {"qwen3_tiny.yaml": ("loss", "grad_norm"),
         "deepseek_v3_tiny.yaml": ("loss", "grad_norm", "load_balancing_loss", "mtp_1_loss")}
@@ -162,7 +162,7 @@ def test_layout_matches_single_process(runs, name):
             np.testing.assert_allclose(got, column(one, key), rtol=REL, err_msg=f"{name} rank {rank}: {key}")
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS), ids=IDS)
+@pytest.mark.parametrize("name", list(RESUME_UNDER), ids=[_slug(n) for n in RESUME_UNDER])
 def test_checkpoint_reshards_bit_exactly_under_another_layout(runs, name):
     from mftk.ckpt.load import load_global
 
