@@ -110,7 +110,7 @@ def test_merge_shifts_documents(tmp_path):
     m = merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
     assert m.document_indices.tolist() == [0, 1, 2, 4]
     assert [m.get(i).tolist() for i in range(len(m))] == [[1, 2], [3], [4], [5, 6]]
-    ref = _write(tmp_path / "r", np.uint16, [[[1, 2]], [[3]], [[4], [5, 6]]])
+    _write(tmp_path / "r", np.uint16, [[[1, 2]], [[3]], [[4], [5, 6]]])
     assert _files(tmp_path / "m") == _files(tmp_path / "r")
     _write(tmp_path / "c", np.int32, [[[1]]])
     with pytest.raises(DataFormatError, match="int32"):
