@@ -342,7 +342,7 @@ def _done_grace_s(spec: LaunchSpec) -> float:
 
 
 def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeout_s: float | None,
-               forward: _Forwarder | None = None, *, done_grace_s: float = 10.0) -> int:
+               forward: _Forwarder | None, *, done_grace_s: float) -> int:
     """Poll logs until msrun exits, a worker fails, or the time limit passes; returns msrun's code."""
     done_at: float | None = None
     while True:
