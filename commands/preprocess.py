@@ -74,8 +74,9 @@ def preprocess(
     json_out: JsonOpt = False,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
-    from mftk.data.preload import TokenizerPreload, use_threads
+    from mftk.data.preload import TokenizerPreload, no_blas_threads, use_threads
 
+    no_blas_threads()
     preload = None
     if tokenizer is not None and not merge:  # first: the loads run beside the imports below
         use_threads(workers)

@@ -14,10 +14,24 @@ is what `gigatoken` returns or raises, and `choose_backend` decides on it as bef
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mftk.files import LARGE_JSON_LIMIT, read_bytes
+
+
+def no_blas_threads() -> None:
+    """One OpenBLAS thread in a preprocess process, set before numpy is first imported.
+
+    Preprocessing does no linear algebra, but numpy's import starts OpenBLAS with a thread per core, and
+    those threads spin for a while on the cores the tokenizer loads (running beside the imports) need:
+    0.1 CPU-s of the whole run's ~1.0 on 2 cores (bench/preprocess.py). Once numpy is loaded the variable
+    is never read again, so a process that already has it (a test session) is left alone, and a value
+    the user set is kept.
+    """
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def use_threads(workers: int | None) -> None:

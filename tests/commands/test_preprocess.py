@@ -106,6 +106,34 @@ def test_finished_run_ends_without_teardown_and_keeps_its_output(tmp_path):
     assert bad.returncode == 1 and "TEARDOWN" in bad.stderr and "b.jsonl:2" in flat(bad.stderr)
 
 
+@pytest.mark.parametrize("user_value", [None, "2"])
+def test_a_preprocess_process_runs_one_openblas_thread(tmp_path, user_value):
+    """numpy's OpenBLAS starts a thread per core at import, which spin beside the tokenizer loads; the
+    command keeps it to one before numpy is imported (`no_blas_threads`), unless the user set a value."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: OpenBLAS starts one thread anyway")
+    d = _setup(tmp_path)
+    root = Path(__file__).resolve().parents[2]
+    code = ("import ctypes, glob, os, sys\nreal_exit = os._exit\n"
+            "def _exit(code):\n"
+            "    import numpy\n"
+            "    lib = glob.glob(os.path.join(os.path.dirname(numpy.__file__), '..', 'numpy.libs', 'libopenblas*'))[0]\n"
+            "    print('THREADS', ctypes.CDLL(lib).openblas_get_num_threads64_(), flush=True)\n"
+            "    real_exit(code)\n"
+            "os._exit = _exit\nsys.argv = ['mftk', *sys.argv[1:]]\nfrom commands.app import main\nmain()\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env.update({"PYTHONPATH": str(root)}, **({"OPENBLAS_NUM_THREADS": user_value} if user_value else {}))
+    r = subprocess.run([sys.executable, "-c", code, "preprocess", "-t", str(d), "-i", str(d / "a.jsonl"), "-o",
+                        str(d / "o"), "--json"], capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rsplit("THREADS", 1)[1].split() == [user_value or "1"]
+
+
 @pytest.mark.parametrize("env", [{}, {"FORCE_COLOR": "1"}, {"FORCE_COLOR": ""}, {"TTY_COMPATIBLE": "1"},
                                  {"TTY_COMPATIBLE": "0"}, {"TTY_INTERACTIVE": "1"}])
 @pytest.mark.parametrize("tty", [False, True])
