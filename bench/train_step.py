@@ -30,7 +30,7 @@ CSA, HCA, CSA; hidden 512, 8 heads × 64 (48 + 16 rotary), q rank 256, 4 output 
 streams, 8 experts top-2 of width 512 + a shared one, the first layer hash-routed, window 128, indexer
 8 × 32 top-16, vocab 32000, seq 512, batch 2, no MTP — transformers builds none): ``mftk`` (its real
 step with AdamW, as above) and ``mftk_spin`` (without the idle-class dispatch, which a loaded machine
-starves) against ``torch_fp32``, transformers' ``DeepseekV4ForCausalLM`` in eager fp32 with torch
+starves; and on request ``mftk_eager``, nothing compiled) against ``torch_fp32``, transformers' ``DeepseekV4ForCausalLM`` in eager fp32 with torch
 AdamW, called with ``use_cache=False`` as a training step is (its default builds a ``DynamicCache`` every
 forward, which only slows torch down) — both sides the same architecture, each with its own random init.
 
@@ -59,6 +59,7 @@ ARCH_V4 = dict(vocab_size=32000, hidden_size=512, num_hidden_layers=4, num_atten
                apply_dsa_kernel_fusion=False, dsa_indexer_loss_coeff=0.0, moe_router_enable_expert_bias=False,
                original_max_position_embeddings=512, max_position_embeddings=4096, initializer_range=0.02)
 VARIANTS_V4 = ("torch_fp32", "mftk", "mftk_spin")
+EXTRA_V4 = ("mftk_eager",)  # on request: the same step with nothing compiled (the hyper-connection mixes eager)
 LR, WD, CLIP = 1e-4, 0.1, 1.0
 
 
@@ -323,14 +324,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--arch", choices=("qwen3", "deepseek_v4"), default="qwen3")
     ap.add_argument("--variants", default=None, help=f"default: {','.join(VARIANTS)}; with --arch deepseek_v4: "
-                    f"{','.join(VARIANTS_V4)}")
+                    f"{','.join(VARIANTS_V4)} (also {','.join(EXTRA_V4)})")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.variant:
         return _child(args)
     names = (args.variants or ",".join(VARIANTS_V4 if args.arch == "deepseek_v4" else VARIANTS)).split(",")
-    if args.arch == "deepseek_v4" and not set(names) <= set(VARIANTS_V4):
-        ap.error(f"--arch deepseek_v4 runs the variants {', '.join(VARIANTS_V4)}")
+    if args.arch == "deepseek_v4" and not set(names) <= set(VARIANTS_V4 + EXTRA_V4):
+        ap.error(f"--arch deepseek_v4 runs the variants {', '.join(VARIANTS_V4 + EXTRA_V4)}")
     runs: dict[str, list[dict]] = {v: [] for v in names}
     for _ in range(args.rounds):
         for v in names:

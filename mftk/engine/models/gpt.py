@@ -332,7 +332,8 @@ class GPTModel(nn.Cell):
 
     def jit_blocks(self) -> None:
         """Compile every transformer layer with ``mindspore.jit`` (`TransformerLayer.compile`): dense layers
-        whole, MoE layers (and layers with dropout) their attention only. Forward and gradients unchanged; on CPU a dense layer's
+        whole, MoE layers (and layers with dropout) their attention only, DeepSeek-V4 layers their
+        hyper-connection mixes (`hyper.HyperConnection.compile`). Forward and gradients unchanged; on CPU a dense layer's
         forward+backward is ~1.6× faster than op-by-op PyNative (bench/train_step.py)."""
         for layer in self.transformer_layers():
             layer.compile()
