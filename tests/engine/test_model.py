@@ -131,12 +131,15 @@ def test_jit_blocks_keeps_loss_and_gradients(rng, tiny_qwen3, tiny_dsv3, family)
     assert all(np.allclose(a.asnumpy(), b.asnumpy(), atol=1e-6) for a, b in zip(ge, gj))
 
 
-def test_jit_blocks_compile_every_v4_hyper_connection_and_keep_loss_and_gradients(rng, tiny_dsv4):
-    """DeepSeek-V4: each layer's two hyper-connection mixes (MTP's too) run compiled; the Sinkhorn, the
-    attention and the MoE stay eager. Loss and every gradient as the eager model's."""
+def test_jit_blocks_compile_v4_mixes_and_attention_projections_keeping_loss_and_gradients(rng, tiny_dsv4):
+    """DeepSeek-V4: each layer's two hyper-connection mixes and its attention projections (MTP's too) run
+    compiled; the Sinkhorn, the core attention and the MoE stay eager. Loss and every gradient as the eager
+    model's."""
     cfg = tiny_dsv4()
     eager, jitted = build_model(cfg, seed=0), build_model(cfg, seed=0)
     jitted.jit_blocks()
+    assert all(getattr(layer.self_attention._project, "__wrapped__", None) is not None
+               for layer in jitted.transformer_layers())  # mindspore.jit wrappers, not the bound methods
     hcs = [hc for layer in jitted.transformer_layers() for hc in (layer.attn_hc, layer.ffn_hc)]
     assert len(hcs) == 2 * (cfg.num_hidden_layers + 1) and all(hc.jit_mix for hc in hcs)
     assert not any(layer.attn_hc.jit_mix for layer in eager.transformer_layers())

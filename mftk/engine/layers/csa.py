@@ -254,21 +254,50 @@ class DeepseekV4Attention(nn.Cell):
             indexer_loss=indexer_loss)
         self.q_norm = RMSNormFn(eps)  # the weightless per-head RMS of q (weight: the frozen ones q_rms_gamma)
         self.rope = PartialPairRope(rope_dim)
+        self.rope_fn = self.rope.fn(head_dim)
+        self._project, self._output = self.project, self.output  # compiled by `compile_projections`
 
     def construct(self, x, rope, mask):
         table_set, _ = rope
         table = table_set.compress if self.compressed else table_set.main
         b, s, _ = x.shape
         cos, sin = table(s)
+        tables = self.rope.tables
+        q, kv, cq = self._project(x, *tables(cos, sin, self.d, b, self.nh), *tables(cos, sin, self.d, b, 1))
+        out = self.core_attention(q, kv, x, cq, mask, table_set.compress)
+        return self._output(out, *tables(cos, sin, self.d, b, self.nh, inverse=True))
+
+    def project(self, x, q_cos, q_sin, kv_cos, kv_sin):
+        """``(q (B, S, nh, d), kv (B, S, d), cq (B, S, r_q))``; the RoPE tables as `PartialPairRope.tables` makes them."""
+        b, s, _ = x.shape
         cq = self.q_layernorm(self.linear_q_down_proj(x))  # (B, S, r_q)
         q = self.q_norm(self.linear_q_up_proj(cq).reshape(b, s, self.nh, self.d), self.q_rms_gamma)
-        q = self.rope(q, cos, sin)  # (B, S, nh, d)
-        kv = self.rope(self.kv_layernorm(self.linear_kv_proj(x)).reshape(b, s, 1, self.d), cos, sin).reshape(b, s, self.d)
-        out = self.core_attention(q, kv, x, cq, mask, table_set.compress)
-        out = self.rope(out, cos, sin, inverse=True).reshape(b * s, self.g, -1)  # V carried RoPE: rotate it back
+        q = self.rope_fn(q, q_cos, q_sin)  # (B, S, nh, d)
+        kv = self.rope_fn(self.kv_layernorm(self.linear_kv_proj(x)).reshape(b, s, 1, self.d), kv_cos, kv_sin)
+        return q, kv.reshape(b, s, self.d), cq
+
+    def output(self, out, cos, sin):
+        """The core attention's ``out (B, S, nh, d)`` → ``(B, S, H)``; ``cos``/``sin``: the inverse tables."""
+        b, s = out.shape[0], out.shape[1]
+        out = self.rope_fn(out, cos, sin).reshape(b * s, self.g, -1)  # V carried RoPE: rotate it back
         w = self.linear_o_group_proj.reshape(self.g, self.r_o, -1)  # (g, r_o, nh·d/g)
         y = _bmm_nt(ops.swapaxes(out, 0, 1), w)  # (g, B·S, r_o)
         return self.linear_proj(ops.swapaxes(y, 0, 1).reshape(b, s, self.g * self.r_o))
+
+    def compile_projections(self) -> None:
+        """`project` and `output` under ``mindspore.jit`` (`GPTModel.jit_blocks`); the core attention stays
+        eager: its mask bias and the indexer's top-k are built on the host."""
+        import mindspore as ms
+
+        cell = self  # plain functions over the cell, as `gpt.TransformerLayer.compile` does
+
+        def project(x, q_cos, q_sin, kv_cos, kv_sin):
+            return cell.project(x, q_cos, q_sin, kv_cos, kv_sin)
+
+        def output(out, cos, sin):
+            return cell.output(out, cos, sin)
+
+        self._project, self._output = ms.jit(project), ms.jit(output)
 
 
 def indexer_cells(cell) -> list:

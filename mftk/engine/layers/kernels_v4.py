@@ -77,6 +77,31 @@ def pair_rotation(dim: int, rope_dim: int | None = None) -> np.ndarray:
     return rt
 
 
+def _table_tiler():
+    """A function ``(table, x) ->`` the table tiled to ``x``'s batch and heads (nothing to do when the caller
+    passed it full-size). `PairRopeFn`'s forward and backward each get their own: under ``mindspore.jit``
+    with parameter gradients, a cell whose ``construct`` and ``bprop`` call the same Python function fails to
+    compile (``func_graph->get_return() is null``, MindSpore 2.10)."""
+    def full(table, x):
+        reps = (x.shape[0] // table.shape[0], 1, x.shape[2] // table.shape[2], 1)
+        return table if reps == (1, 1, 1, 1) else _tile(table, reps)
+    return full
+
+
+_full_table, _full_table_bprop = _table_tiler(), _table_tiler()
+
+
+def _rotator():
+    """``(x (…, D), mat (D, D)) -> x · mat``; one for the forward and one for the backward, as `_table_tiler`."""
+    def rotate(x, mat):
+        d = x.shape[-1]
+        return ops.matmul(x.reshape(-1, d), mat).reshape(x.shape)
+    return rotate
+
+
+_rotate, _rotate_bprop = _rotator(), _rotator()
+
+
 class PairRopeFn(nn.Cell):
     """Interleaved-pair RoPE ``x·cos + rotate_pairs(x)·sin`` on ``x (B, S, N, D)`` with tables ``(1, S, 1, D)``
     (each angle repeated on its two lanes; cos 1 and sin 0 on lanes left alone, so a partial RoPE needs
@@ -89,22 +114,12 @@ class PairRopeFn(nn.Cell):
         self.rt = Tensor(pair_rotation(dim, rope_dim))
         self.r = Tensor(np.ascontiguousarray(pair_rotation(dim, rope_dim).T))
 
-    def _rot(self, x, mat):
-        d = x.shape[-1]
-        return ops.matmul(x.reshape(-1, d), mat).reshape(x.shape)
-
-    @staticmethod
-    def _full(table, x):
-        """The table tiled to ``x``'s batch and heads (nothing to do when the caller passed it full-size)."""
-        reps = (x.shape[0] // table.shape[0], 1, x.shape[2] // table.shape[2], 1)
-        return table if reps == (1, 1, 1, 1) else _tile(table, reps)
-
     def construct(self, x, cos, sin):
-        return x * self._full(cos, x) + self._rot(x, self.rt) * self._full(sin, x)
+        return x * _full_table(cos, x) + _rotate(x, self.rt) * _full_table(sin, x)
 
     def bprop(self, x, cos, sin, out, dout):
-        return dout * self._full(cos, x) + self._rot(dout * self._full(sin, x), self.r), ops.zeros_like(cos), \
-            ops.zeros_like(sin)
+        dx = dout * _full_table_bprop(cos, x) + _rotate_bprop(dout * _full_table_bprop(sin, x), self.r)
+        return dx, ops.zeros_like(cos), ops.zeros_like(sin)
 
 
 class ClampedSiluMulFn(nn.Cell):

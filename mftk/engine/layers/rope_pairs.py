@@ -58,8 +58,16 @@ class PartialPairRope:
 
     def __call__(self, x, cos, sin, *, inverse: bool = False):
         b, _, heads, d = x.shape
+        return self.fn(d)(x, *self.tables(cos, sin, d, b, heads, inverse=inverse))
+
+    def fn(self, d: int) -> PairRopeFn:
+        """The rotation kernel for heads of width ``d`` (one per width)."""
         if d not in self._fns:
             self._fns[d] = PairRopeFn(d, self.dim)
+        return self._fns[d]
+
+    def tables(self, cos, sin, d: int, b: int, heads: int, *, inverse: bool = False) -> tuple[Tensor, Tensor]:
+        """cos/sin widened to ``d`` lanes and tiled to ``(b, S, heads, d)`` (``−sin`` for the inverse), cached."""
         key = (id(cos), d, inverse, b, heads)
         if key not in self._tables:
             c, s_ = cos.asnumpy(), sin.asnumpy() * (-1.0 if inverse else 1.0)
@@ -68,4 +76,4 @@ class PartialPairRope:
             self._tables[key] = (cos, Tensor(np.tile(np.concatenate([np.ones(pad, np.float32), c], -1), reps)),
                                  Tensor(np.tile(np.concatenate([np.zeros(pad, np.float32), s_], -1), reps)))
             # cos kept: its id stays
-        return self._fns[d](x, *self._tables[key][1:])
+        return self._tables[key][1:]
