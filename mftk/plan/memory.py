@@ -142,15 +142,19 @@ class Assumptions:
 #   their layer (a selected layer is replayed whole: "selective" counts as "full"); the largest unit's gathered
 #   weights, gathered again in the backward, and its full gradients are the transient "fsdp gathered" term
 #   ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded. bench/memory.py's 220M runs (msrun workers
-#   with MALLOC_ENV, engine/launch.py): dp2 1.07, fsdp2 0.90 at seq 256, 0.99 / 1.03 at seq 1024 without / with
-#   full recompute;
+#   with MALLOC_ENV, engine/launch.py): dp2 1.07, fsdp2 0.95 at seq 256, 1.03 / 1.08 at seq 1024 without / with
+#   full recompute. Under FSDP the row blocks share_masters replaces are freed at start-up (the 220M fsdp2
+#   worker's RSS once the optimizer is built: baseline + weights + flat buffer + 35 MiB), yet its steps hold
+#   about as much again above the other terms (linear_fc1's gate/up row copies, 22 MiB per kept layer, are 264
+#   of its 419 MiB); "replaced weights" stands for that until it is modelled on its own;
 # - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy of the gradient), but
 #   MindSpore's CPU collectives keep ~2.5 messages of buffers once one ran (the `--multi` dp2 point measures
 #   +40 MiB over the same states); TP/EP pack the parts they sum (1 copy);
 # - grad norm: blocked in float64 (no scratch of note);
 # - TP/EP cut: every rank builds the full model, then cuts its blocks; the cut-away part's build footprint
-#   (6 B/param since malloc_trim runs after parallelizing: the `--multi` fsdp2/tp2/ep2 points give 3-4,
-#   bench/memory.py's 220M fsdp2 run 10; 6 keeps both within ±10%).
+#   (6 B/param since malloc_trim runs after parallelizing: the `--multi` tp2/ep2 points give 3-4). FSDP's rows
+#   are new Parameters (units.renew) and the built ones, in reference cycles, are collected before the trim
+#   (run._release_freed_memory): no cut-build term for them (the 220M fsdp2 run kept its 838 MiB build before).
 MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=1.85, overhead_bytes=45 * 2 ** 20,
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=0.0,
                        retained_bytes_per_param=0.4, activation_factor=1.25,
@@ -475,14 +479,14 @@ def _multiprocess_terms(cfg, lay: Layout, asm: Assumptions, local: float, where:
     if asm.dist_master_shared and lay.world > 1:
         out.append(Term("replaced weights", 4 * held, "4·N_held  [the built fp32 weights, freed when the parameters "
                         "became views of the optimizer's masters; the allocators keep them]", {"N_held": int(held)}))
-    if asm.cut_build_bytes and (model_parallel or held < local):
+    if asm.cut_build_bytes and model_parallel:  # FSDP's rows are new Parameters: the cut part is freed (run.py)
         ids, first, last = where
         whole = _stage_param_counts(cfg, attrs.evolve(lay, tp=1, ep=1), list(ids), first, last)
         n_full = whole["dense"] + whole["experts"] + whole["embedding"] + whole["output"]
-        out.append(Term("cut build", asm.cut_build_bytes * max(n_full - held, 0.0),
-                        "c·(N_model − N_rank)  [the full model is built on every rank, then cut (TP/EP blocks, FSDP "
-                        "rows); the allocators keep the cut-away part's build footprint]",
-                        {"c": asm.cut_build_bytes, "N_model": int(n_full), "N_rank": int(held)}))
+        out.append(Term("cut build", asm.cut_build_bytes * max(n_full - local, 0.0),
+                        "c·(N_model − N_local)  [the full model is built on every rank, then cut to its TP/EP blocks; "
+                        "the allocators keep the cut-away part's build footprint]",
+                        {"c": asm.cut_build_bytes, "N_model": int(n_full), "N_local": int(local)}))
     return out
 
 

@@ -218,7 +218,7 @@ def test_cpu_profile_multiprocess_terms_by_hand():
     assert fsdp.term("optimizer").value == 8 * N / 2                # m, v; the masters are the weights
     assert fsdp.term("allocator retained").value == pytest.approx(0.4 * N / 2)
     assert fsdp.term("replaced weights").value == 4 * N / 2         # the built weights, before they became views
-    assert fsdp.term("cut build").value == pytest.approx(6 * N / 2)  # the other half of the full build
+    assert "cut build" not in [t.name for t in fsdp.terms]          # the cut rows are freed (new Parameters)
     layer = (N - 2 * model.vocab_size * model.hidden_size - model.hidden_size) / model.num_hidden_layers
     assert layer > model.vocab_size * model.hidden_size              # the largest unit is a layer
     assert fsdp.term("fsdp gathered").value == (2 * 4 + 4) * layer  # gathered weights, gathered again, their grads
