@@ -48,3 +48,30 @@ def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
     from mftk.engine.run import train
 
     return train(load(raw, *overrides), output_dir=out, resume_from=resume_from, install_signals=False)
+
+
+def train_many(runs: list[dict]) -> list[dict]:
+    """msrun worker target: `engine.workers.train_worker` (what every rank of `mftk train/resume --nproc N` runs)
+    for each of ``runs`` in turn, in the processes of one job. Why: a job's start-up (MindSpore imports in every
+    worker, the cluster join) is most of a tiny run's cost, and each run builds its own groups, model and
+    optimizer anyway. A failing run fails the job, naming the run."""
+    from mftk.engine.workers import train_worker
+
+    results = []
+    for run in runs:
+        try:
+            results.append(train_worker(**run))
+        except Exception as exc:
+            raise RuntimeError(f"shared job: run with output {run['output_dir']} failed: {exc}") from exc
+    return results
+
+
+def launch_many(runs: list[dict], nproc: int, log_dir: Path, timeout_s: float = 600) -> list[dict]:
+    """Every one of ``runs`` (`train_worker` keywords: config, overrides, output_dir, resume_from) in one msrun
+    job of ``nproc`` workers (`train_many`); rank 0's results, in order."""
+    from mftk.engine.launch import LaunchSpec, launch
+
+    runs = [{"overrides": [], "resume_from": None, **run} for run in runs]
+    result = launch("tests.helpers.msrun:train_many", {"runs": runs}, spec=LaunchSpec(nproc=nproc, log_dir=log_dir),
+                    timeout_s=timeout_s)
+    return result.results[min(result.results)]
