@@ -20,7 +20,7 @@ import yaml
 
 from commands.app import app
 from tests.helpers.cli import runner
-from tests.helpers.msrun import column, launch_many, metrics, single
+from tests.helpers.msrun import SharedJobs, column, metrics, single
 from tests.helpers.sharded import assert_bits_equal
 from tests.helpers.tiny import tiny_raw, write_corpus
 
@@ -96,7 +96,7 @@ class Runs:
         self.root = root
         self.corpus = write_corpus(root / "corpus" / "tiny_text_document")
         self._single: dict[tuple, Path] = {}
-        self._jobs: dict[str, BaseException | None] = {}  # job -> None once it succeeded, else its error
+        self.jobs = SharedJobs(root)
 
     def raw(self, name: str, *, parallelism_of: str | None = None) -> dict:
         """The config of layout ``name`` (its model), with the parallelism of ``parallelism_of`` when given."""
@@ -132,17 +132,10 @@ class Runs:
         return self.root / f"ckpt_{_slug(name)}" / f"iteration_{step:08d}"
 
     def _job(self, job: str) -> None:
-        """Launch ``job`` (and the jobs whose checkpoints it reads) once; a failed job fails every test reading it."""
+        """Launch ``job`` (and the jobs whose checkpoints it reads) once."""
         for needed in {"4": (), "8": ("4",), "8to4": ("8",)}[job]:
             self._job(needed)
-        if job not in self._jobs:
-            try:
-                launch_many(self._runs_of(job), 8 if job == "8" else 4, self.root / f"msrun_{job}")
-                self._jobs[job] = None
-            except BaseException as exc:  # noqa: BLE001 - kept so the job is not launched again per test
-                self._jobs[job] = exc
-        if self._jobs[job] is not None:
-            raise self._jobs[job]
+        self.jobs.results(job, 8 if job == "8" else 4, lambda: self._runs_of(job))
 
     def _runs_of(self, job: str) -> list[dict]:
         world = 8 if job == "8" else 4

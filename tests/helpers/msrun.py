@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -75,3 +76,24 @@ def launch_many(runs: list[dict], nproc: int, log_dir: Path, timeout_s: float = 
     result = launch("tests.helpers.msrun:train_many", {"runs": runs}, spec=LaunchSpec(nproc=nproc, log_dir=log_dir),
                     timeout_s=timeout_s)
     return result.results[min(result.results)]
+
+
+class SharedJobs:
+    """A test module's shared msrun jobs (`launch_many`), each launched once, on first use, with its log under
+    ``root``; a job that failed fails every test that reads it, without being launched again."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._done: dict[str, list[dict] | Exception] = {}
+
+    def results(self, job: str, nproc: int, runs: Callable[[], list[dict]]) -> list[dict]:
+        """Rank 0's results of ``job`` (``runs()``'s runs on ``nproc`` workers), launching it the first time."""
+        if job not in self._done:
+            try:
+                self._done[job] = launch_many(runs(), nproc, self.root / f"msrun_{job}")
+            except Exception as exc:  # noqa: BLE001 - kept, so the job is not launched again for each test
+                self._done[job] = exc
+        done = self._done[job]
+        if isinstance(done, Exception):
+            raise done
+        return done
