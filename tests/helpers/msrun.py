@@ -34,17 +34,6 @@ def single(raw: dict, out: Path, resume_from=None):
                  install_signals=False)
 
 
-def train_msrun(cfg: Path, out: Path, nproc: int = 2):
-    """`mftk train CFG --nproc N` through msrun; asserts it succeeded and returns the CLI result."""
-    from tests.helpers.cli import runner
-
-    from commands.app import app
-
-    r = runner.invoke(app, ["train", str(cfg), "--nproc", str(nproc), "--output-dir", str(out)])
-    assert r.exit_code == 0, r.output
-    return r
-
-
 def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
     from mftk.engine.run import train
 
