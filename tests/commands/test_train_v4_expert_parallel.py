@@ -4,7 +4,8 @@ hyper-connection layers, CSA/HCA attention with the indexer loss, MTP) trained w
 single-process run with the same global batch (1e-5 relative, fp32). Each rank holds whole experts, so Muon
 orthogonalises each of its own expert matrices as one process does. Its step-2 checkpoint resumed under the
 same layout continues with the very step 3 (metrics and saved state bit for bit), re-saved under fsdp4×ep4 it
-is the same state bit for bit, and resumed in one process it continues with the single-process step 3.
+is the same state bit for bit, and resumed in one process it continues with the single-process step 3. FSDP over
+2 workers without EP gives the single-process numbers too (1e-4).
 """
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ REL = 1e-5
 KEYS = ("loss", "grad_norm", "load_balancing_loss", "indexer_loss", "mtp_1_loss")
 # name -> (workers, data_parallel_shard, expert_parallel)
 LAYOUTS = {"fsdp2×ep2": (2, 2, 2), "fsdp4×ep4": (4, 4, 4)}
+FSDP2 = "fsdp2"  # FSDP over both workers, no EP: the Muon weights' rows are gathered for the orthogonalisation
 
 
 class Runs:
     """The single-process reference and the msrun runs, each run once, in two shared msrun jobs (`SharedJobs`;
-    each worker runs `mftk train/resume --nproc N`'s body per run): on 2 workers the fsdp2×ep2 run and its step-2
-    checkpoint resumed under the same layout; on 4 the fsdp4×ep4 run and that checkpoint re-saved under it."""
+    each worker runs `mftk train/resume --nproc N`'s body per run): on 2 workers the fsdp2×ep2 run, its step-2
+    checkpoint resumed under the same layout and the fsdp2 run; on 4 the fsdp4×ep4 run and that checkpoint
+    re-saved under it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -37,8 +40,10 @@ class Runs:
         self.jobs = SharedJobs(root)
 
     def raw(self, name: str | None, ckpt: Path) -> dict:
-        raw = tiny_raw("deepseek_v4_tiny.yaml", self.corpus, ckpt, steps=3, gbs=4)
-        if name is not None:
+        raw = tiny_raw("deepseek_v4_tiny.yaml", self.corpus, ckpt, steps=3, gbs=4)  # data_parallel_shard -1
+        if name == FSDP2:
+            raw["checkpoint"]["enable_save"] = False
+        elif name is not None:
             _, shard, ep = LAYOUTS[name]
             raw["parallelism"].update({"data_parallel_shard": shard, "expert_parallel": ep})
         return raw
@@ -54,7 +59,7 @@ class Runs:
 
     def run(self, name: str) -> Path:
         """``name``'s 3-step run."""
-        self._job(str(LAYOUTS[name][0]))
+        self._job(str(LAYOUTS[name][0]) if name != FSDP2 else "2")
         return self.root / f"out_{name}"
 
     def resumed(self) -> tuple[Path, Path]:
@@ -86,7 +91,12 @@ class Runs:
             resave.write_text(yaml.safe_dump(self.raw("fsdp4×ep4", self.root / "ckpt_resave")))
             again = {"config": str(resave), "output_dir": str(self.root / "out_resave"), "resume_from": step2,
                      "overrides": [f"checkpoint.save_path={self.root / 'ckpt_resaved'}", "training.steps=2"]}
-        return [{"config": str(cfg), "output_dir": str(self.root / f"out_{name}")}, again]
+        runs = [{"config": str(cfg), "output_dir": str(self.root / f"out_{name}")}, again]
+        if job == "2":
+            fsdp = self.root / f"{FSDP2}.yaml"
+            fsdp.write_text(yaml.safe_dump(self.raw(FSDP2, self.ckpt(FSDP2))))
+            runs.append({"config": str(fsdp), "output_dir": str(self.root / f"out_{FSDP2}")})
+        return runs
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +147,14 @@ def test_v4_expert_parallel_checkpoint_reshards_bit_exactly(runs):
 
     assert_bits_equal(load_global(runs.ckpt("fsdp2×ep2") / "iteration_00000002"),
                       load_global(runs.resaved()))
+
+
+def test_v4_muon_fsdp2_matches_single_process(runs):
+    """FSDP over 2 workers without EP (the Muon weights' rows gathered for the orthogonalisation)."""
+    out, one = runs.run(FSDP2), metrics(runs.single())
+    info = (out / "log" / "rank_0" / "info.log").read_text()
+    assert "FSDP:" in info and "Muon:" in info
+    m = metrics(out)
+    assert [r["step"] for r in m] == [1, 2, 3]
+    np.testing.assert_allclose(column(m, "loss"), column(one, "loss"), rtol=1e-4)
+    np.testing.assert_allclose(column(m, "grad_norm"), column(one, "grad_norm"), rtol=1e-4)
