@@ -45,10 +45,13 @@ def train_many(runs: list[dict]) -> list[dict]:
     for each of ``runs`` in turn, in the processes of one job. Why: a job's start-up (MindSpore imports in every
     worker, the cluster join) is most of a tiny run's cost, and each run builds its own groups, model and
     optimizer anyway. A failing run fails the job, naming the run."""
+    import gc
+
     from mftk.engine.workers import train_worker
 
     results = []
     for run in runs:
+        gc.collect()  # the previous run's model and optimizer (reference cycles) go before this one builds
         try:
             results.append(train_worker(**run))
         except Exception as exc:
