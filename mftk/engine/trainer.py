@@ -431,10 +431,19 @@ class Trainer:
             timer.add("save", time.perf_counter() - t)
 
     def stop_if_requested(self, state: TrainState) -> None:
-        if self.dist is not None:  # every rank must stop (and save) at the same step
-            if self.dist.any_flag(self.stop.requested) and not self.stop.requested:
+        """Save and raise TrainingInterrupted when a stop was requested; under several processes only when the
+        ranks agreed on it (`DistContext.any_flag`), so that every rank stops (and saves) at the same step.
+
+        The agreed value alone decides: a signal that arrives while this rank waits in the agreement's
+        collective runs its handler as the collective returns, setting the local flag after the others were
+        told False. Stopping on it would leave this rank saving while the others run the next step's
+        collectives (both sides then fail); it is agreed on at the next step's end instead."""
+        requested = self.stop.requested
+        if self.dist is not None:
+            requested = self.dist.any_flag(requested)
+            if requested and not self.stop.requested:
                 self.stop.request("SIGTERM (on another rank)")
-        if not self.stop.requested:
+        if not requested:
             return
         path = ""
         if self.checkpointer is not None:

@@ -2,7 +2,8 @@
 global batch, per-rank checkpoints with metadata.json, bit-exact resume, resharding 2 → 1 and 1 → 2
 (the latter as a simulated 2-node job), and a killed worker ending the job fast.
 
-Each msrun job costs 20–35 s here, so every job runs once (module fixtures) and several tests read it.
+Each msrun job costs 20–35 s here, so every job runs once (module fixtures) and several tests read it; the
+DeepSeek-V3 and balanced dp2 runs share one (`SharedJobs`).
 The single-process references run in-process.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers.msrun import column, metrics, run_single
+from tests.helpers.msrun import SharedJobs, column, metrics, run_single
 from tests.helpers.cli import runner
 
 from commands.app import app
@@ -40,7 +41,22 @@ def work(tmp_path_factory):
     ds["parallelism"]["data_parallel_shard"] = 1  # pure DP: 2 replicas
     ds["checkpoint"]["enable_save"] = False
     (d / "ds.yaml").write_text(yaml.safe_dump(ds))
-    return {"dir": d, "q": q, "ds": ds}
+    bal = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt_bal", steps=3, gbs=8)
+    bal["train_dataset"]["balance_enabled"] = True
+    bal["train_dataset"]["dataloader"]["config"]["create_compressed_eod_mask"] = True
+    bal["parallelism"]["data_parallel_shard"] = 1
+    bal["checkpoint"]["enable_save"] = False
+    (d / "bal.yaml").write_text(yaml.safe_dump(bal))
+    return {"dir": d, "q": q, "ds": ds, "bal": bal}
+
+
+@pytest.fixture(scope="module")
+def shared(work):
+    """The DeepSeek-V3 dp2 and the balanced dp2 runs in one shared msrun job (each worker runs `mftk train
+    --nproc 2`'s body per run); the CLI's own part is checked on the FSDP run."""
+    d, jobs = work["dir"], SharedJobs(work["dir"])
+    return lambda: jobs.results("2", 2, lambda: [{"config": str(d / "ds.yaml"), "output_dir": str(d / "out_ds2")},
+                                                 {"config": str(d / "bal.yaml"), "output_dir": str(d / "out_bal")}])
 
 
 @pytest.fixture(scope="module")
@@ -143,12 +159,11 @@ def test_reshard_two_processes_to_one(work, single_q, fsdp_q):
     np.testing.assert_allclose(res.grad_norms, single_q.grad_norms[2:], rtol=REL)
 
 
-def test_deepseek_dp2_syncs_moe_losses_and_expert_bias(work):
+def test_deepseek_dp2_syncs_moe_losses_and_expert_bias(work, shared):
     d = work["dir"]
     single = run_single(work["ds"], d / "out_ds1")
-    r = runner.invoke(app, ["train", str(d / "ds.yaml"), "--nproc", "2", "--output-dir", str(d / "out_ds2")])
-    assert r.exit_code == 0, r.output
-    assert "dp_shard[1] * dp_replicate[2]" in r.stdout
+    shared()
+    assert "dp_shard[1] * dp_replicate[2]" in (d / "out_ds2" / "log" / "rank_0" / "info.log").read_text()
     dp, one = metrics(d / "out_ds2"), metrics(d / "out_ds1")
     assert len(dp) == 3  # step 3 is the first whose routing depends on the synced expert-bias update
     for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_1_loss"):
@@ -208,18 +223,11 @@ def test_killed_worker_ends_the_job_with_its_rank(work):
     assert elapsed < 20
 
 
-def test_balanced_dp2_moves_micro_batches_between_ranks_and_keeps_the_losses(work):
+def test_balanced_dp2_moves_micro_batches_between_ranks_and_keeps_the_losses(work, shared):
     """train_dataset.balance_enabled at dp 2: each step's micro-batches are redistributed, the step's gradient
     (mean over all of them) is the one-process run's."""
-    d = work["dir"]
-    raw = tiny_raw("qwen3_tiny.yaml", d / "corpus" / "tiny_text_document", d / "ckpt_bal", steps=3, gbs=8)
-    raw["train_dataset"]["balance_enabled"] = True
-    raw["train_dataset"]["dataloader"]["config"]["create_compressed_eod_mask"] = True
-    raw["parallelism"]["data_parallel_shard"] = 1
-    raw["checkpoint"]["enable_save"] = False
-    (d / "bal.yaml").write_text(yaml.safe_dump(raw))
-    r = runner.invoke(app, ["train", str(d / "bal.yaml"), "--nproc", "2", "--output-dir", str(d / "out_bal")])
-    assert r.exit_code == 0, r.output
+    d, raw = work["dir"], work["bal"]
+    shared()
     one = run_single(dict(raw, train_dataset={**raw["train_dataset"], "balance_enabled": False}), d / "out_bal1")
     got = metrics(d / "out_bal")
     np.testing.assert_allclose(column(got, "loss"), one.losses, rtol=REL)

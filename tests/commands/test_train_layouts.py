@@ -4,8 +4,10 @@ with the same global batch (1e-5 relative, fp32); its step-2 checkpoint, resumed
 layout of the list, is the same state bit for bit (re-saved by that layout: model and optimizer), and resumed
 in one process it continues with the single-process step 3.
 
-Each msrun job costs 25–50 s here, so every job runs once (a module cache) and several tests read it; the
-single-process references run in-process.
+An msrun job's start-up (MindSpore imports in every worker, the cluster join) is most of a tiny run's cost, so
+the runs share three msrun jobs (`Runs`): each worker runs `mftk train/resume --nproc N`'s worker body
+(`train_worker`) once per run, building that run's groups, model and optimizer; `mftk train --nproc 4` itself runs
+in `test_plan_parallels_best_layout_trains`. The single-process references run in-process.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import yaml
 
 from commands.app import app
 from tests.helpers.cli import runner
-from tests.helpers.msrun import column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, metrics, single
 from tests.helpers.sharded import assert_bits_equal
 from tests.helpers.tiny import tiny_raw, write_corpus
 
@@ -85,14 +87,16 @@ IDS = [_slug(n) for n in LAYOUTS]
 
 
 class Runs:
-    """Every job of the module, each run once: the configs, the single-process references, the layouts' runs."""
+    """Every run of the module, in three shared msrun jobs (`launch_many`), each launched once: the 4-worker
+    layouts' runs and the resaves under a 4-worker layout of their checkpoints; the 8-worker layouts' runs and
+    every resave under an 8-worker layout; the resaves of the 8-worker checkpoints under a 4-worker layout.
+    The single-process references run in-process."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.corpus = write_corpus(root / "corpus" / "tiny_text_document")
         self._single: dict[tuple, Path] = {}
-        self._runs: dict[str, Path] = {}
-        self._resaved: dict[str, Path] = {}
+        self.jobs = SharedJobs(root)
 
     def raw(self, name: str, *, parallelism_of: str | None = None) -> dict:
         """The config of layout ``name`` (its model), with the parallelism of ``parallelism_of`` when given."""
@@ -113,33 +117,43 @@ class Runs:
         return self._single[key]
 
     def run(self, name: str) -> Path:
-        if name not in self._runs:
-            cfg = self.root / f"{_slug(name)}.yaml"
-            cfg.write_text(yaml.safe_dump(self.raw(name)))
-            out = self.root / f"out_{_slug(name)}"
-            r = runner.invoke(app, ["train", str(cfg), "--nproc", str(LAYOUTS[name][1]), "--output-dir", str(out)])
-            assert r.exit_code == 0, r.output[-3000:]
-            self._runs[name] = out
-        return self._runs[name]
+        """``name``'s 3-step run (as `mftk train CFG --nproc N` runs it on every worker)."""
+        self._job("4" if _world(name) == 4 else "8")
+        return self.root / f"out_{_slug(name)}"
 
     def resaved(self, name: str) -> Path:
-        """``name``'s step-2 checkpoint resumed under `RESUME_UNDER` [name] with nothing left to train: its
-        final save writes the loaded state in that layout."""
-        if name not in self._resaved:
-            self.run(name)
-            other = RESUME_UNDER[name]
-            cfg = self.root / f"resave_{_slug(name)}.yaml"
-            cfg.write_text(yaml.safe_dump(self.raw(name, parallelism_of=other)))
-            save = self.root / f"resaved_{_slug(name)}"
-            r = runner.invoke(app, ["resume", str(cfg), "--from", str(self.step(name, 2)), "--nproc",
-                                    str(LAYOUTS[other][1]), "--output-dir", str(self.root / f"out_resave_{_slug(name)}"),
-                                    "--set", f"checkpoint.save_path={save}", "--set", "training.steps=2"])
-            assert r.exit_code == 0, r.output[-3000:]
-            self._resaved[name] = save / "iteration_00000002"
-        return self._resaved[name]
+        """``name``'s step-2 checkpoint resumed under `RESUME_UNDER` [name] with nothing left to train (as
+        `mftk resume --from STEP2 --nproc N` runs it): its final save writes the loaded state in that layout."""
+        other = RESUME_UNDER[name]
+        self._job("8" if _world(other) == 8 else "4" if _world(name) == 4 else "8to4")
+        return self.root / f"resaved_{_slug(name)}" / "iteration_00000002"
 
     def step(self, name: str, step: int) -> Path:
         return self.root / f"ckpt_{_slug(name)}" / f"iteration_{step:08d}"
+
+    def _job(self, job: str) -> None:
+        """Launch ``job`` (and the jobs whose checkpoints it reads) once."""
+        for needed in {"4": (), "8": ("4",), "8to4": ("8",)}[job]:
+            self._job(needed)
+        self.jobs.results(job, 8 if job == "8" else 4, lambda: self._runs_of(job))
+
+    def _runs_of(self, job: str) -> list[dict]:
+        world = 8 if job == "8" else 4
+        runs = [self._train(n) for n in LAYOUTS if job != "8to4" and _world(n) == world]
+        return runs + [self._resave(n) for n, other in RESUME_UNDER.items() if _world(other) == world
+                       and (job == "8" or _world(n) == (4 if job == "4" else 8))]
+
+    def _train(self, name: str) -> dict:
+        cfg = self.root / f"{_slug(name)}.yaml"
+        cfg.write_text(yaml.safe_dump(self.raw(name)))
+        return {"config": str(cfg), "output_dir": str(self.root / f"out_{_slug(name)}")}
+
+    def _resave(self, name: str) -> dict:
+        cfg = self.root / f"resave_{_slug(name)}.yaml"
+        cfg.write_text(yaml.safe_dump(self.raw(name, parallelism_of=RESUME_UNDER[name])))
+        return {"config": str(cfg), "output_dir": str(self.root / f"out_resave_{_slug(name)}"),
+                "resume_from": str(self.step(name, 2)),
+                "overrides": [f"checkpoint.save_path={self.root / f'resaved_{_slug(name)}'}", "training.steps=2"]}
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +161,12 @@ def runs(tmp_path_factory) -> Runs:
     return Runs(tmp_path_factory.mktemp("layouts"))
 
 
+def _world(name: str) -> int:
+    return LAYOUTS[name][1]
+
+
 def _last_rank(name: str) -> int:
-    return LAYOUTS[name][1] - 1
+    return _world(name) - 1
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS), ids=IDS)

@@ -1,6 +1,6 @@
 """LoRA under `mftk train --nproc 2`: the same losses and grad norms as one process, the base still frozen.
 
-Five msrun jobs (~30-60 s each): Qwen3 with plain data parallel over 2 ranks (replicated adapters, their
+Five runs, in one shared msrun job: Qwen3 with plain data parallel over 2 ranks (replicated adapters, their
 gradients all-reduced), Qwen3 with FSDP over 2 data-parallel ranks (adapters sharded, base whole and frozen), DeepSeek-V3 with tensor parallel 2 and expert parallel 2 (each adapter cut with its base:
 column-parallel lora_b by rows, row-parallel lora_a by columns, expert adapters by expert), Qwen3 with
 context parallel 2, and DeepSeek-V3 with pipeline parallel 2.
@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from tests.helpers.msrun import column, metrics, single, train_msrun
+from tests.helpers.msrun import SharedJobs, column, metrics, single
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 REL = 1e-5
+RUNS = {"dp": "out_dp2", "q": "out_dp", "ds": "out_tp", "cp": "out_cp", "pp": "out_pp"}  # config -> output dir
 LORA = {"target_modules": r"(linear_qkv|linear_proj|linear_fc1|linear_fc2|linear_qb|linear_kvb|experts|output_layer)$",
         "lora_rank": 4, "lora_alpha": 8, "lora_a_std": 0.05, "lora_b_std": 0.02}
 
@@ -71,27 +72,36 @@ def _same_as_single(work, name: str, out: str, rank: int = 0) -> None:
             assert np.array_equal(many[n], ref[n]), n
 
 
-def test_lora_under_dp2_equals_one_process(work):
-    train_msrun(work["dir"] / "dp.yaml", work["dir"] / "out_dp2")
+@pytest.fixture(scope="module")
+def trained(work):
+    """All five runs in one shared msrun job (each worker runs `mftk train --nproc 2`'s body per run)."""
+    d, shared = work["dir"], SharedJobs(work["dir"])
+    return lambda: shared.results("2", 2, lambda: [{"config": str(d / f"{name}.yaml"), "output_dir": str(d / out)}
+                                                   for name, out in RUNS.items()])
+
+
+def test_lora_under_dp2_equals_one_process(work, trained):
+    trained()
     _same_as_single(work, "dp", "out_dp2")
 
 
-def test_lora_under_fsdp2_equals_one_process(work):
-    r = train_msrun(work["dir"] / "q.yaml", work["dir"] / "out_dp")
-    assert "FSDP:" in r.stdout or "dp_shard[2]" in r.stdout
+def test_lora_under_fsdp2_equals_one_process(work, trained):
+    trained()
+    info = (work["dir"] / "out_dp" / "log" / "rank_0" / "info.log").read_text()
+    assert "FSDP:" in info or "dp_shard[2]" in info
     _same_as_single(work, "q", "out_dp")
 
 
-def test_lora_under_tp2_ep2_equals_one_process(work):
-    train_msrun(work["dir"] / "ds.yaml", work["dir"] / "out_tp")
+def test_lora_under_tp2_ep2_equals_one_process(work, trained):
+    trained()
     _same_as_single(work, "ds", "out_tp")
 
 
-def test_lora_under_cp2_equals_one_process(work):
-    train_msrun(work["dir"] / "cp.yaml", work["dir"] / "out_cp")
+def test_lora_under_cp2_equals_one_process(work, trained):
+    trained()
     _same_as_single(work, "cp", "out_cp")
 
 
-def test_lora_under_pp2_equals_one_process(work):
-    train_msrun(work["dir"] / "pp.yaml", work["dir"] / "out_pp")
+def test_lora_under_pp2_equals_one_process(work, trained):
+    trained()
     _same_as_single(work, "pp", "out_pp", rank=1)

@@ -3,7 +3,7 @@ the same losses, grad norms (each replicated parameter counted once), load-balan
 single-process run with the same global batch; per-rank checkpoints whose metadata.json describes the TP/EP
 blocks, and a 2-process checkpoint resumed by one process (resharding tp2/ep2 → 1).
 
-Each msrun job costs ~30 s here, so every job runs once (module fixtures) and several tests read it.
+The 2-worker runs share one msrun job (its start-up is most of a tiny run's cost) and several tests read it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.helpers.msrun import column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, metrics, single
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -43,20 +43,25 @@ def work(tmp_path_factory):
     return {"dir": d, "q": q, "ds": ds}
 
 
-def _train(cfg: Path, out: Path):
-    r = runner.invoke(app, ["train", str(cfg), "--nproc", "2", "--output-dir", str(out)])
-    assert r.exit_code == 0, r.output
-    return r
+@pytest.fixture(scope="module")
+def jobs(work):
+    """tp2 and ep2 in one shared msrun job (each worker runs `mftk train --nproc 2`'s body per run)."""
+    d = work["dir"]
+    shared = SharedJobs(d)
+    return lambda: shared.results("2", 2, lambda: [{"config": str(d / "q.yaml"), "output_dir": str(d / "out_tp")},
+                                                   {"config": str(d / "ds.yaml"), "output_dir": str(d / "out_ep")}])
 
 
 @pytest.fixture(scope="module")
-def tp2(work):
-    return _train(work["dir"] / "q.yaml", work["dir"] / "out_tp")
+def tp2(work, jobs):
+    jobs()
+    return (work["dir"] / "out_tp" / "log" / "rank_0" / "info.log").read_text()
 
 
 @pytest.fixture(scope="module")
-def ep2(work):
-    return _train(work["dir"] / "ds.yaml", work["dir"] / "out_ep")
+def ep2(work, jobs):
+    jobs()
+    return (work["dir"] / "out_ep" / "log" / "rank_0" / "info.log").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +79,7 @@ def test_tp2_matches_single_process(work, tp2, single_q):
     assert [r["step"] for r in m] == [1, 2, 3]
     np.testing.assert_allclose(column(m, "loss"), single_q.losses, rtol=REL)
     np.testing.assert_allclose(column(m, "grad_norm"), single_q.grad_norms, rtol=REL)
-    assert "tensor_parallel=2" in tp2.stdout
+    assert "tensor_parallel=2" in tp2
 
 
 def test_tp2_checkpoint_metadata_shard_layout(work, tp2):
@@ -111,7 +116,7 @@ def test_ep2_matches_single_process(work, ep2, single_ds):
     assert len(m) == 3  # step 3 routes with the expert bias updated from both ranks' counts
     for key in ("loss", "grad_norm", "load_balancing_loss", "mtp_1_loss"):
         np.testing.assert_allclose(column(m, key), column(one, key), rtol=REL, err_msg=key)
-    assert "expert_parallel=2" in ep2.stdout
+    assert "expert_parallel=2" in ep2
 
 
 def test_ep2_checkpoint_splits_experts_and_resumes_in_one_process(work, ep2, single_ds):

@@ -3,12 +3,11 @@ explicit uneven split ('0-1', '2' of three layers) give the single-process losse
 both stages); the last stage logs the loss line, the first the reference's non-last-stage line; each rank saves
 its stage's tensors only, metadata.json says which rank holds which, and a pp2 checkpoint resumes in one process.
 
-Each msrun job costs ~30 s here, so each runs once (module fixtures) and several tests read it.
+Both runs share one msrun job (its start-up is most of a tiny run's cost) and several tests read it.
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import yaml
 from tests.helpers.cli import runner
 
 from commands.app import app
-from tests.helpers.msrun import column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, metrics, single
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -43,20 +42,23 @@ def work(tmp_path_factory):
     return {"dir": d, "auto": auto, "three": three}
 
 
-def _train(cfg: Path, out: Path):
-    r = runner.invoke(app, ["train", str(cfg), "--nproc", "2", "--output-dir", str(out)])
-    assert r.exit_code == 0, r.output
-    return r
+@pytest.fixture(scope="module")
+def jobs(work):
+    """Both pipeline runs in one shared msrun job (each worker runs `mftk train --nproc 2`'s body per run)."""
+    d = work["dir"]
+    shared = SharedJobs(d)
+    return lambda: shared.results("2", 2, lambda: [{"config": str(d / f"{n}.yaml"), "output_dir": str(d / f"out_{n}")}
+                                                   for n in ("auto", "gpipe")])
 
 
 @pytest.fixture(scope="module")
-def pp_auto(work):
-    return _train(work["dir"] / "auto.yaml", work["dir"] / "out_auto")
+def pp_auto(jobs):
+    return jobs()[0]
 
 
 @pytest.fixture(scope="module")
-def pp_gpipe(work):
-    return _train(work["dir"] / "gpipe.yaml", work["dir"] / "out_gpipe")
+def pp_gpipe(jobs):
+    return jobs()[1]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def test_pp2_log_lines_per_stage(work, pp_auto):
     assert NON_LAST not in last and "consumed_samples: 4, global_batch_size: 4, loss:" in last
     assert "stage 0 of 2 holds decoder layers [0], the embedding" in first
     assert "stage 1 of 2 holds decoder layers [1], the final norm and output layer" in last
-    assert "pipeline_parallel=2" in pp_auto.stdout
+    assert "pipeline_parallel=2" in first
 
 
 def test_pp2_checkpoint_holds_each_stage_on_its_rank(work, pp_auto):

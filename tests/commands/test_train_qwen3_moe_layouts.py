@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from commands.app import app
-from tests.helpers.cli import runner
-from tests.helpers.msrun import column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, metrics, single
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -35,6 +33,7 @@ LAYOUTS = {
 # running counts are its own micro-batches' (not one process's), so the reference here is plain fsdp2.
 WITH_FSDP = {"pp2×fsdp2 global_aux_loss": (4, {"pipeline_parallel": 2}, GLOBAL),
              "fsdp2 global_aux_loss": (2, {}, GLOBAL)}
+ALL = {**LAYOUTS, **WITH_FSDP}
 
 
 def _slug(name: str) -> str:
@@ -42,15 +41,17 @@ def _slug(name: str) -> str:
 
 
 class Runs:
-    """The single-process references (one per model) and each layout's msrun run, each run once."""
+    """The single-process references (one per model) and each layout's run, each run once: the 2-worker runs in
+    one msrun job, the 4-worker run in another (each worker runs `mftk train --nproc N`'s body per run)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.corpus = write_corpus(root / "corpus" / "tiny_text_document")
         self._single: dict[tuple, Path] = {}
+        self.jobs = SharedJobs(root)
 
     def raw(self, name: str, *, parallel: bool) -> dict:
-        _, par, model = {**LAYOUTS, **WITH_FSDP}[name]
+        _, par, model = ALL[name]
         raw = tiny_raw("qwen3_moe_tiny.yaml", self.corpus, self.root / f"ckpt_{_slug(name)}_{parallel}", steps=3,
                        gbs=4)
         raw["model"].update(model)
@@ -67,13 +68,15 @@ class Runs:
         return self._single[key]
 
     def run(self, name: str) -> Path:
+        """``name``'s 3-step run; the runs of one worker count share one msrun job (`SharedJobs`)."""
+        workers = ALL[name][0]
+        self.jobs.results(str(workers), workers, lambda: [self._run(n) for n in ALL if ALL[n][0] == workers])
+        return self.root / f"out_{_slug(name)}"
+
+    def _run(self, name: str) -> dict:
         cfg = self.root / f"{_slug(name)}.yaml"
         cfg.write_text(yaml.safe_dump(self.raw(name, parallel=True)))
-        out = self.root / f"out_{_slug(name)}"
-        r = runner.invoke(app, ["train", str(cfg), "--nproc", str({**LAYOUTS, **WITH_FSDP}[name][0]),
-                                "--output-dir", str(out)])
-        assert r.exit_code == 0, r.output[-3000:]
-        return out
+        return {"config": str(cfg), "output_dir": str(self.root / f"out_{_slug(name)}")}
 
 
 @pytest.fixture(scope="module")

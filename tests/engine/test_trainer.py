@@ -316,3 +316,45 @@ def test_save_interval_counts_from_the_resumed_step(tmp_path):
     assert [s for s in range(290, 520) if resumed.due(s)] == [370, 440, 510]
     fresh = Checkpointer(root=str(tmp_path), interval=70)
     assert [s for s in range(0, 150) if fresh.due(s)] == [70, 140]
+
+
+class _Agreement:
+    """A `DistContext` stand-in for `any_flag`: the other ranks' flags, and a signal that arrives at this rank
+    while it waits in the agreement's collective (its handler runs as the collective returns)."""
+
+    def __init__(self, stop, others: list[bool], signal_during: set[int]) -> None:
+        self.stop, self.others, self.signal_during, self.calls = stop, others, signal_during, 0
+
+    def any_flag(self, flag: bool) -> bool:
+        agreed = flag or self.others[self.calls]
+        if self.calls in self.signal_during:
+            self.stop.request("SIGTERM")  # after this rank's flag was sent: the others were told False
+        self.calls += 1
+        return agreed
+
+
+def test_a_signal_during_the_stop_agreement_stops_every_rank_at_the_next_step():
+    """The signal comes while this rank waits in step 1's agreement (the others were told no stop): this rank
+    must run step 2 like the others, and all stop after step 2 (stopping now left it saving alone: exit 4)."""
+    from types import SimpleNamespace
+
+    from mftk.engine.trainer import StopFlag, Trainer
+
+    stop = StopFlag()
+    dist = _Agreement(stop, others=[False, False], signal_during={0})
+    me = SimpleNamespace(stop=stop, dist=dist, checkpointer=None)
+    Trainer.stop_if_requested(me, SimpleNamespace(global_step=1))  # agreed False: go on
+    with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped after step 2"):
+        Trainer.stop_if_requested(me, SimpleNamespace(global_step=2))
+    assert dist.calls == 2
+
+
+def test_another_ranks_stop_request_stops_this_rank_at_the_same_step():
+    from types import SimpleNamespace
+
+    from mftk.engine.trainer import StopFlag, Trainer
+
+    stop = StopFlag()
+    me = SimpleNamespace(stop=stop, dist=_Agreement(stop, others=[True], signal_during=set()), checkpointer=None)
+    with pytest.raises(TrainingInterrupted, match=r"SIGTERM \(on another rank\) received: stopped after step 1"):
+        Trainer.stop_if_requested(me, SimpleNamespace(global_step=1))

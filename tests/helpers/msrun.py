@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -33,18 +34,58 @@ def single(raw: dict, out: Path, resume_from=None):
                  install_signals=False)
 
 
-def train_msrun(cfg: Path, out: Path, nproc: int = 2):
-    """`mftk train CFG --nproc N` through msrun; asserts it succeeded and returns the CLI result."""
-    from tests.helpers.cli import runner
-
-    from commands.app import app
-
-    r = runner.invoke(app, ["train", str(cfg), "--nproc", str(nproc), "--output-dir", str(out)])
-    assert r.exit_code == 0, r.output
-    return r
-
-
 def run_single(raw: dict, out: Path, *overrides: str, resume_from=None):
     from mftk.engine.run import train
 
     return train(load(raw, *overrides), output_dir=out, resume_from=resume_from, install_signals=False)
+
+
+def train_many(runs: list[dict]) -> list[dict]:
+    """msrun worker target: `engine.workers.train_worker` (what every rank of `mftk train/resume --nproc N` runs)
+    for each of ``runs`` in turn, in the processes of one job. Why: a job's start-up (MindSpore imports in every
+    worker, the cluster join) is most of a tiny run's cost, and each run builds its own groups, model and
+    optimizer anyway. A failing run fails the job, naming the run."""
+    import gc
+
+    from mftk.engine.workers import train_worker
+
+    results = []
+    for run in runs:
+        gc.collect()  # the previous run's model and optimizer (reference cycles) go before this one builds
+        try:
+            results.append(train_worker(**run))
+        except Exception as exc:
+            raise RuntimeError(f"shared job: run with output {run['output_dir']} failed: {exc}") from exc
+    return results
+
+
+def launch_many(runs: list[dict], nproc: int, log_dir: Path, timeout_s: float = 600) -> list[dict]:
+    """Every one of ``runs`` (`train_worker` keywords: config, overrides, output_dir, resume_from) in one msrun
+    job of ``nproc`` workers (`train_many`); rank 0's results, in order."""
+    from mftk.engine.launch import LaunchSpec, launch
+
+    runs = [{"overrides": [], "resume_from": None, **run} for run in runs]
+    result = launch("tests.helpers.msrun:train_many", {"runs": runs}, spec=LaunchSpec(nproc=nproc, log_dir=log_dir),
+                    timeout_s=timeout_s)
+    return result.results[min(result.results)]
+
+
+class SharedJobs:
+    """A test module's shared msrun jobs (`launch_many`), each launched once, on first use, with its log under
+    ``root``; a job that failed fails every test that reads it, without being launched again."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._done: dict[str, list[dict] | Exception] = {}
+
+    def results(self, job: str, nproc: int, runs: Callable[[], list[dict]]) -> list[dict]:
+        """Rank 0's results of ``job`` (``runs()``'s runs on ``nproc`` workers), launching it the first time."""
+        if job not in self._done:
+            try:
+                self._done[job] = launch_many(runs(), nproc, self.root / f"msrun_{job}")
+            except Exception as exc:  # noqa: BLE001 - kept, so the job is not launched again for each test
+                self._done[job] = exc
+        done = self._done[job]
+        if isinstance(done, Exception):
+            raise done
+        return done
