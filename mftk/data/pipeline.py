@@ -365,7 +365,11 @@ class SourceRun:
         self.meter.advance(0, documents, tokens_first)
 
     def _encode_one_by_one(self, chunk: Chunk, path: Path, hint: str) -> None:
-        """The tokenizer failed on the chunk: find the documents it cannot encode, reject them."""
+        """The tokenizer failed on the chunk: find the documents it cannot encode, reject them.
+
+        The backend's verdict comes first: a gigatoken that fails on text may have failed the check
+        too, and then the run starts over with HF tokenizers rather than reject what HF encodes."""
+        self.opt.confirm()
         counts = [s if s is not None else np.ones(chunk.documents, np.int64) for s in chunk.sentences]
         starts = [np.concatenate(([0], np.cumsum(c))) for c in counts]
         kept: list[int] = []
