@@ -80,7 +80,7 @@ def preprocess(
     preload = None
     if tokenizer is not None and not merge:  # first: the loads run beside the imports below
         use_threads(workers)
-        preload = TokenizerPreload(tokenizer, tokenizer_backend)
+        preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token)
 
     import attrs
 
@@ -94,11 +94,15 @@ def preprocess(
             parsed_weights = [float(w) for w in weights.split(",")]
         except ValueError:
             raise InputError(message=f"--weights {weights!r}: expected numbers separated by commas") from None
-    summary = run(input, output_prefix, tokenizer, json_keys=json_keys or ["text"], append_eod=append_eod,
-                  eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
-                  weights=parsed_weights, resume=resume, merge_only=merge, format=format, seq_length=seq_length,
-                  tokenizer_backend=tokenizer_backend, num_shards=num_shards, shard_index=shard_index,
-                  progress=_progress(), preload=preload)
+    try:
+        summary = run(input, output_prefix, tokenizer, json_keys=json_keys or ["text"], append_eod=append_eod,
+                      eod_token=eod_token, compat=compat, on_error=on_error, max_errors=max_errors, workers=workers,
+                      weights=parsed_weights, resume=resume, merge_only=merge, format=format, seq_length=seq_length,
+                      tokenizer_backend=tokenizer_backend, num_shards=num_shards, shard_index=shard_index,
+                      progress=_progress(), preload=preload)
+    finally:
+        if preload is not None:
+            preload.close()  # the HF helper process, if the run did not end it
     if json_out:
         data = attrs.asdict(summary)
         data["data_path"] = summary.data_path_block()

@@ -1,15 +1,19 @@
-"""Both tokenizers of an `mftk preprocess` run, loaded on threads from the moment the command starts.
+"""The tokenizers of an `mftk preprocess` run, loading from the moment the command starts.
 
-Loading them is 0.2-0.25 CPU-seconds of Rust that releases the GIL (HF ``tokenizers`` and
-gigatoken each parse the ``tokenizer.json``); started here, before the data layer is imported
-(numpy, msgspec: 0.15 CPU-seconds of Python that holds it), the loads run beside those imports and
-the argument checks instead of after them. This module imports only the standard library and
-`mftk.files` so that the command can start it first.
+Loading a tokenizer is Rust that holds the GIL (gigatoken 0.07-0.1 s, HF ``tokenizers`` 0.06-0.16 s
+on the 2-core machine: each parses the ``tokenizer.json``), so a load on a thread here delays the
+data layer's imports (numpy, msgspec) by as much. gigatoken's, which the run encodes with, loads on
+a thread from the first line of the command. The HF tokenizer, which the run needs only for a few
+facts and the reference ids of the backend check, is loaded by a helper process
+(`mftk.data.hf_reference`) on the other core when gigatoken is wanted; with
+``--tokenizer-backend hf`` (or no helper) it loads on a thread here as before. This module imports
+only the standard library and `mftk.files` so that the command can start it first.
 
-Nothing is decided here. `mftk.data.tokenize.load_tokenizer` takes the HF tokenizer from `hf`
-only when it loaded; any problem (no such file, too large, not a tokenizer.json) is found and
-reported by `load_tokenizer` itself, with its usual message. gigatoken's load, or its failure,
-is what `gigatoken` returns or raises, and `choose_backend` decides on it as before.
+Nothing is decided here. `mftk.data.tokenize.load_tokenizer` takes the helper's facts, or the HF
+tokenizer from `hf`, only when they are there; any problem (no such file, too large, not a
+tokenizer.json, an EOD token it lacks) makes the helper answer nothing, and is found and reported by
+`load_tokenizer` itself, with its usual message. gigatoken's load, or its failure, is what
+`gigatoken` returns or raises, and `choose_backend` decides on it as before.
 """
 from __future__ import annotations
 
@@ -47,20 +51,37 @@ def tokenizer_file(path: str | os.PathLike) -> Path:
 
 
 class TokenizerPreload:
-    """The HF tokenizer and (unless ``backend`` is ``hf``) gigatoken's, each loading on its own thread."""
+    """gigatoken's tokenizer loading on a thread (unless ``backend`` is ``hf``) and the HF side: with gigatoken
+    wanted, a helper process (`mftk.data.hf_reference`) that loads the HF tokenizer off this process's GIL;
+    else (or with ``helper`` False) the HF tokenizer loading on a thread here."""
 
-    def __init__(self, path: str | os.PathLike, backend: str = "auto") -> None:
+    def __init__(self, path: str | os.PathLike, backend: str = "auto", eod_token: str | None = None, *,
+                 helper: bool = True) -> None:
         self.file = tokenizer_file(path)
+        self.eod_token = eod_token
+        wants_gigatoken = backend in ("auto", "gigatoken")
+        self.reference = None
+        if wants_gigatoken and helper:
+            from mftk.data.hf_reference import start_reference
+
+            self.reference = start_reference(self.file, eod_token)
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mftk-tokenizer-load")
-        self._hf = pool.submit(_load_hf, self.file)
-        self._gigatoken = pool.submit(_load_gigatoken, self.file) if backend in ("auto", "gigatoken") else None
+        self._hf = pool.submit(_load_hf, self.file) if self.reference is None else None
+        self._gigatoken = pool.submit(_load_gigatoken, self.file) if wants_gigatoken else None
         pool.shutdown(wait=False)
 
     def hf(self, file: Path) -> object | None:
-        """The loaded ``tokenizers.Tokenizer`` of ``file``, or None (not this file, or it did not load)."""
-        if Path(file) != self.file:
+        """The loaded ``tokenizers.Tokenizer`` of ``file``, or None (not this file, not preloaded, or it
+        did not load)."""
+        if self._hf is None or Path(file) != self.file:
             return None
         return self._hf.result()
+
+    def facts(self, file: Path, eod_token: str | None) -> dict | None:
+        """The helper's facts about ``file`` (`mftk.data.hf_reference.Reference.facts`), or None."""
+        if self.reference is None or Path(file) != self.file or eod_token != self.eod_token:
+            return None
+        return self.reference.facts()
 
     def gigatoken(self, file: Path) -> tuple[bytes, object] | None:
         """(tokenizer.json bytes, gigatoken.Tokenizer) of ``file``, None if not preloaded (or another
@@ -68,6 +89,11 @@ class TokenizerPreload:
         if self._gigatoken is None or Path(file) != self.file:
             return None
         return self._gigatoken.result()
+
+    def close(self) -> None:
+        """End the helper process, if any."""
+        if self.reference is not None:
+            self.reference.close()
 
 
 def _load_hf(file: Path) -> object | None:

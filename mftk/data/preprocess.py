@@ -189,7 +189,8 @@ def preprocess(
             locks.enter_context(exclusive_output(path, LOCK_WHAT))  # the group's state and each output pair
         use_threads(workers)
         if preload is None:
-            preload = TokenizerPreload(tokenizer, tokenizer_backend)
+            preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token)
+        locks.callback(preload.close)
         tok = load_tokenizer(tokenizer, eod_token, preload)
         if append_eod and tok.eod_id is None:
             raise InputError(message=f"{tok.path}: no end-of-document token found for --append-eod",

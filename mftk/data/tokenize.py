@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -26,13 +27,15 @@ from typing import Protocol
 import attrs
 import numpy as np
 
+from mftk.data import hf_reference
 from mftk.data.gigatoken_ids import encode_batch_arrays
+from mftk.data.hf_reference import EOD_CANDIDATES, NoSuchToken, resolve_eod
 from mftk.data.preload import TokenizerPreload, tokenizer_file
 from mftk.errors import DataFormatError, InputError
-from mftk.files import CONFIG_LIMIT, LARGE_JSON_LIMIT, read_bytes, read_json, regular_file_or_error
+from mftk.files import LARGE_JSON_LIMIT, read_bytes, regular_file_or_error
 
-# Tried in order when neither --eod-token nor tokenizer_config.json names the end-of-document token.
-EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>")
+__all__ = ["EOD_CANDIDATES", "BackendCheck", "BackendMismatch", "HFEncoder", "GigatokenEncoder", "LoadedTokenizer",
+           "choose_backend", "load_tokenizer"]
 BACKENDS = ("auto", "gigatoken", "hf")
 
 # Fixed strings every check includes, named so a difference says which kind of text differs.
@@ -68,22 +71,29 @@ class Encoder(Protocol):
 
 
 class HFEncoder:
-    """`tokenizers` ``encode_batch_fast`` on its own thread pool (GIL released), special tokens added."""
+    """`tokenizers` ``encode_batch_fast`` on its own thread pool (GIL released), special tokens added.
+
+    ``tokenizer``: a ``tokenizers.Tokenizer``, or the `LoadedTokenizer` whose HF tokenizer (loaded
+    on first use) it is."""
 
     name = "hf"
 
     def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        self._source = tokenizer
+
+    @property
+    def tokenizer(self):
+        source = self._source
+        return source.tokenizer if isinstance(source, LoadedTokenizer) else source
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids = [e.ids for e in self._encode(texts, add_special_tokens=True)]
+        ids = self.encode_lists(texts)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
         return flat, lengths
 
     def encode_lists(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._encode(texts, add_special_tokens=True)]
+        return hf_reference.encode_lists(self.tokenizer, texts)
 
 
 class GigatokenEncoder:
@@ -105,6 +115,7 @@ class GigatokenEncoder:
         self.memo_budget = memo_budget
         self.reloads = 0
         self._tok = None
+        self._lock = threading.Lock()  # the run's encoder thread and the backend check's take turns (reloads)
         if loaded is None:
             self._load()
         else:  # built from these bytes by `TokenizerPreload`
@@ -123,10 +134,11 @@ class GigatokenEncoder:
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.uint32), np.zeros(0, np.int64)
-        flat, lengths = encode_batch_arrays(self._tok.encode_batch, texts)  # parallel unless in a forked worker
-        if _rss() - self._rss_at_load > self.memo_budget:
-            self.reloads += 1
-            self._load()
+        with self._lock:
+            flat, lengths = encode_batch_arrays(self._tok.encode_batch, texts)  # parallel unless in a forked worker
+            if _rss() - self._rss_at_load > self.memo_budget:
+                self.reloads += 1
+                self._load()
         if len(self.prefix) or len(self.suffix):
             flat, lengths = wrap_sequences(flat, lengths, self.prefix, self.suffix)
         return flat.astype(np.uint32, copy=False), lengths
@@ -185,17 +197,38 @@ def wrap_sequences(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray,
 class LoadedTokenizer:
     """A tokenizer ready to encode, with the facts the output depends on and the backend in use."""
 
-    tokenizer: object  # tokenizers.Tokenizer: vocabulary facts, and the reference for the backend check
+    hf_tokenizer: object | None  # tokenizers.Tokenizer; None until first needed where `facts` came from the helper
     path: str
     vocab_size: int  # including added tokens, as Megatron's len(hf_tokenizer)
     eod_id: int | None
     eod_token: str | None
     encoder: Encoder = attrs.field(default=None)
     backend_note: str = ""  # why auto did not take gigatoken, or the check that it passed
+    # From the helper process (`mftk.data.hf_reference`): what `hf_reference.facts_of` says of the HF tokenizer.
+    facts: dict | None = None
+    reference: object = None  # that helper (`hf_reference.Reference`), which also gives the check's HF ids
+    _hf_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.encoder is None:
-            self.encoder = HFEncoder(self.tokenizer)
+            self.encoder = HFEncoder(self)
+
+    @property
+    def tokenizer(self):
+        """The ``tokenizers.Tokenizer`` (vocabulary facts, the reference), loaded here on first use if the
+        helper process gave the facts."""
+        with self._hf_lock:
+            if self.hf_tokenizer is None:
+                from tokenizers import Tokenizer
+
+                self.hf_tokenizer = Tokenizer.from_file(self.path)
+            return self.hf_tokenizer
+
+    def hf_facts(self) -> dict:
+        """`hf_reference.facts_of` the HF tokenizer: from the helper, else computed here."""
+        if self.facts is None:
+            self.facts = hf_reference.facts_of(self.tokenizer)
+        return self.facts
 
     @property
     def backend(self) -> str:
@@ -210,14 +243,14 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None,
                    preload: TokenizerPreload | None = None) -> LoadedTokenizer:
     """Load ``tokenizer.json`` (or a directory holding one) and resolve the EOD id; backend ``hf``.
 
-    ``preload``: the tokenizers already loading on threads; its HF tokenizer is used when it loaded.
+    ``preload``: the tokenizers already loading (`TokenizerPreload`); its helper process's facts are
+    used when it gave them (the HF tokenizer is then loaded in this process only if needed), else its
+    HF tokenizer when it loaded.
 
     The EOD token is, in order: ``eod_token``; the ``eos_token`` of a ``tokenizer_config.json``
     next to it (what Megatron's HF tokenizer uses as ``eod``); the first of
     `EOD_CANDIDATES` the vocabulary holds; else None (then --append-eod is refused).
     """
-    from tokenizers import Tokenizer
-
     file = tokenizer_file(path)
     hint = "pass a Hugging Face tokenizer.json or the directory that holds it (nothing is downloaded)"
     try:
@@ -227,26 +260,25 @@ def load_tokenizer(path: str | os.PathLike, eod_token: str | None = None,
     if size > LARGE_JSON_LIMIT:
         raise InputError(message=f"{file}: {size:,} bytes is not a tokenizer.json (limit {LARGE_JSON_LIMIT:,})",
                          path=str(file), hint=hint)
+    facts = preload.facts(file, eod_token) if preload is not None else None
+    if facts is not None:
+        return LoadedTokenizer(None, str(file), facts["vocab_size"], facts["eod_id"], facts["eod_token"],
+                               facts=facts, reference=preload.reference)
     try:
         tok = preload.hf(file) if preload is not None else None
         if tok is None:
+            from tokenizers import Tokenizer
+
             tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the Rust side raises a plain Exception for any parse error
         raise DataFormatError(message=f"{file}: not a Hugging Face tokenizer.json ({str(exc)[:200]})",
                               path=str(file), hint="pass the tokenizer.json written by the `tokenizers` "
                               "library or transformers' save_pretrained") from None
-    if eod_token is None:
-        eod_token = _config_eos(file.parent / "tokenizer_config.json")
-        if eod_token is not None and tok.token_to_id(eod_token) is None:
-            eod_token = None
-    if eod_token is None:
-        eod_token = next((t for t in EOD_CANDIDATES if tok.token_to_id(t) is not None), None)
-        eod_id = tok.token_to_id(eod_token) if eod_token else None
-    else:
-        eod_id = tok.token_to_id(eod_token)
-        if eod_id is None:
-            raise InputError(message=f"{file}: the tokenizer has no token {eod_token!r}", path=str(file),
-                             hint="pass --eod-token with a token from its vocabulary, e.g. <|endoftext|>")
+    try:
+        eod_token, eod_id = resolve_eod(tok, file, eod_token)
+    except NoSuchToken:
+        raise InputError(message=f"{file}: the tokenizer has no token {eod_token!r}", path=str(file),
+                         hint="pass --eod-token with a token from its vocabulary, e.g. <|endoftext|>") from None
     return LoadedTokenizer(tok, str(file), tok.get_vocab_size(with_added_tokens=True), eod_id, eod_token)
 
 
@@ -259,36 +291,56 @@ class BackendMismatch(Exception):
 
 
 class BackendCheck:
-    """The verdict on gigatoken, finished while the run starts: HF's ids for the check texts on a thread.
+    """The verdict on gigatoken, reached on a thread while the run starts.
 
-    gigatoken encodes the check texts at once (milliseconds); HF's reference encoding of the same
-    texts (the slow half, ~0.1-0.3 s) runs on a thread (the GIL released) beside the first chunks
-    of the run. `confirm` compares them and must be called before anything gigatoken produced is
-    kept: before the first progress record is saved and before any output is finalized. On a
-    difference it switches ``tok`` to HF and raises `BackendMismatch` (auto) or `InputError`
-    (an explicit ``--tokenizer-backend gigatoken``). Once confirmed, it returns at once.
+    The check thread encodes the check texts with gigatoken and gets HF's ids for them (from the
+    helper process, `mftk.data.hf_reference`, else with the HF tokenizer here), then compares them;
+    none of it waits for the other or holds up the run. `confirm` takes the verdict and must be
+    called before anything gigatoken produced is kept: before the first progress record is saved,
+    before any output is finalized, and before a text the tokenizer failed on is rejected. On a
+    difference (or gigatoken failing on a check text) it switches ``tok`` to HF and raises
+    `BackendMismatch` (auto) or `InputError` (an explicit ``--tokenizer-backend gigatoken``).
+    Once confirmed, it returns at once.
     """
 
     def __init__(self, tok: LoadedTokenizer | None = None, choice: str = "auto",
-                 cases: list[tuple[str, str]] | None = None, got: list[list[int]] | None = None,
+                 cases: list[tuple[str, str]] | None = None, encoder: GigatokenEncoder | None = None,
                  note: str = "") -> None:
-        self.tok, self.choice, self.cases, self.got, self.note = tok, choice, cases or [], got or [], note
-        self._expected: Future | None = None
+        self.tok, self.choice, self.cases, self.note = tok, choice, cases or [], note
+        self._verdict: Future | None = None
         if tok is not None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check")
-            self._expected = pool.submit(HFEncoder(tok.tokenizer).encode_lists, [text for _, text in self.cases])
+            self._verdict = pool.submit(self._compare, encoder)
             pool.shutdown(wait=False)
 
-    def confirm(self) -> None:
-        if self._expected is None:
-            return
-        want, self._expected = self._expected.result(), None
-        tok = self.tok
-        for (name, text), a, b in zip(self.cases, want, self.got):
+    def _compare(self, encoder: GigatokenEncoder) -> str | None:
+        """What rules gigatoken out, or None: both encodings of the check texts, compared."""
+        texts = [text for _, text in self.cases]
+        reference = self.tok.reference
+        asked = reference is not None and reference.send(texts)  # the helper encodes while gigatoken does
+        try:
+            got = encoder.encode_lists(texts)
+        except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
+            if asked:
+                reference.close()
+            return f"gigatoken fails on the check texts ({_first_line(exc)})"
+        want = reference.ids() if asked else None
+        if want is None or len(want) != len(texts):  # no helper, or it failed: HF here
+            want = HFEncoder(self.tok).encode_lists(texts)
+        for (name, text), a, b in zip(self.cases, want, got):
             if a != b:
-                tok.encoder = HFEncoder(tok.tokenizer)
-                _refuse(tok, self.choice, f"its ids differ from HF tokenizers on {name} {_preview(text)}")
-                raise BackendMismatch(tok.backend_note)
+                return f"its ids differ from HF tokenizers on {name} {_preview(text)}"
+        return None
+
+    def confirm(self) -> None:
+        if self._verdict is None:
+            return
+        problem, self._verdict = self._verdict.result(), None
+        tok = self.tok
+        if problem is not None:
+            tok.encoder = HFEncoder(tok)
+            _refuse(tok, self.choice, problem)
+            raise BackendMismatch(tok.backend_note)
         tok.backend_note = self.note
 
 
@@ -302,13 +354,14 @@ def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
     ``sample`` is text from the actual input. ``auto`` falls back to HF with the reason in
     ``tok.backend_note``; an explicit ``gigatoken`` that cannot reproduce HF is an error.
     ``preload``: the tokenizers already loading (`TokenizerPreload`); gigatoken's is built here if not.
-    What is known at once (gigatoken cannot load the tokenizer, or fails on the check texts) is
-    decided here; the id comparison is the returned `BackendCheck`, which the caller confirms
-    before keeping anything (`BackendCheck.confirm`; ``choose_backend(...).confirm()`` waits for it).
+    What is known at once (truncation or padding, a post-processor that does more than add fixed
+    tokens, gigatoken missing or unable to load the tokenizer) is decided here; the encoding and
+    comparison of the check texts is the returned `BackendCheck`, which the caller confirms before
+    keeping anything (`BackendCheck.confirm`; ``choose_backend(...).confirm()`` waits for it).
     """
     if choice not in BACKENDS:
         raise InputError(message=f"--tokenizer-backend must be one of {', '.join(BACKENDS)}, not {choice!r}")
-    tok.encoder = HFEncoder(tok.tokenizer)
+    tok.encoder = HFEncoder(tok)
     if choice == "hf":
         tok.backend_note = "chosen with --tokenizer-backend hf"
         return NO_CHECK
@@ -317,15 +370,10 @@ def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
         _refuse(tok, choice, cases_or_problem)
         return NO_CHECK
     cases = cases_or_problem
-    try:
-        got = encoder.encode_lists([text for _, text in cases])
-    except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
-        _refuse(tok, choice, f"gigatoken fails on the check texts ({_first_line(exc)})")
-        return NO_CHECK
     tok.encoder = encoder
     tok.backend_note = "check pending"
     note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and {len(cases) - len(sample)} edge cases"
-    return BackendCheck(tok, choice, cases, got, note)
+    return BackendCheck(tok, choice, cases, encoder, note)
 
 
 def _refuse(tok: LoadedTokenizer, choice: str, problem: str) -> None:
@@ -339,14 +387,14 @@ def _refuse(tok: LoadedTokenizer, choice: str, problem: str) -> None:
 def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: TokenizerPreload | None
                          ) -> tuple[GigatokenEncoder | None, list[tuple[str, str]] | str]:
     """(gigatoken encoder, the named check texts), or (None, why it cannot be used)."""
-    hf = tok.tokenizer
-    if getattr(hf, "truncation", None) or getattr(hf, "padding", None):
+    facts = tok.hf_facts()
+    if facts["truncation_or_padding"]:
         return None, "the tokenizer.json enables truncation or padding"
     try:
         import gigatoken  # noqa: F401
     except ImportError:
         return None, "the gigatoken package is not installed"
-    wrap = _special_wrap(hf)
+    wrap = facts["wrap"]
     if wrap is None:
         return None, "its post-processor does more than add fixed special tokens around the text"
     try:
@@ -357,33 +405,9 @@ def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: Token
             encoder = GigatokenEncoder(loaded[0], *wrap, loaded=loaded[1])
     except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
         return None, f"gigatoken cannot load it ({_first_line(exc)})"
-    cases = [(name, text) for name, text in EDGE_CASES] + _added_token_cases(hf)
+    cases = [(name, text) for name, text in EDGE_CASES] + [(name, text) for name, text in facts["added_cases"]]
     cases += [(f"input text {i + 1} of the sample", text) for i, text in enumerate(sample)]
     return encoder, cases
-
-
-def _special_wrap(hf) -> tuple[list[int], list[int]] | None:
-    """(prefix, suffix) ids the post-processor puts around every single text, or None if it does more."""
-    found = None
-    for probe in ("a", "Hello world", "x y z 1 2 3"):
-        plain = hf.encode(probe, add_special_tokens=False).ids
-        full = hf.encode(probe, add_special_tokens=True).ids
-        at = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), None)
-        if not plain or at is None:
-            return None
-        wrap = (full[:at], full[at + len(plain):])
-        if found is not None and wrap != found:
-            return None
-        found = wrap
-    if hf.encode("", add_special_tokens=True).ids != found[0] + found[1]:
-        return None
-    return found
-
-
-def _added_token_cases(hf) -> list[tuple[str, str]]:
-    """Every added token inside text, alone and glued to words (special tokens in documents)."""
-    tokens = sorted(t.content for t in hf.get_added_tokens_decoder().values())[:64]
-    return [(f"added token {t!r} inside text", f"{t}a{t} b {t}\n{t}{t}x{t}") for t in tokens]
 
 
 def _first_line(exc: Exception) -> str:
@@ -394,15 +418,3 @@ def _first_line(exc: Exception) -> str:
 def _preview(text: str) -> str:
     shown = text if len(text) <= 40 else text[:40] + "…"
     return repr(shown) + (f" ({len(text)} characters)" if len(text) > 40 else "")
-
-
-def _config_eos(config: Path) -> str | None:
-    if not config.is_file():
-        return None
-    try:
-        value = read_json(config, limit=CONFIG_LIMIT, what="tokenizer_config.json").get("eos_token")
-    except (OSError, InputError, AttributeError):
-        return None
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None

@@ -148,3 +148,25 @@ def test_long_single_line_document(tmp_path, tokenizer_file):
     ds = IndexedDataset(tmp_path / "big_text_document")
     assert len(ds) == 2 and ds.get(1).tolist()[-1] == 0
     assert s.sources[0].tokens == int(ds.sequence_lengths.sum())
+
+
+def test_thread_switch_interval_is_shortened_only_while_a_group_runs(tmp_path, tokenizer_file, monkeypatch):
+    """The parse thread hands the GIL to the encoder thread quickly during the run; the process's setting is
+    restored afterwards, also when the run fails."""
+    import sys
+
+    from mftk.data import pipeline
+
+    seen = []
+    real = pipeline.SourceRun._piece
+    monkeypatch.setattr(pipeline.SourceRun, "_piece", lambda self, *a: (seen.append(sys.getswitchinterval()),
+                                                                         real(self, *a))[1])
+    before = sys.getswitchinterval()
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    preprocess([str(src)], str(tmp_path / "o"), tokenizer_file, append_eod=True)
+    assert seen == [pipeline.SWITCH_INTERVAL] != [before] and sys.getswitchinterval() == before
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\nnot json\n', encoding="utf-8")
+    with pytest.raises(DataFormatError):
+        preprocess([str(bad)], str(tmp_path / "p"), tokenizer_file)
+    assert sys.getswitchinterval() == before

@@ -208,3 +208,61 @@ def test_gigatoken_reload_drops_its_memo_and_changes_no_id(tokenizer_file):
     for _ in range(3):
         assert encoder.encode_lists(texts) == want
     assert encoder.reloads >= 3
+
+
+def test_helper_process_facts_equal_the_hf_tokenizer_own(tmp_path):
+    """The helper process (off the run's GIL) reports what the HF tokenizer itself says; so does the run."""
+    from mftk.data.hf_reference import start_reference
+    from mftk.data.tokenize import load_tokenizer
+
+    tok = _variant(tmp_path, "bos", lambda t: setattr(t, "post_processor", processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])))
+    hf = Tokenizer.from_file(str(tok))
+    ref = start_reference(tok, None)
+    facts = ref.facts()
+    assert facts["vocab_size"] == hf.get_vocab_size(with_added_tokens=True)
+    assert (facts["eod_token"], facts["eod_id"]) == ("<|endoftext|>", hf.token_to_id("<|endoftext|>"))
+    assert facts["wrap"] == [[hf.token_to_id("<|endoftext|>")], []] and not facts["truncation_or_padding"]
+    texts = ["Hello world", "", "東京 😀 <|endoftext|>x"]
+    assert ref.send(texts) and ref.ids() == [e.ids for e in hf.encode_batch(texts)]
+    assert ref.proc is None  # collected
+    assert start_reference(tmp_path / "missing.json", None) is None
+    ref = start_reference(tok, "<|not-a-token|>")
+    assert ref.facts() is None and ref.proc is None  # the run then loads it itself and says what is wrong
+    with pytest.raises(InputError, match="has no token '<|not-a-token|>'"):
+        preprocess([str(write_jsonl(tmp_path / "c.jsonl", DOCS))], str(tmp_path / "o"), tok,
+                   eod_token="<|not-a-token|>")
+    loaded = load_tokenizer(tok)
+    assert (loaded.vocab_size, loaded.eod_id) == (facts["vocab_size"], facts["eod_id"])
+
+
+def test_without_the_helper_the_check_runs_here(tmp_path, tokenizer_file, monkeypatch):
+    """A helper that cannot start, or gives no ids, changes nothing but where HF runs."""
+    from mftk.data import hf_reference
+
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    want = reference_write(None, tokenizer_file, DOCS, "megatron", True)
+    monkeypatch.setattr(hf_reference.Reference, "ids", lambda self: None)
+    s = preprocess([str(src)], str(tmp_path / "a"), tokenizer_file, append_eod=True)
+    assert s.backend == "gigatoken" and "checked equal" in s.backend_note
+    assert files(tmp_path / "a_text_document") == want
+    monkeypatch.setattr(hf_reference, "_PROGRAM", "import sys; sys.exit(3)")
+    s = preprocess([str(src)], str(tmp_path / "b"), tokenizer_file, append_eod=True)
+    assert s.backend == "gigatoken" and "checked equal" in s.backend_note
+    assert files(tmp_path / "b_text_document") == want
+
+
+def test_gigatoken_failing_on_a_check_text_falls_back(tmp_path, tokenizer_file, monkeypatch):
+    """The check texts are encoded beside the run: a gigatoken that raises on one is not used, nothing it
+    wrote is kept, and an explicit --tokenizer-backend gigatoken is refused."""
+    def fails(self, texts):
+        raise RuntimeError("boom on a check text")
+
+    monkeypatch.setattr(tokenize.GigatokenEncoder, "encode_lists", fails)
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    s = preprocess([str(src)], str(tmp_path / "o"), tokenizer_file, append_eod=True)
+    assert s.backend == "hf" and "gigatoken fails on the check texts (boom on a check text)" in s.backend_note
+    assert files(tmp_path / "o_text_document") == reference_write(None, tokenizer_file, DOCS, "megatron", True)
+    with pytest.raises(InputError, match="gigatoken cannot be used: gigatoken fails on the check texts"):
+        preprocess([str(src)], str(tmp_path / "g"), tokenizer_file, tokenizer_backend="gigatoken")
+    assert not list(tmp_path.glob("g*"))
