@@ -31,9 +31,6 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 
-_ONE = Tensor(np.ones((), np.float32))
-
-
 class _Handle:
     """What autograd saves in place of a tensor: filled by the replay, emptied when read."""
 
@@ -100,15 +97,9 @@ class _Frame:
                     for i, v in zip(positions, diff):
                         args[i] = v
                     bind(diff[len(positions):])  # the weights as the replay's inputs: ops on them alone saved too
-                    ck.original(*args, **self.kwargs)
-                    return ops.zeros((), ms.float32)  # an output no other recorded op reaches: the backward
-                                                      # below runs no node of the replay
+                    return ck.original(*args, **self.kwargs)
 
-                inputs = [ops.stop_gradient(self.args[i]) for i in positions] + list(weights)  # as new leaves:
-                _, release = ms.vjp(forward, *inputs)  # the outer graph's tensors fail an inner backward
-            # a recorded graph whose backward never runs is kept by MindSpore, with its inputs, for good (a
-            # 220M model's FSDP run grew by its gathered weights every step): the empty backward frees it
-            release(_ONE)
+                ms.vjp(forward, *[self.args[i] for i in positions], *weights, weights=ck.params())
         finally:
             ck.replaying.pop()
             _restore(ck.buffers, after)
@@ -119,7 +110,7 @@ class _Frame:
             handle = ref()
             if handle is not None:
                 handle.value = value
-        saved.clear()  # nothing the replay left behind holds them
+        saved.clear()  # the replay's graph may outlive this call, and its hook (``keep``) with it
         self.replayed, self.before = True, None
         ck.replays += 1
 

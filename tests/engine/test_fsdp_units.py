@@ -180,25 +180,3 @@ def test_release_frees_the_build_parameters_fsdp_replaced():
     finally:
         if enabled:
             gc.enable()
-
-
-def test_a_replay_leaves_nothing_behind_from_step_to_step(rng):
-    """MindSpore keeps a recorded graph whose backward never ran, with its inputs, for good: before the
-    checkpoint ran its replay's (empty) backward, a run grew by its recomputed layers' gathered weights every
-    step (a 220M model's FSDP run went out of memory). Here two layers of 12.8 M weights: by hand, 4 bytes ×
-    (4·1024² attention + 3·1024·2816 MLP) = 51 MB each, 103 MB a step if kept."""
-    import gc
-
-    from mftk.engine.memstat import status_bytes
-
-    cfg = make_qwen3(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
-                     head_dim=128)
-    layer_bytes = 4 * (4 * 1024 * 1024 + 3 * 1024 * 2816)
-    model, _, _ = _fsdp_model(cfg, Section(mode="full", full_recompute_layer=["0-1"]))
-    args = _args(cfg, rng)
-    rss = []
-    for _ in range(5):
-        _grads(model, args)
-        gc.collect()
-        rss.append(status_bytes("VmRSS"))
-    assert rss[-1] - rss[1] < layer_bytes / 2, [r >> 20 for r in rss]  # kept: 3 steps × 2 layers = 6× that
