@@ -84,9 +84,9 @@ class _Frame:
         saved: list[Tensor] = []
         kept = deque(self.kept)
 
-        def keep(x: Tensor) -> int:  # the replay's own graph (never run backward) holds no tensor
+        def keep(x: Tensor) -> Tensor:
             saved.append(x)
-            return 0
+            return x
 
         positions = [i for i, a in enumerate(self.args) if _floating(a)]
         ck.replaying.append(kept)
@@ -110,7 +110,6 @@ class _Frame:
             handle = ref()
             if handle is not None:
                 handle.value = value
-        saved.clear()  # the replay's graph may outlive this call, and its hook (``keep``) with it
         self.replayed, self.before = True, None
         ck.replays += 1
 
