@@ -7,8 +7,8 @@ peak RSS (VmHWM of the worker), the RSS after imports (baseline), and the plan's
 (what `tests/plan/test_memory.py` calibrates). Runs are sequential (two workers share the machine's memory);
 each job is one point, so the ratios are of single runs (the step times: median of steps 2–3).
 
-FSDP units keep their activations unless recompute checkpoints their layer (then it replays its forward in the
-backward), so the seq-1024 pair measures what full recompute cuts under FSDP.
+FSDP units keep their activations unless recompute selects their layer (then they replay it), so the seq-1024
+pair measures what full recompute cuts under FSDP.
 
 Goals (issue 17): dp2's peak ≤ 28 B/param + the activations plan-parallel estimates; fsdp2's peak ≤ 0.65× dp2's;
 with full recompute the peak ≤ 0.6× the same run without it (seq 1024); every estimate within ±15 %.

@@ -2,21 +2,21 @@
 sections (reference `distributed/activation_checkpoint.py`; 2.1.0 forms, mindformers-2.1.md §1.7).
 
 - ``mode: full`` + ``full_recompute_layer`` (``["0-3", 5]``; MTP layer i is id ``num_layers + i``): each listed
-  transformer layer is checkpointed (`engine.checkpoint`) — only its inputs are kept, its forward is replayed
-  in its backward;
+  transformer layer becomes a `units.ReplayedUnit` — only its input is kept, its forward is replayed in its
+  backward;
 - ``mode: select`` + ``select_module`` (module-path glob → layer ranges): in each listed layer, every sub-cell
-  whose path inside the layer matches the glob (``self_attention``, ``mlp``, ``*core_attention``…) is
-  checkpointed; ``full_recompute_layer`` is honoured in select mode too (those layers checkpointed whole);
+  whose path inside the layer matches the glob (``self_attention``, ``mlp``, ``*core_attention``…) is replayed;
+  ``full_recompute_layer`` is honoured in select mode too (those layers replayed whole);
 - ``recompute_comm.enable`` + ``select_module``: the same selection over the cells that communicate (a
   tensor-parallel ``linear_qkv`` with its sequence all-gather, a context-parallel attention…), so their
-  collectives run again in the backward instead of their outputs being kept;
-- ``exclude_op`` (glob → layer ranges, the same form; only with ``mode`` full or select, as the reference): in
-  each listed layer, the matching cells inside a checkpointed one keep their outputs and are not replayed
-  (the reference's ``checkpoint_exclude_wrapper``).
+  collectives run again in the backward instead of their outputs being kept.
 
-Gradients are those of the run without recompute (the backward is the recorded one; the replay only
-supplies the tensors it saved). Applied after TP/CP/EP cut the model and before FSDP wraps its units around
-the layers, so the replay of a checkpointed cell inside a unit gathers the unit's weights again (`parallel.fsdp`).
+Gradients are those of the run without recompute (the replay sees the very inputs, weights and buffers).
+Under FSDP (`parallel.fsdp`) a layer is one unit whose weights are gathered: the layers recompute selects
+(`replayed_layers`: the full ones, and under ``select`` / ``recompute_comm`` every layer with a selected
+cell) become replaying FSDP units, replayed whole; the others keep their activations. ``exclude_op`` (outputs kept,
+not replayed) is refused by `config.runnable` while recompute is on: a replay that skips a cell inside a
+unit is not built.
 
 Applied when several processes run, as the reference does (on one process every value is ignored; the
 planner and validate-config say so).
@@ -26,19 +26,8 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-import attrs
-
 from mftk.derive import parse_layer_range
-from mftk.engine import checkpoint
-from mftk.errors import ConfigError, Problem
-
-
-@attrs.frozen
-class Applied:
-    """What `apply_recompute` installed: the checkpointed cells' paths and the excluded cells' paths."""
-
-    checkpointed: list[str]
-    excluded: list[str]
+from mftk.engine import units
 
 
 def layer_ids(ranges: Any) -> list[int]:
@@ -58,6 +47,18 @@ def numbered_layers(model: Any) -> dict[int, tuple[str, Any]]:
     return out
 
 
+def replayed_layers(model: Any, recompute: Any, recompute_comm: Any = None) -> frozenset[str]:
+    """Paths of the layers recompute replays in part or whole: under FSDP each of them is replayed whole
+    (a replay inside a unit whose weights are gathered for the unit is not built)."""
+    mode = str(getattr(recompute, "mode", "None"))
+    layers = numbered_layers(model)
+    ids = set(layer_ids(recompute.full_recompute_layer)) if mode in ("full", "select") else set()
+    for select in _selections(recompute, recompute_comm):
+        for ranges in select.values():
+            ids.update(layer_ids(ranges))
+    return frozenset(layers[i][0] for i in ids if i in layers)
+
+
 def _selections(recompute: Any, recompute_comm: Any) -> list[dict]:
     """The ``select_module`` dicts that apply: recompute's under ``select``, recompute_comm's when enabled."""
     out = []
@@ -68,68 +69,38 @@ def _selections(recompute: Any, recompute_comm: Any) -> list[dict]:
     return out
 
 
-def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> Applied:
-    """Install the checkpoints and exclusions the sections ask for (their paths are logged at start-up)."""
+def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> list[str]:
+    """Install the replayed units the sections ask for; returns their paths (logged at start-up)."""
     mode = str(getattr(recompute, "mode", "None"))
     layers = numbered_layers(model)
+    cells = units.owners(model)
     done: list[str] = []
     if mode in ("full", "select"):
         for i in layer_ids(recompute.full_recompute_layer):
             path, layer = layers[i]
-            if _trains(layer) and checkpoint.of(layer) is None:
-                checkpoint.install(layer, path)
+            if _trains(layer) and units.unit_of(layer) is None:
+                units.install(layer, "layer", units.renew(cells, _params(layer)), name=path)
+            if units.unit_of(layer) is not None:  # installed here, or an FSDP unit that replays (`replayed_layers`)
                 done.append(path)
     for select in _selections(recompute, recompute_comm):
         for pattern, ranges in select.items():
             for i in layer_ids(ranges):
                 path, layer = layers[i]
-                if checkpoint.of(layer) is not None or not _trains(layer):  # checkpointed whole already
+                if units.unit_of(layer) is not None or not _trains(layer):  # replayed whole already
                     continue
                 for sub, cell in _matching(layer, str(pattern)):
-                    if not checkpoint.within(cell) and _trains(cell):
-                        checkpoint.install(cell, f"{path}.{sub}")
+                    if units.unit_of(cell) is None and _params(cell):
+                        units.install(cell, "cell", units.renew(cells, _params(cell)), name=f"{path}.{sub}")
                         done.append(f"{path}.{sub}")
-    excluded = _exclude(layers, recompute) if done and mode in ("full", "select") else []  # as the reference
-    return Applied(checkpointed=done, excluded=excluded)
-
-
-def _exclude(layers: dict, recompute: Any) -> list[str]:
-    """``exclude_op``: each matching cell inside a checkpointed cell of its layer keeps its outputs. A pattern
-    that matches no such cell in a layer it lists would be a setting accepted and ignored: an error."""
-    spec = recompute.exclude_op if isinstance(recompute.exclude_op, dict) else {}
-    out: list[str] = []
-    for pattern, ranges in spec.items():
-        for i in layer_ids(ranges):
-            path, layer = layers[i]
-            found = [(sub, cell, owner) for sub, cell in _matching(layer, str(pattern))
-                     if (owner := _owner(layer, sub)) is not None and checkpoint.of(cell) is None]
-            if not found:
-                raise ConfigError(message="recompute.exclude_op matches no cell inside a recomputed one",
-                                  problems=[Problem(path=f"recompute.exclude_op.{pattern}", message=(
-                                      f"layer {i} ({path}) has no cell matching {pattern!r} inside a cell that "
-                                      "recompute replays"), hint="name a sub-cell of a recomputed layer or module, "
-                                      "e.g. '*self_attention.linear_proj'")])
-            for sub, cell, owner in found:
-                checkpoint.exclude(cell, owner)
-                out.append(f"{path}.{sub}")
-    return out
-
-
-def _owner(layer: Any, sub: str) -> checkpoint.Checkpoint | None:
-    """The checkpoint of ``layer`` or of a cell on the path to ``layer.<sub>`` (not ``sub`` itself)."""
-    if checkpoint.of(layer) is not None:
-        return checkpoint.of(layer)
-    cells = dict(layer.cells_and_names())
-    parts = sub.split(".")
-    for k in range(len(parts) - 1, 0, -1):
-        ck = checkpoint.of(cells.get(".".join(parts[:k])))
-        if ck is not None:
-            return ck
-    return None
+    return done
 
 
 def _trains(cell: Any) -> bool:
     return any(p.requires_grad for p in cell.get_parameters())
+
+
+def _params(cell: Any) -> list:
+    return [p for p in cell.get_parameters() if p.requires_grad]
 
 
 def _matching(layer: Any, pattern: str) -> list[tuple[str, Any]]:

@@ -391,15 +391,13 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         from mftk.engine.parallel.pipeline_model import stage_chunks_of
 
         chunks = stage_chunks_of(config)
-    from mftk.engine.recompute import apply_recompute
+    from mftk.engine.recompute import replayed_layers
 
-    def recompute(m: Any) -> Any:
-        return apply_recompute(m, config.recompute, config.recompute_comm)
-
+    replay = replayed_layers(model, config.recompute, config.recompute_comm)
     par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks,
-                                          recompute=recompute))
+                                          fsdp_replay=replay))
     _log_parallel(par, layout, groups, p)
-    _log_recompute(par.recomputed, config)
+    _recompute(model, config)
     _release_freed_memory()
     dist = make_context(groups, par.table, list(model.trainable_params()), stage=par.stage, grad_sink=par.grad_sink)
     return model, dist
@@ -464,17 +462,15 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _log_recompute(applied: Any, config: Any) -> None:
-    """One start-up line for the ``recompute`` / ``recompute_comm`` sections (applied by `parallelize`, on several
-    processes as the reference does; `engine.recompute`)."""
-    done = applied.checkpointed if applied is not None else []
-    if not done:
-        return
-    log.info("Recompute (%s): %s replayed in the backward: %s", config.recompute.mode,
-             plural(len(done), "cell"), ", ".join(done[:8]) + (" ..." if len(done) > 8 else ""))
-    if applied.excluded:
-        log.info("Recompute exclude_op: %s not replayed (outputs kept): %s", plural(len(applied.excluded), "cell"),
-                 ", ".join(applied.excluded[:8]) + (" ..." if len(applied.excluded) > 8 else ""))
+def _recompute(model: Any, config: Any) -> None:
+    """The ``recompute`` / ``recompute_comm`` sections on the parallelized model (several processes, as the
+    reference applies them; `engine.recompute`)."""
+    from mftk.engine.recompute import apply_recompute
+
+    replayed = apply_recompute(model, config.recompute, config.recompute_comm)
+    if replayed:
+        log.info("Recompute (%s): %d cells replay their forward in the backward: %s", config.recompute.mode,
+                 len(replayed), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
 
 
 def _distributed() -> bool:

@@ -138,8 +138,8 @@ class Assumptions:
 # parallel/fsdp.py and state.py (issue 17):
 # - the fp32 weights are views of the optimizer's masters (no second copy: dist_master_shared);
 # - FSDP (parallel/fsdp.py): weights, the flat buffer and AdamW states all 1/F, and no framework grads beside
-#   the buffer (the units put theirs in it: GradSink); units keep their activations unless recompute checkpoints
-#   cells in them (full or selective, as without FSDP: the replays gather the unit's weights again); the largest unit's gathered
+#   the buffer (the units put theirs in it: GradSink); units keep their activations unless recompute selects
+#   their layer (a selected layer is replayed whole: "selective" counts as "full"); the largest unit's gathered
 #   weights, gathered again in the backward, and its full gradients are the transient "fsdp gathered" term
 #   ((2·4 + 4)·largest unit); expert weights are not FSDP-sharded. bench/memory.py's 220M runs (msrun workers
 #   with MALLOC_ENV, engine/launch.py): dp2 1.07, fsdp2 0.95 at seq 256, 1.03 / 1.08 at seq 1024 without / with
@@ -348,6 +348,8 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
     if stages is None:
         raise ValueError(f"layers cannot be split over pp={lay.pp}, interleave={lay.interleave}")
     recompute = inputs.recompute if lay.world > 1 else "none"  # the reference applies recompute only when world > 1
+    if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1 and recompute == "selective":
+        recompute = "full"  # FSDP replays a layer recompute selects whole (engine/recompute.replayed_layers)
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)

@@ -192,16 +192,15 @@ def test_recompute_and_swap_grammar():
     assert "[1, 1]" in found["swap.default_prefetch"] and "layers" in found["swap.layer_swap[0]"]
 
 
-def test_swap_and_recompute_with_dropout_are_refused():
-    """swap is never accepted and ignored; dropout is refused where recompute applies (world > 1); exclude_op's
-    2.1.0 form is accepted there (`engine.recompute` applies it)."""
+def test_swap_and_the_recompute_forms_mftk_does_not_build_are_refused():
+    """swap is never accepted and ignored; exclude_op and dropout are refused where recompute applies (world > 1)."""
     data = tiny()
     data["swap"] = {"enable": True}
     assert "not built" in errors(data)["swap.enable"] and "host memory" in errors(data)["swap.enable"]
     data = tiny()
     data["recompute"] = {"mode": "full", "full_recompute_layer": ["0-1"], "exclude_op": {"*linear_proj": ["0"]}}
     assert "exclude_op" not in errors(data)  # one process: recompute is not applied (a note says so)
-    assert errors(data, world_size=2) == {}
+    assert "not built" in errors(data, world_size=2)["recompute.exclude_op"]
     data = tiny()
     data["recompute"] = {"mode": "full", "full_recompute_layer": ["0-1"]}
     assert errors(data, world_size=2) == {}

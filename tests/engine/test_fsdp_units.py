@@ -1,8 +1,8 @@
 """FSDP units in one process (`parallel.fsdp`, a trivial FSDP group: each row block is the whole tensor), so the
 mechanism is checked without msrun: a unit that keeps its activations gives the gradients of the plain run
 (1e-6), never replays its forward, stores its gathered weights as handles (gathered once more in its backward,
-not kept), and puts its gradients straight into the trainer's flat buffer (`GradSink`); cells recompute
-checkpoints inside a unit replay with its weights gathered again. The msrun equality tests (tests/commands) check the
+not kept), and puts its gradients straight into the trainer's flat buffer (`GradSink`); a unit recompute
+selects replays instead (`recompute.replayed_layers`). The msrun equality tests (tests/commands) check the
 same against one process with real shards."""
 from __future__ import annotations
 
@@ -40,20 +40,17 @@ def _groups():
     return G()
 
 
-def _fsdp_model(cfg, recompute=None, prepare=lambda model: None):
+def _fsdp_model(cfg, replay=()):
     from mftk.engine.parallel import fsdp
-    from mftk.engine.recompute import apply_recompute
 
     model = build_model(cfg, seed=0)
-    prepare(model)
-    if recompute is not None:  # installed before FSDP, as parallelize does
-        apply_recompute(model, recompute)
     sink = fsdp.GradSink()
-    names = fsdp.apply_fsdp(model, _groups(), _Table(), sink=sink)
+    names = fsdp.apply_fsdp(model, _groups(), _Table(), replay=replay, sink=sink)
     return model, names, sink
 
 
 def test_kept_units_give_the_plain_gradients_without_replaying(rng):
+    from mftk.engine import units
     from mftk.engine.parallel import fsdp
 
     cfg = make_qwen3()
@@ -62,7 +59,7 @@ def test_kept_units_give_the_plain_gradients_without_replaying(rng):
     assert names == ["embedding", "output_layer"] + [f"decoder.layers.{i}" for i in range(cfg.num_hidden_layers)]
     cells = dict(model.cells_and_names())
     hooks = [fsdp.kept_hooks(cells[n]) for n in names if n != "output_layer"] + [fsdp.kept_hooks(model.loss)]
-    assert all(h is not None for h in hooks) 
+    assert all(h is not None for h in hooks) and not any(units.unit_of(c) for c in cells.values())
     regathers = []
     for h in hooks:  # count the backward's gathers: one per unit, and only there
         original = h._unpack
@@ -103,43 +100,23 @@ def test_kept_units_draw_the_plain_runs_dropout_masks(rng):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("section,replayed,excluded", [
-    (Section(mode="select", select_module={"mlp": ["1"]}, full_recompute_layer=["0"]),
-     ["decoder.layers.0", "decoder.layers.1.mlp"], []),
-    (Section(mode="full", full_recompute_layer=["0-1"], exclude_op={"*self_attention.linear_proj": ["0"],
-                                                                    "mlp.linear_fc2": ["1"]}),
-     ["decoder.layers.0", "decoder.layers.1"],
-     ["decoder.layers.0.self_attention.linear_proj", "decoder.layers.1.mlp.linear_fc2"]),
-])
-def test_recompute_inside_units_replays_with_the_weights_gathered_again(rng, section, replayed, excluded):
-    """Checkpoints inside FSDP units (select mode keeps its selection: only layer 1's MLP replays), their
-    replays reading the unit's weights gathered again, and excluded cells keeping their outputs."""
-    from mftk.engine import checkpoint
+def test_units_recompute_selects_replay(rng):
+    from mftk.engine import units
+    from mftk.engine.recompute import replayed_layers
 
     cfg = make_qwen3()
+    section = Section(mode="select", select_module={"mlp": ["1"]}, full_recompute_layer=["0"])
+    replay = replayed_layers(build_model(cfg, seed=0), section)
+    assert replay == {"decoder.layers.0", "decoder.layers.1"}
     plain = build_model(cfg, seed=0)
-    calls = {p: 0 for p in excluded}
-
-    def count_calls(model):  # of the cells' own forwards, beneath the exclusion
-        cells = dict(model.cells_and_names())
-        for p in excluded:
-            original = cells[p].construct
-
-            def counting(*a, p=p, original=original):
-                calls[p] += 1
-                return original(*a)
-            cells[p].construct = counting
-
-    model, _, _ = _fsdp_model(cfg, section, count_calls)
+    model, _, _ = _fsdp_model(cfg, replay)
     cells = dict(model.cells_and_names())
     args = _args(cfg, rng)
     (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
     np.testing.assert_allclose(lb, la, rtol=1e-6)
     for a, b in zip(ga, gb):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
-    assert sorted(p for p, c in cells.items() if checkpoint.of(c)) == replayed
-    assert [checkpoint.of(cells[p]).replays for p in replayed] == [1] * len(replayed)
-    assert calls == {p: 1 for p in excluded}  # run once: their outputs were kept, not replayed
+    assert [units.unit_of(cells[p]).replays for p in sorted(replay)] == [1, 1]
 
 
 def test_units_put_their_gradients_in_the_flat_buffer(rng):

@@ -228,7 +228,7 @@ def test_cpu_profile_multiprocess_terms_by_hand():
     full = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2, recompute="full"), MFTK_CPU).stages[0]
     sel = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2, recompute="selective"), MFTK_CPU).stages[0]
     assert acts.term("activations").value > full.term("activations").value  # units keep activations unless recompute
-    assert full.term("activations").value < sel.term("activations").value < acts.term("activations").value
+    assert sel.term("activations").value == full.term("activations").value  # a selected layer is replayed whole
     dp = estimate(Layout(world=2, dp_replicate=2), inputs(model, gbs=2), MFTK_CPU).stages[0]
     assert dp.term("weights").value == 4 * N and dp.term("optimizer").value == 8 * N
     assert dp.term("replaced weights").value == 4 * N

@@ -3,15 +3,18 @@
 block of its gradient, fp32 master and AdamW moments.
 
 Units (torchtitan's ``fully_shard`` per block): every transformer layer this pipeline stage holds (MTP layers
-included), the embedding, and the output layer (through the head loss). A unit's forward is differentiated as
-it is (`FsdpHooks.gathered`). Its weights come from `_GatherRows`, an all-gather whose backward is the
-reduce-scatter, and shadow the row blocks in their cells; when the forward ends they are freed — saved-tensor
-hooks store a handle in place of each, and the unit's backward gathers them once more when it first needs one
-(torch FSDP2's ``reshard_after_forward``). A cell recompute checkpoints inside a unit (`engine.checkpoint`,
-installed before FSDP so that its hooks sit inside the unit's) replays in the backward with the unit's weights
-gathered again (`FsdpHooks.regathered`).
+included), the embedding, and the output layer (through the head loss). Two kinds:
 
-The full gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an
+- kept (the default, `FsdpHooks.gathered`): the unit's forward is differentiated as it is and keeps its
+  activations. Its weights come from `_GatherRows`, an all-gather whose backward is the reduce-scatter, and
+  shadow the row blocks in their cells; when the forward ends they are freed — saved-tensor hooks store a
+  handle in place of each, and the unit's backward gathers them once more when it first needs one (torch
+  FSDP2's ``reshard_after_forward``);
+- replayed (the layers recompute selects, `recompute.replayed_layers`): a `units.ReplayedUnit` whose weights
+  are gathered into full-shape Parameters standing in for the row blocks for its forward and again for its
+  replay in the backward; it keeps no activations inside it.
+
+Either way the full gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an
 in-place all-reduce of each gradient, or of a pack of small ones, and a slice, mindspore-cpu.md §4) — and
 the blocks go straight into the trainer's flat gradient buffer (`GradSink`), so the model never holds more than one unit's full weights
 and gradients.
@@ -28,17 +31,17 @@ tokens), averaged over dp×cp, cut to this rank's rows.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from mftk.engine import checkpoint, units
+from mftk.engine import units
 from mftk.engine.parallel import comm
 
 
-class FsdpHooks:
-    """Gather / reduce-scatter of one unit's sharded parameters (``sharded`` is a subset of ``params``)."""
+class FsdpHooks(units.UnitHooks):
+    """Gather / free / reduce-scatter of one unit's sharded parameters (``sharded`` is a subset of ``params``)."""
 
     def __init__(self, params: Sequence[Parameter], sharded: Sequence[Parameter], groups: Any,
                  tp_whole: Sequence[bool], owners: Sequence[Any] = (), sink: "GradSink | None" = None) -> None:
@@ -50,15 +53,56 @@ class FsdpHooks:
         self.tp_whole = [w for w, on in zip(tp_whole, self.mask) if on]
         self.groups = groups
         self.slots = [[(c, k) for c in owners for k, v in c._params.items() if v is p] for p in self.sharded]
-        self.depth = 0  # nested calls of the unit inside its own forward gather only at the outermost
-        # the gather cell, the live gathered weights by storage, and the weights the backward gathered again
+        self.full: list[Parameter] = []  # one full-shape stand-in per sharded one (one row while not gathered)
+        self.depth = 0  # nested gathers (a unit called inside another's replay) free only at the outermost
+        # the kept-activations path (`gathered`): the gather cell, the live gathered weights by storage, and the
+        # weights the backward gathered again
         self._gather_cell = _GatherRows(self)
         self._at_gather, self._live, self._live_full, self._again = False, {}, (), None
 
+    # ------------------------------------------------------------------ weights
+    def gather(self) -> None:
+        """All-gather the unit's row blocks (one message) into the full-shape Parameters that stand in for them
+        in their cells while the unit runs."""
+        self.depth += 1
+        if self.depth > 1 or not self.sharded:
+            return
+        if not self.full:
+            self.full = [_placeholder(p, self.groups.fsdp.size) for p in self.sharded]
+        gathered = comm.all_gather_rows_many([p.asnumpy() for p in self.sharded], self.groups.fsdp)
+        for full, whole, slots in zip(self.full, gathered, self.slots):
+            full.set_data(Tensor.from_numpy(whole))
+            for cell, key in slots:
+                cell._params[key] = full  # noqa: SLF001 — the cell's parameter registry
+
+    def free(self) -> None:
+        """The row blocks back in their cells; the full-shape Parameters keep one row (their memory is freed)."""
+        self.depth -= 1
+        if self.depth > 0 or not self.sharded:
+            return
+        for p, full, slots in zip(self.sharded, self.full, self.slots):
+            for cell, key in slots:
+                cell._params[key] = p  # noqa: SLF001
+            full.set_data(_one_row(p))
+
+    def weights(self, params: list[Parameter]) -> list[Parameter]:
+        swap = {id(p): f for p, f in zip(self.sharded, self.full)}
+        return [swap.get(id(p), p) for p in params]
+
     # ------------------------------------------------------------------ gradients
+    def reduce(self, grads: list[Tensor]) -> list[Tensor]:
+        """Full gradients of ``params`` → the sharded ones summed over TP where whole, averaged over dp×cp and
+        cut to this rank's rows (`reduce_sharded`); the others unchanged (synchronised after the step)."""
+        idx = [i for i, on in enumerate(self.mask) if on]
+        if not idx:
+            return grads
+        out = list(grads)
+        for i, t in zip(idx, self.reduce_sharded([grads[i] for i in idx])):
+            out[i] = t
+        return out
+
     def reduce_sharded(self, full: list) -> list[Tensor]:
-        """Full gradients of the ``sharded`` parameters → this rank's rows, summed over TP where whole and averaged
-        over dp×cp: one tensor (or pack) at a time,
+        """Full gradients of the ``sharded`` parameters → this rank's rows (`reduce`): one tensor (or pack) at a time,
         reduced in its own memory (the framework's gradient, a numpy view) and its block copied out, so no
         concatenated copy of the unit's gradients exists beside them; tensors smaller than a message go
         together (`comm.packs`: at most one message of copies beside them)."""
@@ -83,7 +127,7 @@ class FsdpHooks:
             del arrays
         return out
 
-    # ------------------------------------------------------------------ the unit's forward and backward
+    # ------------------------------------------------------------------ kept activations (no replay)
     @contextmanager
     def gathered(self) -> Iterator[tuple]:
         """The unit's forward differentiated as it is (its activations kept for the backward) on its weights
@@ -137,26 +181,6 @@ class FsdpHooks:
             self._again = [Tensor.from_numpy(a) for a in
                            comm.all_gather_rows_many([p.asnumpy() for p in self.sharded], self.groups.fsdp)]
         return self._again[packed[1]]
-
-
-    @contextmanager
-    def regathered(self) -> Iterator[tuple[list, Any]]:
-        """The unit's weights gathered again, for the replay of a cell recompute checkpoints inside the unit
-        (`engine.checkpoint`, in the backward), and ``bind(tensors)``, which makes them (or the replay's own
-        inputs standing for them) shadow the row blocks in their cells until the replay ends."""
-        full = [Tensor.from_numpy(a) for a in
-                comm.all_gather_rows_many([p.asnumpy() for p in self.sharded], self.groups.fsdp)]
-
-        def bind(tensors) -> None:
-            for t, slots in zip(tensors, self.slots):
-                for cell, key in slots:
-                    object.__setattr__(cell, key, t)
-        try:
-            yield full, bind
-        finally:
-            for slots in self.slots:
-                for cell, key in slots:
-                    cell.__dict__.pop(key, None)
 
 
 class GradSink:
@@ -229,6 +253,19 @@ class _GatherRows(nn.Cell):
         return tuple(grads)
 
 
+def _placeholder(p: Parameter, size: int) -> Parameter:
+    """The full-shape stand-in of row block ``p``: created with the full shape (MindSpore checks a gradient
+    against the shape a Parameter was created with), then holding one row until a gather fills it."""
+    full = Parameter(Tensor(np.zeros((p.shape[0] * size,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype),
+                     name=p.name)
+    full.set_data(_one_row(p))
+    return full
+
+
+def _one_row(p: Parameter) -> Tensor:
+    return Tensor(np.zeros((1,) + tuple(p.shape[1:]), np.float32), dtype=p.dtype)
+
+
 # ------------------------------------------------------------------------------------ applying
 def unit_cells(model: Any) -> list[tuple[str, Any, str, list]]:
     """``(name, cell, kind, params)`` of every FSDP unit of the model, on every rank alike (``params``: every
@@ -255,11 +292,12 @@ def shardable(model: Any, table: Any) -> set[str]:
             if p.name in table and table[p.name].trainable and len(table[p.name].stages) == 1}
 
 
-def apply_fsdp(model: Any, groups: Any, table: Any, sink: GradSink | None = None) -> list[str]:
+def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = (),
+               sink: GradSink | None = None) -> list[str]:
     """Cut every FSDP-split parameter (the table's ``fsdp`` rows) to this rank's block and make every unit
-    this rank trains gather it for its forward and its backward (`FsdpHooks.gathered`), and again for the
-    replays of the cells recompute checkpoints inside it (`FsdpHooks.regathered`). Returns the names of the
-    units installed."""
+    this rank trains gather it for its forward and its backward: the units named in ``replay`` (the layers
+    recompute selects, `recompute.replayed_layers`) replay their forward in the backward (`units.ReplayedUnit`),
+    the others keep their activations (`FsdpHooks.gathered`). Returns the names of the units installed."""
     size, rank = groups.fsdp.size, groups.fsdp.rank
     installed = []
     for name, cell, kind, params in unit_cells(model):
@@ -275,9 +313,10 @@ def apply_fsdp(model: Any, groups: Any, table: Any, sink: GradSink | None = None
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
         hooks = FsdpHooks(params, sharded, groups, tp_whole, owners, sink)
-        _keep(cell, kind, hooks)
-        for ck in checkpoint.within(cell):
-            ck.around_replay = hooks.regathered
+        if name in replay:
+            units.install(cell, kind, params, hooks, name=name)
+        else:
+            _keep(cell, kind, hooks)
         installed.append(name)
     return installed
 

@@ -48,9 +48,7 @@ class ParallelDims:
     groups: Any  # groups.ParallelGroups
     ulysses: int = 1  # the all-to-all degree inside CP: 1 colossal, cp ulysses, in between hybrid
     stage_chunks: Any = None  # [rank][chunk] -> decoder layer ids, under PP (`derive.stage_chunks`)
-    # installs activation recompute on the cut model (`engine.recompute`) before FSDP wraps its units around
-    # the layers, so that the checkpoints' hooks sit inside the units' gathers; returns what it installed
-    recompute: Any = None
+    fsdp_replay: frozenset = frozenset()  # FSDP units that replay their forward (recompute's layers)
 
 
 @attrs.frozen
@@ -59,7 +57,6 @@ class Parallelized:
     table: PlacementTable
     stage: Any = None  # pipeline_model.StageModel under PP
     grad_sink: Any = None  # fsdp.GradSink under FSDP: the units put their gradients in the trainer's buffer
-    recomputed: Any = None  # what ``dims.recompute`` installed
 
 
 def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
@@ -80,14 +77,13 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
         from mftk.engine.parallel.pipeline_model import StageModel
 
         stage = StageModel(model, dims.stage_chunks, g.pp.rank, table)
-    recomputed = dims.recompute(model) if dims.recompute is not None else None
     if g.fsdp.size > 1:
         from mftk.engine.parallel import fsdp
 
         table.add_fsdp_rows(g.fsdp.size, axis_sizes(g), only=fsdp.shardable(model, table))
         sink = fsdp.GradSink()
-        fsdp.apply_fsdp(model, g, table, sink)
-    return Parallelized(model=model, table=table, stage=stage, grad_sink=sink, recomputed=recomputed)
+        fsdp.apply_fsdp(model, g, table, dims.fsdp_replay, sink)
+    return Parallelized(model=model, table=table, stage=stage, grad_sink=sink)
 
 
 def rename_parameters(model: Any) -> None:
