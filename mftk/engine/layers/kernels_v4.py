@@ -15,6 +15,10 @@ from .kernels import _bmm, _bmm_nt, _bmm_tn, _rowsum, _softmax, _tile
 
 _masked_fill = ops.MaskedFill()
 _exp = ops.Exp()
+# primitives, not ``ops.minimum``/``ops.clip_by_value``: `ClampedSiluMulFn` calls them in its construct and its
+# bprop, which fails to compile under ``mindspore.jit`` when they are Python functions (as `_table_tiler`)
+_minimum = ops.Minimum()
+_maximum = ops.Maximum()
 MASKED = -1e30  # finite: exp(MASKED − m) is exactly 0 in fp32, and a row never turns NaN
 
 
@@ -131,12 +135,12 @@ class ClampedSiluMulFn(nn.Cell):
         self.limit = float(limit)
 
     def construct(self, gate, up):
-        g = ops.minimum(gate, self.limit)
-        return mint.nn.functional.silu(g) * ops.clip_by_value(up, -self.limit, self.limit)
+        g = _minimum(gate, self.limit)
+        return mint.nn.functional.silu(g) * _minimum(_maximum(up, -self.limit), self.limit)
 
     def bprop(self, gate, up, out, dout):
-        g = ops.minimum(gate, self.limit)
-        u = ops.clip_by_value(up, -self.limit, self.limit)
+        g = _minimum(gate, self.limit)
+        u = _minimum(_maximum(up, -self.limit), self.limit)
         sg = mint.sigmoid(g)
         keep_g = (gate <= self.limit).astype(gate.dtype)
         keep_u = (ops.abs(up) <= self.limit).astype(up.dtype)
