@@ -177,6 +177,24 @@ def test_compressor_forward_and_gradients(rng, gradcheck, ratio, overlap):
     gradcheck(lambda: (c(px, table) * wt).sum(), [px, c.linear_wkv.weight, c.linear_wgate.weight, c.ape], rng)
 
 
+@pytest.mark.parametrize("s,window", [(512, 128), (32, 6), (24, 6), (64, 16), (40, 3), (30, 30), (7, 4)])
+def test_local_blocks_cover_every_window_key(s, window):
+    """Each block's key span holds every key its queries may see (``p − window < k ≤ p``), fewer than S."""
+    from mftk.engine.layers.csa import local_blocks
+
+    blocks = local_blocks(s, window)
+    if blocks is None:  # no block of >= window - 1 queries divides S with fewer than S keys
+        assert (s, window) in {(30, 30), (7, 4)}
+        return
+    c, m = blocks
+    assert s % c == 0 and (m + 1) * c < s
+    p = np.arange(s)
+    first_key = (p // c - m) * c  # the span of query p's block: [(i − m)·c, (i + 1)·c)
+    assert np.all(first_key <= p - window + 1) and np.all((p // c + 1) * c > p)
+    if s >= 128:
+        assert (m + 1) * c <= 2 * window  # on real shapes the span is near the window, not S
+
+
 def _attention(cfg, layer_id):
     from mftk.engine.models.deepseek_v4.spec import _attention as spec
 

@@ -118,8 +118,14 @@ def attr_evolve(cfg, **kw):
     return attrs.evolve(cfg, **kw)
 
 
-def test_deepseek_v4_logits_loss_and_mtp_match_hf(tmp_path, rng, tiny_dsv4):
-    cfg = tiny_dsv4()
+@pytest.mark.parametrize("window", [6, 16], ids=["local_blocks", "dense"])
+def test_deepseek_v4_logits_loss_and_mtp_match_hf(tmp_path, rng, tiny_dsv4, window):
+    """Logits, loss and MTP logits as transformers'; the core attention per block of queries over the keys
+    before it (window 6 at S = 32) and over the whole sequence (window 16: blocks would save nothing)."""
+    from mftk.engine.layers.csa import local_blocks
+
+    cfg = tiny_dsv4(csa_window_size=window)
+    assert (local_blocks(cfg.seq_length, window) is None) == (window == 16)
     model = build_model(cfg, seed=3)
     _randomise(model, cfg, rng)
     tensors = v4_sd.mf_to_hf(state_dict(model), cfg)

@@ -15,6 +15,10 @@ from .kernels import _bmm, _bmm_nt, _bmm_tn, _rowsum, _softmax, _tile
 
 _masked_fill = ops.MaskedFill()
 _exp = ops.Exp()
+# primitives, not ``ops.minimum``/``ops.clip_by_value``: `ClampedSiluMulFn` calls them in its construct and its
+# bprop, which fails to compile under ``mindspore.jit`` when they are Python functions (as `_table_tiler`)
+_minimum = ops.Minimum()
+_maximum = ops.Maximum()
 MASKED = -1e30  # finite: exp(MASKED − m) is exactly 0 in fp32, and a row never turns NaN
 
 
@@ -131,12 +135,12 @@ class ClampedSiluMulFn(nn.Cell):
         self.limit = float(limit)
 
     def construct(self, gate, up):
-        g = ops.minimum(gate, self.limit)
-        return mint.nn.functional.silu(g) * ops.clip_by_value(up, -self.limit, self.limit)
+        g = _minimum(gate, self.limit)
+        return mint.nn.functional.silu(g) * _minimum(_maximum(up, -self.limit), self.limit)
 
     def bprop(self, gate, up, out, dout):
-        g = ops.minimum(gate, self.limit)
-        u = ops.clip_by_value(up, -self.limit, self.limit)
+        g = _minimum(gate, self.limit)
+        u = _minimum(_maximum(up, -self.limit), self.limit)
         sg = mint.sigmoid(g)
         keep_g = (gate <= self.limit).astype(gate.dtype)
         keep_u = (ops.abs(up) <= self.limit).astype(up.dtype)
@@ -149,31 +153,38 @@ class SinkhornFn(nn.Cell):
     tiny and the ~4·iters MindSpore ops of the plain loop (and their autodiff) cost more than the math.
     The host works on the ``(n, n, N)`` layout: NumPy's sums and broadcasts over a short trailing axis are
     ~10× slower than over the long one (same additions in the same order, so the same bits).
-    Returns ``(matrix, trace)``; the trace (softmax and every normalisation's input, ``(·, n, n, N)``) only
-    carries the forward to the backward, which replays the normalisations in reverse."""
+    Returns ``(matrix, softmax)``; the softmax ``(n, n, N)`` only carries the forward to the backward, which
+    replays the normalisations from it (the same ops, so the same inputs as the forward's; cheaper than
+    carrying all ``2·iters`` of them to the backward as one stacked tensor) and then walks them in reverse."""
 
     def __init__(self, iters: int, eps: float) -> None:
         super().__init__()
         self.iters, self.eps = int(iters), np.float32(eps)
         self.axes = [0] + [1, 0] * (self.iters - 1)  # columns, then (rows, columns): axes of (n, n, N)
 
+    def _normalise(self, p: np.ndarray, inputs: list | None = None) -> np.ndarray:
+        """The normalisations from the softmax ``p``; each one's input appended to ``inputs`` when given."""
+        x = p + self.eps
+        for axis in self.axes:
+            if inputs is not None:
+                inputs.append(x)
+            x = x / (x.sum(axis, keepdims=True) + self.eps)
+        return x
+
     def construct(self, logits):
         z = np.ascontiguousarray(logits.asnumpy().transpose(1, 2, 0))  # (n, n, N)
         e = np.exp(z - z.max(1, keepdims=True))
         p = e / e.sum(1, keepdims=True)
-        trace = [p]
-        x = p + self.eps
-        for axis in self.axes:
-            trace.append(x)
-            x = x / (x.sum(axis, keepdims=True) + self.eps)
-        return Tensor(np.ascontiguousarray(x.transpose(2, 0, 1))), Tensor(np.stack(trace))
+        x = self._normalise(p)
+        return Tensor(np.ascontiguousarray(x.transpose(2, 0, 1))), Tensor(p)
 
     def bprop(self, logits, out, dout):
-        trace = out[1].asnumpy()
+        p = out[1].asnumpy()
+        inputs: list = []
+        self._normalise(p, inputs)
         g = np.ascontiguousarray(dout[0].asnumpy().transpose(1, 2, 0))
-        for x, axis in zip(trace[:0:-1], reversed(self.axes)):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
+        for x, axis in zip(reversed(inputs), reversed(self.axes)):  # y = x / (S + ε): dx = g/(S+ε) − Σ(g·x)/(S+ε)²
             d = x.sum(axis, keepdims=True) + self.eps
             g = g / d - (g * x).sum(axis, keepdims=True) / (d * d)
-        p = trace[0]
         dz = p * (g - (g * p).sum(1, keepdims=True))
         return (Tensor(np.ascontiguousarray(dz.transpose(2, 0, 1)).astype(np.float32)),)

@@ -194,12 +194,28 @@ class SharedExpertMLP(MLP):
     def __init__(self, hidden_size: int, ffn_hidden_size: int, *, gated: bool = False) -> None:
         super().__init__(hidden_size, ffn_hidden_size)
         self.shared_experts_gate = Linear(hidden_size, 1) if gated else None
+        self._ffn = self.ffn  # compiled by `compile`
 
     def construct(self, x):
-        y = super().construct(x)
+        return self._ffn(x)
+
+    def ffn(self, x):
+        y = self.linear_fc2(self.act(*self.linear_fc1(x)))
         if self.shared_experts_gate is not None:
             y = y * mint.sigmoid(self.shared_experts_gate(x))
         return y
+
+    def compile(self) -> None:
+        """`ffn` under ``mindspore.jit`` (DeepSeek-V4's `hyper.HyperConnectionTransformerLayer.compile`): a dense
+        SwiGLU, so nothing in it syncs with the host."""
+        import mindspore as ms
+
+        cell = self  # a plain function over the cell, as `csa.DeepseekV4Attention.compile_projections` does
+
+        def ffn(x):
+            return cell.ffn(x)
+
+        self._ffn = ms.jit(ffn)
 
 
 class MoELayer(nn.Cell):
