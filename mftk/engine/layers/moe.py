@@ -200,7 +200,7 @@ class SharedExpertMLP(MLP):
         return self._ffn(x)
 
     def ffn(self, x):
-        y = self.linear_fc2(self.act(*self.linear_fc1(x)))
+        y = MLP.construct(self, x)  # the plain MLP (not super(): it does not compile under jit)
         if self.shared_experts_gate is not None:
             y = y * mint.sigmoid(self.shared_experts_gate(x))
         return y
