@@ -146,7 +146,10 @@ class Assumptions:
 #   full recompute. Under FSDP the row blocks share_masters replaces are freed at start-up (the 220M fsdp2
 #   worker's RSS once the optimizer is built: baseline + weights + flat buffer + 35 MiB), yet its steps hold
 #   about as much again above the other terms (linear_fc1's gate/up row copies, 22 MiB per kept layer, are 264
-#   of its 419 MiB); "replaced weights" stands for that until it is modelled on its own;
+#   of its 419 MiB). Those row copies are now their own term ("gate/up rows": fc1's gathered rows, saved by
+#   its matmuls, full size in every layer keeping its activations); the `--multi` fsdp2 point measured
+#   13.9 MiB per layer against 11.3 estimated without it (L2/L8/L12 sweep, 2026-12), 12.8 with it;
+#   "replaced weights" still stands for the rest;
 # - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy of the gradient), but
 #   MindSpore's CPU collectives keep ~2.5 messages of buffers once one ran (the `--multi` dp2 point measures
 #   +40 MiB over the same states); TP/EP pack the parts they sum (1 copy);
@@ -453,6 +456,8 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
                           {"N": int(local), "F": fsdp}))
     else:
         terms.append(_gathered_term(n, lay, inputs, asm, p, fsdp, efsdp))
+        if asm.fsdp_units and fsdp > 1:
+            terms.append(_gate_up_rows_term(cfg, lay, ids, p, recompute))
     terms += _activation_terms(cfg, lay, inputs, asm, stage, ids, m, recompute, first, last)
     if asm.overhead_bytes:
         terms.append(Term("overhead", asm.overhead_bytes, "constant per process (measured runtime baseline)",
@@ -503,6 +508,22 @@ def _gathered_term(n, lay: Layout, inputs: PlanInputs, asm: Assumptions, p: int,
     return Term("fsdp gathered", (asm.gather_buffers * p + 4) * largest,
                 "(buffers·p + 4)·largest_unit  [gathered + prefetched unit, its unsharded fp32 grad]",
                 {"largest_unit": int(largest), "buffers": asm.gather_buffers, "p": p})
+
+
+def _gate_up_rows_term(cfg, lay: Layout, ids: list[int], p: int, recompute: str) -> Term:
+    """The gate and up row blocks `GateUpLinear` gathers from ``linear_fc1``'s weight are saved by its two
+    matmuls for the backward, so every layer that keeps its activations holds a full-size copy of its fc1
+    weight even when FSDP shards the Parameter (the units' handles cover the Parameters only). Without FSDP
+    the fitted terms already hold them (the dp2 and single-process fits were measured with them), so the
+    term is FSDP's only (the `--multi` sweep's fsdp2 slope per layer; see MFTK_CPU's notes)."""
+    pattern = cfg.moe_layer_pattern()
+    H, gated = cfg.hidden_size, 2 if cfg.gated_linear_unit else 1
+    widths = [cfg.moe_shared_expert_intermediate_size_resolved() or 0 if pattern[i] else cfg.ffn_hidden_size()
+              for i in ids]
+    kept = max(widths, default=0) if recompute == "full" else sum(widths)   # full: one layer replays at a time
+    return Term("gate/up rows", p * gated * kept * H / lay.tp,
+                "p·(2F·H)/tp per layer keeping its activations  [fc1's gathered rows, saved by its matmuls]",
+                {"F_kept": int(kept), "H": H, "p": p, "recompute": recompute})
 
 
 def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, ids: list[int], m: int,

@@ -229,11 +229,16 @@ def test_cpu_profile_multiprocess_terms_by_hand():
     sel = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2, recompute="selective"), MFTK_CPU).stages[0]
     assert acts.term("activations").value > full.term("activations").value  # units keep activations unless recompute
     assert sel.term("activations").value == full.term("activations").value  # a selected layer is replayed whole
+    fc1 = 2 * model.intermediate_size * model.hidden_size           # gate and up rows of one layer
+    assert acts.term("gate/up rows").value == 4 * fc1 * 2            # both layers keep their fc1 row copies
+    assert full.term("gate/up rows").value == 4 * fc1                # one layer replays at a time
+    assert sel.term("gate/up rows").value == 4 * fc1
     dp = estimate(Layout(world=2, dp_replicate=2), inputs(model, gbs=2), MFTK_CPU).stages[0]
     assert dp.term("weights").value == 4 * N and dp.term("optimizer").value == 8 * N
     assert dp.term("replaced weights").value == 4 * N
     assert "gradient sync" not in [t.name for t in dp.terms] and "cut build" not in [t.name for t in dp.terms]
     assert dp.term("fsdp gathered").value == 0
+    assert "gate/up rows" not in [t.name for t in dp.terms]          # the dp fit holds them
     assert dp.term("collective buffers").value == 2.5 * 4 * N          # 2.5 messages, the gradient < 16 MiB
     assert "collective buffers" not in [t.name for t in fsdp.terms]    # the units reduce-scatter
     big = estimate(Layout(world=2, dp_replicate=2), inputs(tiny_qwen3(vocab_size=3_000_000), gbs=2), MFTK_CPU)
