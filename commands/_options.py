@@ -6,8 +6,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from commands._argspec import JSON_HELP
+
 ConfigArg = Annotated[Path, typer.Argument(help="Training YAML (MindSpore Transformers PyNative format).", show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON result on stdout.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 SetOpt = Annotated[
     Optional[list[str]],
     typer.Option("--set", metavar="KEY=VALUE",

@@ -8,13 +8,12 @@ Each command imports the library (and MindSpore, for the engine) inside its body
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 from typing import Annotated, Optional
 
 import typer
 import typer.core
 
+from commands.entry import main as entry_main
 from mftk import __version__
 
 # (module in commands/, CLI name, help panel) — the module defines a function named like the module.
@@ -67,21 +66,12 @@ class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):  # type: ignore[no-untyped-def]
-        from commands._plain import EXIT_PIPE_CLOSED, silence_stdout
-        from mftk.errors import MftkError
+        from commands.entry import CommandFailed, guarded
 
         try:
-            return super().invoke(ctx)
-        except BrokenPipeError:  # `mftk … | head -1`: the reader left; stop quietly, as Unix tools do
-            silence_stdout()
-            raise typer.Exit(EXIT_PIPE_CLOSED) from None
-        except (MftkError, KeyboardInterrupt) as exc:  # anything else is a bug: its traceback is the report
-            from commands._errors import handle  # Rich: only when there is an error to render
-
-            code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
-            if code is None:
-                raise
-            raise typer.Exit(code) from None
+            return guarded(lambda: super(MftkGroup, self).invoke(ctx))
+        except CommandFailed as failed:
+            raise typer.Exit(failed.code) from None
 
 
 app = typer.Typer(
@@ -121,6 +111,10 @@ def _build(module_name: str, cli_name: str, panel: str):  # type: ignore[no-unty
     from typer.models import CommandInfo
 
     module = importlib.import_module(f"commands.{module_name}")
+    if hasattr(module, "OPTIONS"):  # options described as data (`commands._argspec`)
+        from commands._argspec import typer_signature
+
+        typer_signature(getattr(module, module_name), module.OPTIONS)
     info = CommandInfo(name=cli_name, cls=MftkCommand, rich_help_panel=panel, callback=getattr(module, module_name),
                        epilog=getattr(module, "EPILOG", None),
                        context_settings=getattr(module, "CONTEXT_SETTINGS", None))
@@ -128,32 +122,7 @@ def _build(module_name: str, cli_name: str, panel: str):  # type: ignore[no-unty
                                  rich_markup_mode=app.rich_markup_mode)
 
 
-def main() -> None:
-    """Console entry point; library errors are mapped to exit codes by `MftkGroup.invoke`.
-
-    A command that finished and asked for it (`commands._plain.skip_teardown`) ends the process at
-    once (``os._exit``) after stdout and stderr are flushed: nothing is left to write by then.
-    """
-    plain = sys.modules.get("commands._plain")  # not imported here: `mftk --version` stays light
-    if plain is not None:
-        plain.reset_teardown()  # a request from an earlier in-process invocation is not this one's
-    try:
-        app()
-    except SystemExit as exc:
-        plain = sys.modules.get("commands._plain")
-        if exc.code in (0, None) and plain is not None and plain.teardown_skippable() and _flushed():
-            os._exit(0)
-        raise
-
-
-def _flushed() -> bool:
-    """stdout and stderr flushed (False if that fails: the normal exit then reports it)."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        return False
-    return True
+main = entry_main  # the console entry point lives in `commands.entry` (no Typer import before it is needed)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Optional
 
-import typer
-
-from commands._options import JsonOpt
+from commands._argspec import JSON_OPT, Opt
 
 EPILOG = """Examples:
 
@@ -27,51 +25,54 @@ EPILOG = """Examples:
 """
 
 
+# Typer builds the command from this table (`commands._argspec.typer_signature`), and `mftk preprocess` with a
+# plain argv is parsed from it without importing Typer (`commands._argspec.parse`, from `commands.entry`).
+OPTIONS: dict[str, Opt] = {
+    "input": Opt(("--input", "-i"), str, "JSONL / JSON array file, gzip allowed; globs allowed (quote them). "
+                 "NAME=PATH puts it in input group NAME (one output prefix per group). Repeatable.", many=True,
+                 required=True, show_default=False),
+    "output_prefix": Opt(("--output-prefix", "-o"), str, "Outputs are <prefix>[_<NAME>]_<key>_document.{bin,idx}; "
+                         "with --merge, the exact output prefix.", required=True, show_default=False),
+    "tokenizer": Opt(("--tokenizer", "-t"), Path, "Hugging Face tokenizer.json or the directory holding it (never "
+                     "downloaded)."),
+    "json_keys": Opt(("--json-keys",), str, "JSON key(s) holding the text (repeatable; default text).", many=True),
+    "append_eod": Opt(("--append-eod",), bool, "Append the EOD id after each non-empty document (almost always "
+                      "wanted).", default=False),
+    "eod_token": Opt(("--eod-token",), str, "Token used as EOD (default: tokenizer_config eos_token, else "
+                     "<|endoftext|> or </s>)."),
+    "workers": Opt(("--workers", "-w"), int, "Tokenizer threads (default: all cores).", min=1),
+    "compat": Opt(("--compat",), str, "megatron: uint16 below vocab 65500, empty docs dropped; mindformers: int32, "
+                  "empty text kept as a zero-length sequence.", default="megatron"),
+    "on_error": Opt(("--on-error",), str, "fail: stop at the first bad line; skip: list it in <prefix>.rejects.jsonl "
+                    "and go on.", default="fail"),
+    "max_errors": Opt(("--max-errors",), int, "With --on-error skip: stop after this many bad lines.", min=0),
+    "weights": Opt(("--weights",), str, "Comma-separated weight per input group for the printed data_path (default: "
+                   "proportional to tokens)."),
+    "merge": Opt(("--merge",), bool, "Concatenate the existing prefixes given as --input.", default=False),
+    "resume": Opt(("--resume",), bool, "Continue an interrupted run from its last completed input file.",
+                  default=False),
+    "format": Opt(("--format",), str, "megatron: .bin/.idx for BlendedMegatronDatasetDataLoader; mindrecord: "
+                  "<prefix>_<key>.mindrecord for MindDataset (documents concatenated and cut into seq_length+1-token "
+                  "samples; the last partial sample is dropped).", default="megatron"),
+    "seq_length": Opt(("--seq-length",), int, "With --format mindrecord (required): the model's seq_length; each "
+                      "record holds seq_length + 1 tokens.", min=1),
+    "tokenizer_backend": Opt(("--tokenizer-backend",), str, "auto: gigatoken when its ids equal HF tokenizers' on a "
+                             "sample of the input and edge cases (checked at start), else hf; gigatoken: require it; "
+                             "hf: HF tokenizers only.", default="auto"),
+    "num_shards": Opt(("--num-shards",), int, "Split every input group into N shards (by file and by byte range at "
+                      "line ends) and process one; --merge the N outputs in order.", min=1),
+    "shard_index": Opt(("--shard-index",), int, "Which shard this run processes, 0 to N-1 (with --num-shards).",
+                       min=0),
+    "json_out": JSON_OPT,
+}
+
+
 def preprocess(
-    input: Annotated[list[str], typer.Option("--input", "-i", help="JSONL / JSON array file, gzip allowed; globs "
-                                             "allowed (quote them). NAME=PATH puts it in input group NAME "
-                                             "(one output prefix per group). Repeatable.", show_default=False)],
-    output_prefix: Annotated[str, typer.Option("--output-prefix", "-o", help="Outputs are <prefix>[_<NAME>]_<key>"
-                                               "_document.{bin,idx}; with --merge, the exact output prefix.",
-                                               show_default=False)],
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", "-t", help="Hugging Face tokenizer.json "
-                                                      "or the directory holding it (never downloaded).")] = None,
-    json_keys: Annotated[Optional[list[str]], typer.Option("--json-keys", help="JSON key(s) holding the text "
-                                                           "(repeatable; default text).")] = None,
-    append_eod: Annotated[bool, typer.Option("--append-eod", help="Append the EOD id after each non-empty "
-                                             "document (almost always wanted).")] = False,
-    eod_token: Annotated[Optional[str], typer.Option("--eod-token", help="Token used as EOD (default: "
-                                                     "tokenizer_config eos_token, else <|endoftext|> or </s>).")] = None,
-    workers: Annotated[Optional[int], typer.Option("--workers", "-w", min=1, help="Tokenizer threads "
-                                                   "(default: all cores).")] = None,
-    compat: Annotated[str, typer.Option("--compat", help="megatron: uint16 below vocab 65500, empty docs dropped; "
-                                        "mindformers: int32, empty text kept as a zero-length sequence.")] = "megatron",
-    on_error: Annotated[str, typer.Option("--on-error", help="fail: stop at the first bad line; skip: list it in "
-                                          "<prefix>.rejects.jsonl and go on.")] = "fail",
-    max_errors: Annotated[Optional[int], typer.Option("--max-errors", min=0, help="With --on-error skip: stop "
-                                                      "after this many bad lines.")] = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="Comma-separated weight per input group for "
-                                                   "the printed data_path (default: proportional to tokens).")] = None,
-    merge: Annotated[bool, typer.Option("--merge", help="Concatenate the existing prefixes given as --input.")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last completed "
-                                         "input file.")] = False,
-    format: Annotated[str, typer.Option("--format", help="megatron: .bin/.idx for BlendedMegatronDatasetDataLoader; "
-                                        "mindrecord: <prefix>_<key>.mindrecord for MindDataset (documents "
-                                        "concatenated and cut into seq_length+1-token samples; the last partial "
-                                        "sample is dropped).")] = "megatron",
-    seq_length: Annotated[Optional[int], typer.Option("--seq-length", min=1, help="With --format mindrecord "
-                                                      "(required): the model's seq_length; each record holds "
-                                                      "seq_length + 1 tokens.")] = None,
-    tokenizer_backend: Annotated[str, typer.Option("--tokenizer-backend", help="auto: gigatoken when its ids equal "
-                                                   "HF tokenizers' on a sample of the input and edge cases (checked "
-                                                   "at start), else hf; gigatoken: require it; hf: HF tokenizers "
-                                                   "only.")] = "auto",
-    num_shards: Annotated[Optional[int], typer.Option("--num-shards", min=1, help="Split every input group into N "
-                                                      "shards (by file and by byte range at line ends) and "
-                                                      "process one; --merge the N outputs in order.")] = None,
-    shard_index: Annotated[Optional[int], typer.Option("--shard-index", min=0, help="Which shard this run "
-                                                       "processes, 0 to N-1 (with --num-shards).")] = None,
-    json_out: JsonOpt = False,
+    *, input: list[str], output_prefix: str, tokenizer: Optional[Path], json_keys: Optional[list[str]],
+    append_eod: bool, eod_token: Optional[str], workers: Optional[int], compat: str, on_error: str,
+    max_errors: Optional[int], weights: Optional[str], merge: bool, resume: bool, format: str,
+    seq_length: Optional[int], tokenizer_backend: str, num_shards: Optional[int], shard_index: Optional[int],
+    json_out: bool,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
     from mftk.data.preload import TokenizerPreload, no_blas_threads, use_threads

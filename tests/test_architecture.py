@@ -111,15 +111,17 @@ def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
             "os._exit = _exit\n"
             f"sys.argv = ['mftk', 'preprocess', '-i', {str(corpus)!r}, '-t', {str(ROOT / 'mftk' / 'templates' / 'data')!r}, "
             f"'-o', {str(tmp_path / 'o')!r}, '--tokenizer-backend', {backend!r}, '--json']\n"
-            "from commands.app import main\nmain()\n")
-    top = ["mindspore", "pydantic", "matplotlib", "awkward", "gigatoken", "yaml", "cattrs", "safetensors", "rich"]
+            "from commands.entry import main\nmain()\n")
+    top = ["mindspore", "pydantic", "matplotlib", "awkward", "gigatoken", "yaml", "cattrs", "safetensors", "rich",
+           "typer", "click"]
     env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR", "TTY_INTERACTIVE")}
     out = subprocess.run([sys.executable, "-c", f"TOP={top!r}\n" + code], capture_output=True, text=True, cwd=ROOT,
                          env=env)
     assert out.returncode == 0, out.stderr
     loaded = eval(out.stdout.rsplit("LOADED", 1)[1])  # noqa: S307 - a list literal printed by the child above
-    # --json with stderr not a terminal: no table, no progress bar, so no Rich (commands._render, _errors)
-    allowed = {"commands._plain", "commands._options", "commands.app", "commands.preprocess"}
+    # --json with stderr not a terminal: no table, no progress bar, so no Rich (commands._render, _errors); a
+    # plain argv is parsed from the command's option table, so no Typer or Click either (commands.app)
+    allowed = {"commands._plain", "commands._argspec", "commands.entry", "commands.preprocess"}
     assert {m for m in loaded if m.startswith("commands.")} == allowed
     mftk = {m for m in loaded if m.startswith("mftk.")}
     assert all(m.startswith("mftk.data.") or m in {"mftk.data", "mftk.errors", "mftk.files", "mftk.lock",

@@ -170,3 +170,27 @@ def test_thread_switch_interval_is_shortened_only_while_a_group_runs(tmp_path, t
     with pytest.raises(DataFormatError):
         preprocess([str(bad)], str(tmp_path / "p"), tokenizer_file)
     assert sys.getswitchinterval() == before
+
+
+def test_chunks_hold_enough_lines_and_start_small(tmp_path):
+    """The reader's chunks: the first read is small (the encoder starts sooner); a chunk of short reads holds at
+    least MIN_LINES lines, gathering at most MAX_GATHER reads; every line arrives once, in order, whole."""
+    from mftk.data import jsonl
+
+    path = tmp_path / "c.jsonl"
+    lines = [json.dumps({"text": "w" * (i % 7) * 40}) + "\n" for i in range(300)]  # 12-254 bytes a line
+    path.write_text("".join(lines))
+    reader = jsonl.CorpusReader(path, ["text"], chunk_bytes=300)
+    chunks = list(reader)
+    reader.close()
+    assert [t for c in chunks for t in c.texts[0]] == [json.loads(line)["text"] for line in lines]
+    counts = [c.lines for c in chunks]
+    gathered_cap = jsonl.MAX_GATHER * 300 // max(len(line) for line in lines)  # lines that MAX_GATHER reads hold at least
+    assert all(n >= min(jsonl.MIN_LINES, gathered_cap) for n in counts[:-1]), counts
+    assert max(counts) <= jsonl.MAX_GATHER * 300 // min(len(line) for line in lines) + 1, counts
+    assert jsonl.FIRST_CHUNK_BYTES < jsonl.CHUNK_BYTES
+    path.write_text("".join(lines * 200))  # ~2.6 MB
+    big = jsonl.CorpusReader(path, ["text"])  # default sizes: the first chunk is cut at FIRST_CHUNK_BYTES
+    first = next(iter(big))
+    big.close()
+    assert first.lines < len(lines) * 200 and sum(len(line) for line in (lines * 200)[:first.lines]) <= jsonl.FIRST_CHUNK_BYTES

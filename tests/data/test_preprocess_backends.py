@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
 from typer.testing import CliRunner
 
 from commands.app import app
-from mftk.data import tokenize
+from mftk.data import jsonl, tokenize
 from mftk.data.preprocess import preprocess
 from mftk.errors import InputError
 from tests.helpers.preprocess import DOCS, EXAMPLES, example_corpus as _example_corpus, files, reference_write, write_jsonl
@@ -133,6 +133,7 @@ def test_a_late_verdict_discards_what_gigatoken_wrote(tmp_path, tokenizer_file, 
         return real_confirm(self)
 
     monkeypatch.setattr(tokenize.BackendCheck, "confirm", confirm)
+    monkeypatch.setattr(jsonl, "MIN_LINES", 1)  # chunks of a few lines: many encoded before the verdict
     docs = DOCS * 3 + [{"text": "a zebra-marker line"}]
     srcs = [write_jsonl(tmp_path / f"c{i}.jsonl", docs) for i in range(3)]
     s = preprocess([str(p) for p in srcs], str(tmp_path / "o"), tokenizer_file, append_eod=True, batch_bytes=256)

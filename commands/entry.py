@@ -1,0 +1,103 @@
+"""The `mftk` console entry point: a plain `mftk preprocess` runs without importing Typer; everything else
+goes through the Typer application (`commands.app`).
+
+Why a second way in: Typer and Click cost `mftk preprocess` 30-50 ms of a ~0.5 s run on the benchmark
+corpus (imported, and the command built from its signature), on every run of a command that is often run
+many times over (one per shard, per corpus). A command in `FAST` describes its options as data
+(`commands._argspec`); when `commands._argspec.parse` takes its argv, the command function is called
+directly with the same error handling as `MftkGroup.invoke` (`guarded`); when it does not (``--help``, a
+typo, a bad value), Typer parses the same argv and reports it as always.
+
+This module imports only the standard library until a command runs.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any, Callable
+
+# CLI name -> module in commands/ defining OPTIONS and a function named like the module
+FAST = {"preprocess": "preprocess"}
+
+
+class CommandFailed(Exception):
+    """A command ended with a reported error: its exit code (the message is already written)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def guarded(call: Callable[[], Any]) -> Any:
+    """Run a command body; the one place a library error becomes a message and an exit code.
+
+    A closed stdout (`mftk … | head -1`) ends quietly, as Unix tools do; `mftk.errors.MftkError` and Ctrl-C
+    are rendered by `commands._errors.handle` (Rich is imported only then). Anything else is a bug: its
+    traceback is the report.
+    """
+    from commands._plain import EXIT_PIPE_CLOSED, silence_stdout
+    from mftk.errors import MftkError
+
+    try:
+        return call()
+    except BrokenPipeError:
+        silence_stdout()
+        raise CommandFailed(EXIT_PIPE_CLOSED) from None
+    except (MftkError, KeyboardInterrupt) as exc:
+        from commands._errors import handle
+
+        code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
+        if code is None:
+            raise
+        raise CommandFailed(code) from None
+
+
+def run_fast(argv: list[str]) -> bool:
+    """Run ``argv`` without Typer if it is a plain call of a `FAST` command; False if Typer must parse it."""
+    if not argv or argv[0] not in FAST:
+        return False
+    from commands._argspec import parse
+
+    name = FAST[argv[0]]
+    module = importlib.import_module(f"commands.{name}")
+    values = parse(argv[1:], module.OPTIONS)
+    if values is None:
+        return False
+    try:
+        guarded(lambda: getattr(module, name)(**values))
+    except CommandFailed as failed:
+        raise SystemExit(failed.code) from None
+    return True
+
+
+def main() -> None:
+    """Console entry point.
+
+    A command that finished and asked for it (`commands._plain.skip_teardown`) ends the process at
+    once (``os._exit``) after stdout and stderr are flushed: nothing is left to write by then.
+    """
+    plain = sys.modules.get("commands._plain")  # not imported here: `mftk --version` stays light
+    if plain is not None:
+        plain.reset_teardown()  # a request from an earlier in-process invocation is not this one's
+    try:
+        if not run_fast(sys.argv[1:]):
+            from commands.app import app
+
+            app()
+        raise SystemExit(0)
+    except SystemExit as exc:
+        plain = sys.modules.get("commands._plain")
+        if exc.code in (0, None) and plain is not None and plain.teardown_skippable() and _flushed():
+            os._exit(0)
+        raise
+
+
+def _flushed() -> bool:
+    """stdout and stderr flushed (False if that fails: the normal exit then reports it)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return False
+    return True
