@@ -187,6 +187,8 @@ def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> l
             for i in layer_ids(ranges):
                 path, layer = layers[i]
                 if units.unit_of(layer) is not None or checkpoint.of(layer) is not None or not _trains(layer):
+                    if units.unit_of(layer) is not None and path not in done:
+                        done.append(path)  # an FSDP unit that replays whole (`replayed_layers`)
                     continue  # replayed whole already
                 excluding = bool(checkpoint.within(layer))
                 for sub, cell in _matching(layer, str(pattern)):

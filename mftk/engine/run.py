@@ -474,7 +474,7 @@ def _recompute(model: Any, config: Any) -> None:
                  len(replayed), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
     excluded = excluded_cells(model)
     if excluded:
-        log.info("Recompute exclude_op: %d cells keep their outputs (not replayed): %s", len(excluded),
+        log.info("Recompute exclude_op: %s not replayed (outputs kept): %s", plural(len(excluded), "cell"),
                  ", ".join(excluded[:8]) + (" ..." if len(excluded) > 8 else ""))
 
 
