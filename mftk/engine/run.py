@@ -470,8 +470,8 @@ def _recompute(model: Any, config: Any) -> None:
 
     replayed = apply_recompute(model, config.recompute, config.recompute_comm)
     if replayed:
-        log.info("Recompute (%s): %d cells replay their forward in the backward: %s", config.recompute.mode,
-                 len(replayed), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
+        log.info("Recompute (%s): %s replayed in the backward: %s", config.recompute.mode,
+                 plural(len(replayed), "cell"), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
     excluded = excluded_cells(model)
     if excluded:
         log.info("Recompute exclude_op: %s not replayed (outputs kept): %s", plural(len(excluded), "cell"),

@@ -210,3 +210,31 @@ def test_release_frees_the_build_parameters_fsdp_replaced():
     finally:
         if enabled:
             gc.enable()
+
+
+def test_exclude_op_checkpoints_leave_nothing_behind_from_step_to_step(rng):
+    """MindSpore keeps a recorded graph whose backward never ran, with its inputs, for good: the checkpoint runs its
+    replay's (empty) backward (`engine.checkpoint`), or a run would grow by its layers' gathered weights every step.
+    Two layers exclude_op lists, 12.8 M weights each: by hand, 4 bytes × (4·1024² attention + 3·1024·2816 MLP) =
+    51 MB a layer, 103 MB a step if kept."""
+    import gc
+
+    from mftk.engine.memstat import status_bytes
+    from mftk.engine.parallel import fsdp
+    from mftk.engine.recompute import apply_exclusions, replayed_layers
+
+    cfg = make_qwen3(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
+                     head_dim=128)
+    layer_bytes = 4 * (4 * 1024 * 1024 + 3 * 1024 * 2816)
+    section = Section(mode="full", full_recompute_layer=["0-1"], exclude_op={"*linear_proj": ["0-1"]})
+    model = build_model(cfg, seed=0)
+    apply_exclusions(model, section)
+    assert replayed_layers(model, section) == set()  # both layers: kept units with their checkpoints
+    fsdp.apply_fsdp(model, _groups(), _Table(), sink=fsdp.GradSink())
+    args = _args(cfg, rng)
+    rss = []
+    for _ in range(5):
+        _grads(model, args)
+        gc.collect()
+        rss.append(status_bytes("VmRSS"))
+    assert rss[-1] - rss[1] < layer_bytes / 2, [r >> 20 for r in rss]  # kept: 3 steps × 2 layers = 6× that
