@@ -93,67 +93,67 @@ def excluding_layers(model: Any, recompute: Any, recompute_comm: Any = None) -> 
 
 def apply_exclusions(model: Any, recompute: Any, recompute_comm: Any = None) -> list[str]:
     """The layers ``exclude_op`` lists (`excluding_layers`): their recomputed cells checkpointed
-    (`engine.checkpoint`; the whole layer when ``full_recompute_layer`` lists it, else its selected cells) and
-    the matching cells inside them excluded (outputs kept, not replayed). Run before FSDP wraps the layers
-    (`parallelize`), so that the checkpoints' hooks sit inside the units' gathers; a layer already checkpointed
-    is left as it is. Returns the excluded cells' paths. A pattern that matches no cell inside a recomputed one
-    of a layer it lists would be a setting accepted and ignored: `ConfigError`."""
+    (`engine.checkpoint`; the whole layer when ``full_recompute_layer`` lists it, else each of its selected
+    cells) and the matching cells inside them excluded (outputs kept, not replayed). Run before FSDP wraps the
+    layers (`parallelize`), so that the checkpoints' hooks sit inside the units' gathers; a layer already
+    checkpointed, or not trained here (another pipeline stage's), is left as it is. Returns the excluded cells'
+    paths. A pattern that matches no cell inside a recomputed one of a layer it lists would be a setting
+    accepted and ignored: `ConfigError` (decided from the cell tree alone, so on every rank alike)."""
     spec = _exclusions(recompute)
     if not spec:
         return []
     layers = numbered_layers(model)
-    chosen = excluding_layers(model, recompute, recompute_comm)
-    full = set(layer_ids(recompute.full_recompute_layer))
-    fresh: set[int] = set()
-    for i, (path, layer) in sorted(layers.items()):
-        if path not in chosen or checkpoint.within(layer) or not _trains(layer):
-            continue
-        fresh.add(i)
-        if i in full:
-            checkpoint.install(layer, path)
-            continue
-        for select in _selections(recompute, recompute_comm):
-            for pattern, ranges in select.items():
-                if i in layer_ids(ranges):
-                    for sub, cell in _matching(layer, str(pattern)):
-                        if not checkpoint.within(cell) and _trains(cell):
-                            checkpoint.install(cell, f"{path}.{sub}")
-    out: list[str] = []
+    targets: dict[int, list[str]] = {}  # layer id -> the excluded cells' paths inside it
     for pattern, ranges in spec.items():
         for i in layer_ids(ranges):
-            if i not in layers or (i not in fresh and layers[i][0] in chosen):
-                continue  # not this model's, or excluded before
+            if i not in layers:
+                continue
             path, layer = layers[i]
-            found = [(sub, cell, owner) for sub, cell in _matching(layer, str(pattern))
-                     if (owner := _owner(layer, sub)) is not None and checkpoint.of(cell) is None]
+            owners = _recomputed_cells(layer, i, recompute, recompute_comm)
+            found = [sub for sub, _ in _matching(layer, str(pattern))
+                     if any(o == "" or sub.startswith(o + ".") for o in owners)]
             if not found:
                 raise ConfigError(message="recompute.exclude_op matches no cell inside a recomputed one", problems=[
                     Problem(path=f"recompute.exclude_op.{pattern}", message=(
                         f"layer {i} ({path}) has no cell matching {pattern!r} inside a cell that recompute replays"),
                         hint="name a sub-cell of a recomputed layer or module, e.g. '*self_attention.linear_proj'")])
-            for sub, cell, owner in found:
-                checkpoint.exclude(cell, owner)
-                out.append(f"{path}.{sub}")
+            targets.setdefault(i, []).extend(sub for sub in found if sub not in targets.get(i, []))
+    out: list[str] = []
+    for i in sorted(targets):
+        path, layer = layers[i]
+        if checkpoint.within(layer) or not _trains(layer):
+            continue
+        cells = dict(layer.cells_and_names())
+        owners = _recomputed_cells(layer, i, recompute, recompute_comm)
+        for owner in owners:
+            checkpoint.install(cells[owner], f"{path}.{owner}" if owner else path)
+        for sub in targets[i]:
+            if any(sub.startswith(t + ".") for t in targets[i]):
+                continue  # inside another excluded cell: kept with it
+            owner = next(o for o in owners if o == "" or sub.startswith(o + "."))
+            checkpoint.exclude(cells[sub], checkpoint.of(cells[owner]))
+            out.append(f"{path}.{sub}")
     return out
+
+
+def _recomputed_cells(layer: Any, i: int, recompute: Any, recompute_comm: Any) -> list[str]:
+    """Paths inside layer ``i`` of the cells recompute replays (``""``: the whole layer), outermost only; a
+    selected cell without parameters is not replayed (as `apply_recompute`)."""
+    if i in layer_ids(recompute.full_recompute_layer):
+        return [""]
+    out: list[str] = []
+    for select in _selections(recompute, recompute_comm):
+        for pattern, ranges in select.items():
+            if i in layer_ids(ranges):
+                out += [sub for sub, cell in _matching(layer, str(pattern))
+                        if sub not in out and any(True for _ in cell.get_parameters())]
+    return [sub for sub in out if not any(sub.startswith(o + ".") for o in out)]
 
 
 def excluded_cells(model: Any) -> list[str]:
     """Paths of the cells ``exclude_op`` excluded (`apply_exclusions`), in layer order."""
     return [f"{path}.{sub}" for _, (path, layer) in sorted(numbered_layers(model).items())
             for sub, cell in layer.cells_and_names() if sub and "_excluded_from" in getattr(cell, "__dict__", {})]
-
-
-def _owner(layer: Any, sub: str) -> checkpoint.Checkpoint | None:
-    """The checkpoint of ``layer`` or of a cell on the path to ``layer.<sub>`` (not ``sub`` itself)."""
-    if checkpoint.of(layer) is not None:
-        return checkpoint.of(layer)
-    cells = dict(layer.cells_and_names())
-    parts = sub.split(".")
-    for k in range(len(parts) - 1, 0, -1):
-        ck = checkpoint.of(cells.get(".".join(parts[:k])))
-        if ck is not None:
-            return ck
-    return None
 
 
 def _selections(recompute: Any, recompute_comm: Any) -> list[dict]:

@@ -121,3 +121,53 @@ def test_exclude_op_is_ignored_without_a_mode_and_installs_once():
     assert apply_exclusions(model, section) == ["decoder.layers.0.self_attention.linear_proj"]
     assert apply_recompute(model, section) == ["decoder.layers.0"]  # after parallelize's call: nothing twice
     assert excluded_cells(model) == ["decoder.layers.0.self_attention.linear_proj"]
+
+
+def test_exclude_op_in_select_mode_checkpoints_every_selected_cell_of_its_layer(rng):
+    """A layer exclude_op lists is one mechanism: each of its selected cells is checkpointed (the one without an
+    exclusion too), the other layer's selected cell stays a replayed unit. A pattern naming a selected cell
+    itself (not a cell inside it) is an error."""
+    from mftk.engine import checkpoint, units
+    from mftk.engine.recompute import apply_recompute, excluded_cells
+    from mftk.errors import ConfigError
+
+    cfg = make_qwen3()
+    select = {"mlp": ["0-1"], "self_attention": ["1"]}
+    for bad in ({"mlp": ["0"]}, {"*self_attention": ["1"]}):
+        with pytest.raises(ConfigError, match="matches no cell inside a recomputed one"):
+            apply_recompute(build_model(cfg, seed=0), Section(mode="select", select_module=select, exclude_op=bad))
+    section = Section(mode="select", select_module=select, exclude_op={"*linear_proj": ["1"], "*linear_qkv": ["1"]})
+    plain, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    counted = ["decoder.layers.0.mlp.linear_fc1", "decoder.layers.1.mlp.linear_fc1",
+               "decoder.layers.1.self_attention.linear_proj", "decoder.layers.1.self_attention.core_attention"]
+    calls = count_forwards(model, counted)
+    paths = apply_recompute(model, section)
+    assert paths == ["decoder.layers.0.mlp", "decoder.layers.1.mlp", "decoder.layers.1.self_attention"]
+    cells = dict(model.cells_and_names())
+    assert [(bool(checkpoint.of(cells[p])), bool(units.unit_of(cells[p]))) for p in paths] == [
+        (False, True), (True, False), (True, False)]
+    assert excluded_cells(model) == ["decoder.layers.1.self_attention.linear_qkv",
+                                     "decoder.layers.1.self_attention.linear_proj"]
+    args = _args(cfg, rng)
+    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
+    assert la == lb
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert calls == dict(zip(counted, [2, 2, 1, 2]))
+
+
+def test_a_cell_inside_an_excluded_one_is_kept_with_it(rng):
+    from mftk.engine.recompute import apply_recompute, excluded_cells
+
+    cfg = make_qwen3()
+    plain, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    calls = count_forwards(model, ["decoder.layers.0.self_attention.linear_proj", "decoder.layers.0.mlp"])
+    apply_recompute(model, Section(mode="full", full_recompute_layer=["0-1"],
+                                   exclude_op={"*linear_proj": ["0"], "self_attention": ["0"]}))
+    assert excluded_cells(model) == ["decoder.layers.0.self_attention"]
+    args = _args(cfg, rng)
+    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
+    assert la == lb
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert calls == {"decoder.layers.0.self_attention.linear_proj": 1, "decoder.layers.0.mlp": 2}
