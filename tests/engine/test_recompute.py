@@ -171,3 +171,29 @@ def test_a_cell_inside_an_excluded_one_is_kept_with_it(rng):
     for a, b in zip(ga, gb):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
     assert calls == {"decoder.layers.0.self_attention.linear_proj": 1, "decoder.layers.0.mlp": 2}
+
+
+def test_exclude_op_on_deepseek_v4_keeps_the_core_attention_and_its_indexer_loss(rng):
+    """DeepSeek-V4 (hyper-connections, hash routing, compressed attention whose indexer leaves a loss on its cell):
+    the core attentions excluded in every layer (the common use: the attention kernel not run again) and layer
+    2's attention hyper-connection too; the rest replayed; the plain run's loss, gradients and buffers."""
+    from mftk.engine.recompute import apply_recompute, excluded_cells
+    from tests.helpers.models import make_dsv4
+
+    cfg = make_dsv4()
+    plain, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    attn, proj = "decoder.layers.1.self_attention.core_attention", "decoder.layers.1.self_attention.linear_proj"
+    calls = count_forwards(model, [attn, proj])
+    apply_recompute(model, Section(mode="full", full_recompute_layer=["0-3"],
+                                   exclude_op={"*core_attention": ["0-3"], "attn_hc": ["2"]}))
+    assert attn in excluded_cells(model) and "decoder.layers.2.attn_hc" in excluded_cells(model)
+    assert len(excluded_cells(model)) == 5
+    ids = rng.integers(1, cfg.vocab_size, (2, cfg.seq_length))  # the compressed attention needs its seq_length
+    args = ids, np.roll(ids, -1, 1), np.ones(ids.shape, np.float32)
+    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
+    assert la == lb
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert calls == {attn: 1, proj: 2}
+    for pa, pb in zip(plain.get_parameters(), model.get_parameters()):
+        np.testing.assert_array_equal(pa.asnumpy(), pb.asnumpy(), err_msg=pa.name)
