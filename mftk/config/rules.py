@@ -488,10 +488,6 @@ def _check_recompute_swap(c: Config, world: int, r: _Rules) -> None:
     if replays and world > 1 and getattr(m, "hidden_dropout", 0.0):
         r.error("recompute.mode", "recompute replays forwards in the backward, so model.hidden_dropout must be 0 "
                 "(the dropout masks would differ)", rc.mode, "set model.hidden_dropout: 0.0 or recompute.mode: None")
-    if replays and world > 1 and isinstance(rc.exclude_op, dict):
-        r.error("recompute.exclude_op", "mftk replays a recomputed layer whole: keeping the outputs of cells inside "
-                "it (exclude_op) is not built", rc.exclude_op, "remove recompute.exclude_op, or select fewer modules "
-                "with recompute.select_module")
     if not sw.enable:
         return
     r.error("swap.enable", "swapping activations to host memory is not built in mftk: on CPU they already live in "

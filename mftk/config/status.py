@@ -176,9 +176,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
     "profiler": _same("tests/engine/test_monitor_run.py", "enable_profiling start_step end_step output_path "
                       "profiler_rank profiler_level mstx profile_memory profile_cpu with_stack"),
     "recompute": {
-        **_same(_RECOMPUTE, "mode full_recompute_layer select_module"),
-        "exclude_op": _inert("read only while recompute is on, where config/rules.py refuses it (mftk replays a "
-                             "recomputed layer whole: select fewer modules instead)", rule=True),
+        **_same(_RECOMPUTE, "mode full_recompute_layer select_module exclude_op"),
     },
     "recompute_comm": {
         **_same(_RECOMPUTE, "enable select_module"),

@@ -391,11 +391,12 @@ def distribute(model: Any, layout: Any, config: Any) -> tuple[Any, Any]:
         from mftk.engine.parallel.pipeline_model import stage_chunks_of
 
         chunks = stage_chunks_of(config)
-    from mftk.engine.recompute import replayed_layers
+    from mftk.engine.recompute import apply_exclusions, replayed_layers
 
     replay = replayed_layers(model, config.recompute, config.recompute_comm)
     par = parallelize(model, ParallelDims(layout=layout, groups=groups, ulysses=ulysses, stage_chunks=chunks,
-                                          fsdp_replay=replay))
+                                          fsdp_replay=replay, before_fsdp=lambda m: apply_exclusions(
+                                              m, config.recompute, config.recompute_comm)))
     _log_parallel(par, layout, groups, p)
     _recompute(model, config)
     _release_freed_memory()
@@ -465,12 +466,16 @@ def _release_freed_memory() -> None:
 def _recompute(model: Any, config: Any) -> None:
     """The ``recompute`` / ``recompute_comm`` sections on the parallelized model (several processes, as the
     reference applies them; `engine.recompute`)."""
-    from mftk.engine.recompute import apply_recompute
+    from mftk.engine.recompute import apply_recompute, excluded_cells
 
     replayed = apply_recompute(model, config.recompute, config.recompute_comm)
     if replayed:
-        log.info("Recompute (%s): %d cells replay their forward in the backward: %s", config.recompute.mode,
-                 len(replayed), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
+        log.info("Recompute (%s): %s replayed in the backward: %s", config.recompute.mode,
+                 plural(len(replayed), "cell"), ", ".join(replayed[:8]) + (" ..." if len(replayed) > 8 else ""))
+    excluded = excluded_cells(model)
+    if excluded:
+        log.info("Recompute exclude_op: %s not replayed (outputs kept): %s", plural(len(excluded), "cell"),
+                 ", ".join(excluded[:8]) + (" ..." if len(excluded) > 8 else ""))
 
 
 def _distributed() -> bool:

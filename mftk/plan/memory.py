@@ -352,7 +352,9 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
         raise ValueError(f"layers cannot be split over pp={lay.pp}, interleave={lay.interleave}")
     recompute = inputs.recompute if lay.world > 1 else "none"  # the reference applies recompute only when world > 1
     if assumptions.fsdp_units and lay.dp_shard * lay.cp > 1 and recompute == "selective":
-        recompute = "full"  # FSDP replays a layer recompute selects whole (engine/recompute.replayed_layers)
+        # FSDP replays a layer recompute selects whole (engine/recompute.replayed_layers; one exclude_op lists
+        # keeps its selection: plan/report.py notes exclude_op as outside the estimate)
+        recompute = "full"
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)

@@ -186,6 +186,9 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
     notes = [p.render() for p in loaded.notes if p.severity == "warning"]
     if inputs.recompute != "none" and world_size == 1:
         notes.append("recompute is ignored at world size 1 (the reference applies it only when world > 1)")
+    elif inputs.recompute != "none" and isinstance(loaded.config.recompute.exclude_op, dict):
+        notes.append("recompute.exclude_op: the activations and outputs the excluded cells keep are not in the "
+                     "activation estimate (it counts their layers as recomputed)")
     kw = dict(device_tflops=device_tflops, link_gbps=link_gbps)
     if check:
         lay = layout_from_config(loaded.config.parallelism, world_size)

@@ -52,6 +52,16 @@ def test_json_counts_and_fields():
     assert all(r["rules"] for r in out["rejected"])
 
 
+def test_exclude_op_is_noted_as_outside_the_estimate(tmp_path):
+    recompute = {"mode": "full", "full_recompute_layer": ["0-1"]}
+    plain = run(variant(tmp_path, QWEN, recompute=recompute), "--world-size", "2", "--json")
+    excl = run(variant(tmp_path, QWEN, recompute={**recompute, "exclude_op": {"*linear_proj": ["0"]}}),
+               "--world-size", "2", "--json")
+    assert plain.exit_code == 0 and excl.exit_code == 0, excl.output
+    noted = [n for n in json.loads(excl.stdout)["notes"] if "exclude_op" in n]
+    assert len(noted) == 1 and "not in the activation estimate" in noted[0]
+    assert not [n for n in json.loads(plain.stdout)["notes"] if "exclude_op" in n]
+
 def test_check_fits_and_does_not_fit():
     assert run(QWEN, "--world-size", "2", "--check").exit_code == 0
     r = run(QWEN, "--world-size", "2", "--check", "--device-memory", "1MiB")

@@ -193,14 +193,19 @@ def test_recompute_and_swap_grammar():
 
 
 def test_swap_and_the_recompute_forms_mftk_does_not_build_are_refused():
-    """swap is never accepted and ignored; exclude_op and dropout are refused where recompute applies (world > 1)."""
+    """swap is never accepted and ignored; dropout is refused where recompute applies (world > 1); exclude_op (the
+    2.1 mapping) is accepted there, with a note without a mode."""
     data = tiny()
     data["swap"] = {"enable": True}
     assert "not built" in errors(data)["swap.enable"] and "host memory" in errors(data)["swap.enable"]
     data = tiny()
     data["recompute"] = {"mode": "full", "full_recompute_layer": ["0-1"], "exclude_op": {"*linear_proj": ["0"]}}
     assert "exclude_op" not in errors(data)  # one process: recompute is not applied (a note says so)
-    assert "not built" in errors(data, world_size=2)["recompute.exclude_op"]
+    assert errors(data, world_size=2) == {}  # applied: the excluded cells keep their outputs (engine.recompute)
+    data["recompute"] = {"mode": "None", "exclude_op": {"*linear_proj": ["0"]}}
+    assert errors(data, world_size=2) == {}
+    noted = {p.path: p.message for p in load_data(data, world_size=2, check_files=False).notes}
+    assert "no effect while recompute.mode is None" in noted["recompute.exclude_op"]
     data = tiny()
     data["recompute"] = {"mode": "full", "full_recompute_layer": ["0-1"]}
     assert errors(data, world_size=2) == {}

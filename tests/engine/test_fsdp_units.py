@@ -12,7 +12,7 @@ import pytest
 from mftk.engine.models.build import build_model
 from tests.helpers.models import RecomputeSection as Section
 from tests.helpers.models import lm_args as _args
-from tests.helpers.models import make_qwen3, ms
+from tests.helpers.models import count_forwards, make_qwen3, ms
 from tests.helpers.models import value_and_grads as _grads
 
 pytestmark = pytest.mark.engine
@@ -119,6 +119,48 @@ def test_units_recompute_selects_replay(rng):
     assert [units.unit_of(cells[p]).replays for p in sorted(replay)] == [1, 1]
 
 
+
+def test_a_layer_exclude_op_lists_is_a_kept_unit_replaying_with_its_weights_gathered_again(rng):
+    """exclude_op under FSDP: the layer it lists is checkpointed before FSDP (as `parallelize` does) and becomes a
+    kept unit whose checkpoint replays with the unit's weights gathered again (`FsdpHooks.regathered`), the
+    excluded cell running once; the other recomputed layer stays a replaying unit; the gradients are the plain
+    run's."""
+    from mftk.engine import checkpoint, units
+    from mftk.engine.parallel import fsdp
+    from mftk.engine.recompute import apply_exclusions, apply_recompute, replayed_layers
+
+    cfg = make_qwen3()
+    section = Section(mode="full", full_recompute_layer=["0-1"], exclude_op={"*self_attention.linear_proj": ["0"]})
+    plain, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    proj, qkv, mlp1 = ("decoder.layers.0.self_attention.linear_proj", "decoder.layers.0.self_attention.linear_qkv",
+                       "decoder.layers.1.mlp")
+    calls = count_forwards(model, [proj, qkv, mlp1])
+    assert apply_exclusions(model, section) == [proj]
+    replay = replayed_layers(model, section)
+    assert replay == {"decoder.layers.1"}
+    fsdp.apply_fsdp(model, _groups(), _Table(), replay=replay, sink=fsdp.GradSink())
+    assert apply_recompute(model, section) == ["decoder.layers.0", "decoder.layers.1"]
+    cells = dict(model.cells_and_names())
+    layer0, layer1 = cells["decoder.layers.0"], cells["decoder.layers.1"]
+    hooks, ck = fsdp.kept_hooks(layer0), checkpoint.of(layer0)
+    assert hooks is not None and ck is not None and units.unit_of(layer0) is None
+    assert units.unit_of(layer1) is not None and fsdp.kept_hooks(layer1) is None
+    regathers = []
+    original = ck.around_replay
+
+    def counting():
+        regathers.append(1)
+        return original()
+    ck.around_replay = counting
+    args = _args(cfg, rng)
+    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
+    np.testing.assert_allclose(lb, la, rtol=1e-6)
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    assert calls == {proj: 1, qkv: 2, mlp1: 2}  # the excluded cell not replayed; the others of both layers are
+    assert regathers == [1] and ck.replays == 1 and units.unit_of(layer1).replays == 1
+    assert hooks._again is None and not hooks._live  # nothing gathered left behind
+
 def test_units_put_their_gradients_in_the_flat_buffer(rng):
     from mftk.engine.optim import AdamW, decide_weight_decay
 
@@ -168,3 +210,31 @@ def test_release_frees_the_build_parameters_fsdp_replaced():
     finally:
         if enabled:
             gc.enable()
+
+
+def test_exclude_op_checkpoints_leave_nothing_behind_from_step_to_step(rng):
+    """MindSpore keeps a recorded graph whose backward never ran, with its inputs, for good: the checkpoint runs its
+    replay's (empty) backward (`engine.checkpoint`), or a run would grow by its layers' gathered weights every step.
+    Two layers exclude_op lists, 12.8 M weights each: by hand, 4 bytes × (4·1024² attention + 3·1024·2816 MLP) =
+    51 MB a layer, 103 MB a step if kept."""
+    import gc
+
+    from mftk.engine.memstat import status_bytes
+    from mftk.engine.parallel import fsdp
+    from mftk.engine.recompute import apply_exclusions, replayed_layers
+
+    cfg = make_qwen3(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
+                     head_dim=128)
+    layer_bytes = 4 * (4 * 1024 * 1024 + 3 * 1024 * 2816)
+    section = Section(mode="full", full_recompute_layer=["0-1"], exclude_op={"*linear_proj": ["0-1"]})
+    model = build_model(cfg, seed=0)
+    apply_exclusions(model, section)
+    assert replayed_layers(model, section) == set()  # both layers: kept units with their checkpoints
+    fsdp.apply_fsdp(model, _groups(), _Table(), sink=fsdp.GradSink())
+    args = _args(cfg, rng)
+    rss = []
+    for _ in range(5):
+        _grads(model, args)
+        gc.collect()
+        rss.append(status_bytes("VmRSS"))
+    assert rss[-1] - rss[1] < layer_bytes / 2, [r >> 20 for r in rss]  # kept: 3 steps × 2 layers = 6× that

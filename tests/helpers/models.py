@@ -111,6 +111,20 @@ class RecomputeSection:
         self.__dict__.update(kw)
 
 
+def count_forwards(model, paths) -> dict:
+    """Wrap the forward of each cell at ``paths`` in ``model`` to count its calls (install before recompute, so the
+    count is of the cells' own forwards, beneath an exclusion or a replay); returns the live counts."""
+    cells, calls = dict(model.cells_and_names()), {p: 0 for p in paths}
+    for p in paths:
+        original = cells[p].construct
+
+        def counting(*a, p=p, original=original, **k):
+            calls[p] += 1
+            return original(*a, **k)
+        cells[p].construct = counting
+    return calls
+
+
 def value_and_grads(model, args):
     """(loss, gradients of the trainable parameters) of one forward of ``model`` on ``args``."""
     out, grads = ms.value_and_grad(model, None, model.trainable_params(), has_aux=True)(*args)

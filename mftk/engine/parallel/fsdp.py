@@ -12,7 +12,9 @@ included), the embedding, and the output layer (through the head loss). Two kind
   FSDP2's ``reshard_after_forward``);
 - replayed (the layers recompute selects, `recompute.replayed_layers`): a `units.ReplayedUnit` whose weights
   are gathered into full-shape Parameters standing in for the row blocks for its forward and again for its
-  replay in the backward; it keeps no activations inside it.
+  replay in the backward; it keeps no activations inside it. A layer recompute checkpoints because
+  ``exclude_op`` lists it (`recompute.apply_exclusions`, installed before FSDP) is a kept unit, its
+  checkpoints' replays gathering its weights again (`FsdpHooks.regathered`).
 
 Either way the full gradients are reduced and cut to the row block at once — a reduce-scatter (on CPU an
 in-place all-reduce of each gradient, or of a pack of small ones, and a slice, mindspore-cpu.md §4) — and
@@ -36,7 +38,7 @@ from typing import Any, Collection, Iterator, Sequence
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from mftk.engine import units
+from mftk.engine import checkpoint, units
 from mftk.engine.parallel import comm
 
 
@@ -182,6 +184,26 @@ class FsdpHooks(units.UnitHooks):
                            comm.all_gather_rows_many([p.asnumpy() for p in self.sharded], self.groups.fsdp)]
         return self._again[packed[1]]
 
+    @contextmanager
+    def regathered(self) -> Iterator[tuple[list, Any]]:
+        """The unit's weights gathered again, for the replay of a cell recompute checkpoints inside a kept unit
+        (a layer ``exclude_op`` lists, `engine.checkpoint`, in the backward), and ``bind(tensors)``, which makes
+        them (or the replay's own inputs standing for them) shadow the row blocks in their cells until the
+        replay ends."""
+        full = [Tensor.from_numpy(a) for a in
+                comm.all_gather_rows_many([p.asnumpy() for p in self.sharded], self.groups.fsdp)]
+
+        def bind(tensors) -> None:
+            for t, slots in zip(tensors, self.slots):
+                for cell, key in slots:
+                    object.__setattr__(cell, key, t)
+        try:
+            yield full, bind
+        finally:
+            for slots in self.slots:
+                for cell, key in slots:
+                    cell.__dict__.pop(key, None)
+
 
 class GradSink:
     """The trainer's flat fp32 gradient buffer, for the units to put the row blocks they reduced straight in:
@@ -297,7 +319,8 @@ def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = ()
     """Cut every FSDP-split parameter (the table's ``fsdp`` rows) to this rank's block and make every unit
     this rank trains gather it for its forward and its backward: the units named in ``replay`` (the layers
     recompute selects, `recompute.replayed_layers`) replay their forward in the backward (`units.ReplayedUnit`),
-    the others keep their activations (`FsdpHooks.gathered`). Returns the names of the units installed."""
+    the others keep their activations (`FsdpHooks.gathered`), the checkpoints inside them (``exclude_op``'s)
+    replaying with the weights gathered again (`FsdpHooks.regathered`). Returns the names of the units installed."""
     size, rank = groups.fsdp.size, groups.fsdp.rank
     installed = []
     for name, cell, kind, params in unit_cells(model):
@@ -313,10 +336,12 @@ def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = ()
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
         hooks = FsdpHooks(params, sharded, groups, tp_whole, owners, sink)
-        if name in replay:
+        if name in replay and not checkpoint.within(cell):
             units.install(cell, kind, params, hooks, name=name)
         else:
             _keep(cell, kind, hooks)
+            for ck in checkpoint.within(cell):  # exclude_op's checkpoints: replayed with the weights gathered again
+                ck.around_replay = hooks.regathered
         installed.append(name)
     return installed
 

@@ -49,6 +49,9 @@ class ParallelDims:
     ulysses: int = 1  # the all-to-all degree inside CP: 1 colossal, cp ulysses, in between hybrid
     stage_chunks: Any = None  # [rank][chunk] -> decoder layer ids, under PP (`derive.stage_chunks`)
     fsdp_replay: frozenset = frozenset()  # FSDP units that replay their forward (recompute's layers)
+    # called on the cut model before FSDP wraps its units (`recompute.apply_exclusions`: exclude_op's checkpoints
+    # must sit inside the units' gathers)
+    before_fsdp: Any = None
 
 
 @attrs.frozen
@@ -77,6 +80,8 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
         from mftk.engine.parallel.pipeline_model import StageModel
 
         stage = StageModel(model, dims.stage_chunks, g.pp.rank, table)
+    if dims.before_fsdp is not None:
+        dims.before_fsdp(model)
     if g.fsdp.size > 1:
         from mftk.engine.parallel import fsdp
 
