@@ -30,6 +30,14 @@ class _Table(dict):
         return _Row()
 
 
+def _assert_plain_grads(plain, model, args) -> None:
+    """The loss and every gradient of ``model`` equal those of the plain run (1e-6)."""
+    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
+    np.testing.assert_allclose(lb, la, rtol=1e-6)
+    for a, b in zip(ga, gb):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
 def _groups():
     from mftk.engine.parallel.groups import AxisGroup
 
@@ -70,10 +78,7 @@ def test_kept_units_give_the_plain_gradients_without_replaying(rng):
             return original(packed)
         h._unpack = counting
     args = _args(cfg, rng)
-    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
-    np.testing.assert_allclose(lb, la, rtol=1e-6)
-    for a, b in zip(ga, gb):
-        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    _assert_plain_grads(plain, model, args)
     # every unit whose backward reads its weights saved handles and gathered them once (the embedding's
     # lookup backward reads only the ids: never gathered again)
     assert sorted(map(id, regathers)) == sorted(map(id, hooks[1:]))
@@ -112,10 +117,7 @@ def test_units_recompute_selects_replay(rng):
     model, _, _ = _fsdp_model(cfg, replay)
     cells = dict(model.cells_and_names())
     args = _args(cfg, rng)
-    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
-    np.testing.assert_allclose(lb, la, rtol=1e-6)
-    for a, b in zip(ga, gb):
-        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    _assert_plain_grads(plain, model, args)
     assert [units.unit_of(cells[p]).replays for p in sorted(replay)] == [1, 1]
 
 
@@ -153,10 +155,7 @@ def test_a_layer_exclude_op_lists_is_a_kept_unit_replaying_with_its_weights_gath
         return original()
     ck.around_replay = counting
     args = _args(cfg, rng)
-    (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
-    np.testing.assert_allclose(lb, la, rtol=1e-6)
-    for a, b in zip(ga, gb):
-        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    _assert_plain_grads(plain, model, args)
     assert calls == {proj: 1, qkv: 2, mlp1: 2}  # the excluded cell not replayed; the others of both layers are
     assert regathers == [1] and ck.replays == 1 and units.unit_of(layer1).replays == 1
     assert hooks._again is None and not hooks._live  # nothing gathered left behind
