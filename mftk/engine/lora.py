@@ -139,7 +139,7 @@ class LoRAGroupedMLP(nn.Cell):
         super().__init__()
         self.e, self.f, self.act = base.e, base.f, base.act
         self.weight1, self.weight2 = base.weight1, base.weight2
-        self.dispatcher = base.dispatcher
+        self.dispatcher, self.combine = base.dispatcher, base.combine
         self.grouped = self._grouped  # a bound method in the base's `GroupedExpertsFn` slot
         e, h, f2 = base.weight1.shape
         f = base.weight2.shape[1]

@@ -132,9 +132,9 @@ def test_jit_blocks_keeps_loss_and_gradients(rng, tiny_qwen3, tiny_dsv3, family)
 
 
 def test_jit_blocks_compile_v4_mixes_and_attention_projections_keeping_loss_and_gradients(rng, tiny_dsv4):
-    """DeepSeek-V4: each layer's two hyper-connection mixes, its attention projections and its shared expert
-    (MTP's too) run compiled; the Sinkhorn, the core attention and the routed experts stay eager. Loss and every gradient as the eager
-    model's."""
+    """DeepSeek-V4: each layer's two hyper-connection mixes, its attention projections, its compressor and
+    indexer scores and its shared expert (MTP's too) run compiled; the Sinkhorn, the rest of the core attention
+    and the routed experts stay eager. Loss and every gradient as the eager model's."""
     cfg = tiny_dsv4()
     eager, jitted = build_model(cfg, seed=0), build_model(cfg, seed=0)
     jitted.jit_blocks()
@@ -142,6 +142,10 @@ def test_jit_blocks_compile_v4_mixes_and_attention_projections_keeping_loss_and_
                for layer in jitted.transformer_layers())  # mindspore.jit wrappers, not the bound methods
     assert all(getattr(layer.mlp.shared_experts._ffn, "__wrapped__", None) is not None
                for layer in jitted.transformer_layers())
+    cores = [layer.self_attention.core_attention for layer in jitted.transformer_layers()]
+    parts = [c.compressor._pool for c in cores if c.compressor is not None] + [
+        c.indexer._score for c in cores if c.indexer is not None]  # the indexer's compressor runs in its graph
+    assert len(parts) >= 3 and all(getattr(f, "__wrapped__", None) is not None for f in parts)
     hcs = [hc for layer in jitted.transformer_layers() for hc in (layer.attn_hc, layer.ffn_hc)]
     assert len(hcs) == 2 * (cfg.num_hidden_layers + 1) and all(hc.jit_mix for hc in hcs)
     assert not any(layer.attn_hc.jit_mix for layer in eager.transformer_layers())

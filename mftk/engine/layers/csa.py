@@ -80,29 +80,60 @@ class Compressor(nn.Cell):
         self.ape = Parameter(Tensor(np.zeros((ratio, width), np.float32)), name="ape")
         self.norm = RMSNorm(dim, eps)
         self.rope = PartialPairRope(rope_dim)
+        self.rope_fn = self.rope.fn(dim)
         self._consts: dict[tuple, Tensor] = {}  # the overlap's row index and fill rows, per shape
+        self._pool = self.pool  # compiled by `compile`
 
     def construct(self, x, rope_table):
         b, s, _ = x.shape
-        r, d, n = self.ratio, self.dim, s // self.ratio
+        n = s // self.ratio
         if n == 0:
             return None
+        return self._pool(x, *self.inputs(x, rope_table))
+
+    def inputs(self, x, rope_table) -> tuple:
+        """`pool`'s arguments after ``x``, built (and cached) on the host: the RoPE tables of the entries and,
+        with ``overlap``, the row index and fill rows of `_overlap`."""
+        b, n = x.shape[0], x.shape[1] // self.ratio
+        cos, sin = self.rope.tables(*rope_table(n, self.ratio), self.dim, b, 1)
+        if not self.overlap:
+            return cos, sin
+        return cos, sin, self._overlap_index(n), self._fill_row(b, 0.0, x.dtype), self._fill_row(b, MASKED, x.dtype)
+
+    def pool(self, x, cos, sin, index=None, kv_fill=None, gate_fill=None):
+        """The entries ``(B, n, d)`` of ``x (B, S, H)``: tensors only (`compile` runs it under ``mindspore.jit``)."""
+        b, s, _ = x.shape
+        r, d, n = self.ratio, self.dim, s // self.ratio
         kv = self.linear_wkv(x)[:, :n * r].reshape(b, n, r, -1)  # (B, n, r, c·d)
         g = self.linear_wgate(x)[:, :n * r].reshape(b, n, r, -1) + ops.tile(self.ape.reshape(1, 1, r, -1), (b, n, 1, 1))
         if self.overlap:
-            kv, g = self._overlap(kv, b, n), self._overlap(g, b, n, fill=MASKED)
+            kv, g = self._overlap(kv, index, kv_fill, b, n), self._overlap(g, index, gate_fill, b, n)
         w = ops.softmax(ops.swapaxes(g, 2, 3), -1)  # (B, n, d, rows): weights over the window's rows
         pooled = (ops.swapaxes(kv, 2, 3) * w).sum(-1)  # (B, n, d)
-        cos, sin = rope_table(n, r)
-        return self.rope(self.norm(pooled).reshape(b, n, 1, d), cos, sin).reshape(b, n, d)
+        return self.rope_fn(self.norm(pooled).reshape(b, n, 1, d), cos, sin).reshape(b, n, d)
 
-    def _overlap(self, t, b: int, n: int, fill: float = 0.0):
-        """``(B, n, r, 2d)`` → ``(B, n, 2r, d)``: rows ``[Ca of window j−1 ; Cb of window j]`` (window 0: fill),
+    def compile(self) -> None:
+        """`pool` under ``mindspore.jit`` (`DeepseekV4Attention.compile_projections`): its ~25 ops and their
+        backward as one graph; the host-built tables and index are its arguments."""
+        import mindspore as ms
+
+        cell = self  # a plain function over the cell, as `DeepseekV4Attention.compile_projections` does
+        if self.overlap:
+            def pool(x, cos, sin, index, kv_fill, gate_fill):
+                return cell.pool(x, cos, sin, index, kv_fill, gate_fill)
+        else:
+            def pool(x, cos, sin):
+                return cell.pool(x, cos, sin)
+        self._pool = ms.jit(pool)
+
+    def _overlap(self, t, index, fill, b: int, n: int):
+        """``(B, n, r, 2d)`` → ``(B, n, 2r, d)``: rows ``[Ca of window j−1 ; Cb of window j]`` (window 0: ``fill``),
         as one row gather: viewed ``(B, 2·n·r, d)``, token i's lanes ``[Ca | Cb]`` are rows 2i and 2i+1, and
-        the fill is one more row (2 ops and a scatter-add backward instead of ~6 slices and concats)."""
+        the fill is one more row (2 ops and a scatter-add backward instead of ~6 slices and concats);
+        ``index`` is `_overlap_index`."""
         r, d = self.ratio, self.dim
-        rows = mint.cat((t.reshape(b, 2 * n * r, d), self._fill_row(b, fill, t.dtype)), 1)  # (B, 2nr + 1, d)
-        return ops.gather(rows, self._overlap_index(n), 1).reshape(b, n, 2 * r, d)
+        rows = mint.cat((t.reshape(b, 2 * n * r, d), fill), 1)  # (B, 2nr + 1, d)
+        return ops.gather(rows, index, 1).reshape(b, n, 2 * r, d)
 
     def _overlap_index(self, n: int) -> Tensor:
         if ("index", n) not in self._consts:
@@ -131,20 +162,40 @@ class Indexer(nn.Cell):
         self.linear_weights_proj = Linear(hidden_size, heads)
         self.compressor = Compressor(hidden_size, dim, ratio, rope_dim, eps, overlap=True)
         self.rope = PartialPairRope(rope_dim)
+        self.rope_fn = self.rope.fn(dim)
+        self._score = self.score  # compiled by `compile`
 
     def scores(self, x, cq, rope_table):
         """Index scores ``(B, S, n)`` (no mask) from detached inputs, or None before the first full window."""
         x, cq = ops.stop_gradient(x), ops.stop_gradient(cq)
         b, s, _ = x.shape
-        k = self.compressor(x, rope_table)  # (B, n, dI)
-        if k is None:
+        if s // self.ratio == 0:
             return None
-        cos, sin = rope_table(s)
-        q = self.rope(self.linear_wq_b(cq).reshape(b, s, self.heads, self.dim), cos, sin)  # (B, S, nI, dI)
+        cos, sin = self.rope.tables(*rope_table(s), self.dim, b, self.heads)
+        return self._score(x, cq, cos, sin, *self.compressor.inputs(x, rope_table))
+
+    def score(self, x, cq, cos, sin, *pool_inputs):
+        """`scores` on tensors only (`compile` runs it under ``mindspore.jit``); ``pool_inputs``: the keys'
+        `Compressor.inputs`."""
+        b, s, _ = x.shape
+        k = self.compressor.pool(x, *pool_inputs)  # (B, n, dI)
+        q = self.rope_fn(self.linear_wq_b(cq).reshape(b, s, self.heads, self.dim), cos, sin)  # (B, S, nI, dI)
         dots = ops.relu(_bmm_nt(q.reshape(b, s * self.heads, self.dim), k)) * (self.dim ** -0.5)  # (B, S·nI, n)
         w = self.linear_weights_proj(x) * (self.heads ** -0.5)  # (B, S, nI)
         n = k.shape[1]
         return _bmm(w.reshape(b * s, 1, self.heads), dots.reshape(b * s, self.heads, n)).reshape(b, s, n)
+
+    def compile(self) -> None:
+        """`score` (the keys' compressor with it) under ``mindspore.jit``: ~40 ops as one call; the top-k
+        stays on the host."""
+        import mindspore as ms
+
+        cell = self  # a plain function over the cell, as `DeepseekV4Attention.compile_projections` does
+
+        def score(x, cq, cos, sin, k_cos, k_sin, index, kv_fill, gate_fill):
+            return cell.score(x, cq, cos, sin, k_cos, k_sin, index, kv_fill, gate_fill)
+
+        self._score = ms.jit(score)
 
     def select(self, scores, s: int) -> np.ndarray:
         """Top-``min(topk, n)`` visible entries per query, ``(B, S, k)`` int, −1 where fewer are visible."""
@@ -338,8 +389,9 @@ class DeepseekV4Attention(nn.Cell):
         return self.linear_proj(ops.swapaxes(y, 0, 1).reshape(b, s, self.g * self.r_o))
 
     def compile_projections(self) -> None:
-        """`project` and `output` under ``mindspore.jit`` (`GPTModel.jit_blocks`); the core attention stays
-        eager: its mask bias and the indexer's top-k are built on the host."""
+        """`project` and `output` under ``mindspore.jit`` (`GPTModel.jit_blocks`), and the core attention's
+        compressor and indexer scores (`Compressor.compile`, `Indexer.compile`); the rest of the core attention
+        stays eager: its mask bias and the indexer's top-k are built on the host."""
         import mindspore as ms
 
         cell = self  # plain functions over the cell, as `gpt.TransformerLayer.compile` does
@@ -351,6 +403,9 @@ class DeepseekV4Attention(nn.Cell):
             return cell.output(out, cos, sin)
 
         self._project, self._output = ms.jit(project), ms.jit(output)
+        for part in (self.core_attention.compressor, self.core_attention.indexer):
+            if part is not None:
+                part.compile()
 
 
 def indexer_cells(cell) -> list:

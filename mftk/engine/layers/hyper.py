@@ -164,10 +164,10 @@ class HyperConnectionTransformerLayer(nn.Cell):
         return ops.dropout(x, p=self.dropout) if self.dropout > 0.0 and self.training else x
 
     def compile(self) -> None:
-        """The hyper-connections' mixes (`HyperConnection.compile`), the attention's projections
-        (`csa.DeepseekV4Attention.compile_projections`) where the attention has them and the MoE's shared
-        expert (`moe.SharedExpertMLP.compile`): the core attention (host-built bias, top-k), the routed
-        experts' dispatch and the Sinkhorn sync with the host every step."""
+        """The hyper-connections' mixes (`HyperConnection.compile`), the attention's projections, compressors
+        and indexer scores (`csa.DeepseekV4Attention.compile_projections`) where the attention has them and
+        the MoE's shared expert (`moe.SharedExpertMLP.compile`): the rest of the core attention (host-built
+        bias, top-k), the routed experts' dispatch and the Sinkhorn sync with the host every step."""
         self.attn_hc.compile()
         self.ffn_hc.compile()
         if hasattr(self.self_attention, "compile_projections"):

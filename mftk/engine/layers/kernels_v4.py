@@ -32,7 +32,7 @@ class SinkAttentionFn(nn.Cell):
     matrix, no per-row max). ``q (B, 1, M, d)`` (M = queries × heads, any row order), ``kv (B, 1, Sk, d)``,
     ``bias (B, 1, M, Sk + 1)`` float (0 or −1e30: masked; the last column, the sink's, 0), ``sink_rows
     (B, 1, M, 1)`` each row's head sink.
-    Returns ``(out, probs, q', k', v)``; all but ``out`` only carry the forward to the backward. The padding
+    Returns ``(out, probs, v)``; all but ``out`` only carry the forward to the backward. The padding
     columns and rows of ``k'``/``v`` are constants, cached per shape (a ``zeros`` per call cost as much as a
     big op)."""
 
@@ -58,17 +58,29 @@ class SinkAttentionFn(nn.Cell):
         k, v = self._keys(kv)
         qs = mint.cat((q * self.scale, sink_rows), -1)  # (B, 1, M, d+1)
         p = _softmax(_bmm_nt(qs, k) + bias)  # (B, 1, M, Sk+1)
-        return _bmm(p, v), p, qs, k, v
+        return _bmm(p, v), p, v
 
     def bprop(self, q, kv, bias, sink_rows, out, dout):
-        o, p, qs, k, v = out
+        """Slice-free where it can be: ``ds·k'`` splits into ``ds·v`` (k' without its sink lane is v) and
+        ``ds·e`` (the sink lane, a GEMV with a cached one-hot column), so neither lane of ``dq'`` is sliced;
+        ``dkv`` is one row slice of ``dsᵀ·q·scale + pᵀ·do`` (strided lane slices cost ~10 ms a layer)."""
+        o, p, v = out
         do = dout[0]
         c = _rowsum(do * o)  # Σ_j p_j·(do·v_j) = do·out; the sink's value is 0
         ds = (_bmm_nt(do, v) - _tile(c, (1, 1, 1, p.shape[-1]))) * p  # masked entries have p = 0
-        dqs, dk = _bmm(ds, k), _bmm_tn(ds, qs)  # (B, 1, M, d+1), (B, 1, Sk+1, d+1)
-        d, sk = q.shape[-1], kv.shape[2]
-        dkv = dk[:, :, :sk, :d] + _bmm_tn(p, do)[:, :, :sk]
-        return dqs[..., :d] * self.scale, dkv, ops.zeros_like(bias), dqs[..., d:]
+        dq = _bmm(ds, v) * self.scale  # (B, 1, M, d)
+        dsink = _bmm(ds, self._sink_lane(v))  # (B, 1, M, 1)
+        dkv = (_bmm_tn(ds, q) * self.scale + _bmm_tn(p, do))[:, :, :kv.shape[2]]  # (B, 1, Sk, d)
+        return dq, dkv, ops.zeros_like(bias), dsink
+
+    def _sink_lane(self, v):
+        """``(B, 1, Sk + 1, 1)``: 1 on the sink key's row, the lane ``k'`` has beyond ``v``'s (cached per shape)."""
+        key = ("sink_lane",) + tuple(v.shape) + (v.dtype,)
+        if key not in self._pads:
+            lane = np.zeros(tuple(v.shape[:-1]) + (1,), np.float32)
+            lane[..., -1, :] = 1.0
+            self._pads[key] = Tensor(lane).astype(v.dtype)
+        return self._pads[key]
 
 
 def pair_rotation(dim: int, rope_dim: int | None = None) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
-from .grouped import GroupedExpertsFn, padded_layout
+from .grouped import GroupedExpertsFn, WeightedCombineFn, padded_layout
 from .registry import kernel
 from .linear import Linear
 from .mlp import MLP
@@ -146,6 +146,7 @@ class GroupedMLP(nn.Cell):
         self.e, self.f = num_experts, ffn_hidden_size
         self.act = kernel("silu_mul")()
         self.grouped = GroupedExpertsFn(self.act, ffn_hidden_size)
+        self.combine = WeightedCombineFn()
         w1 = np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)
         self.weight1 = Parameter(Tensor(w1), name="weight1")
         self.weight2 = Parameter(Tensor(np.zeros((num_experts, ffn_hidden_size, hidden_size), np.float32)),
@@ -184,8 +185,7 @@ class GroupedMLP(nn.Cell):
         xs = ops.gather(x, token, 0).reshape(self.e, n, h)
         w = ops.gather(probs.reshape(-1), Tensor(np.maximum(slot_pair, 0).astype(np.int32)), 0)
         w = w * Tensor((slot_pair >= 0).astype(np.float32))
-        ys = self.grouped(xs, self.weight1, self.weight2)[0].reshape(-1, h) * w.reshape(-1, 1)
-        return ops.unsorted_segment_sum(ys, token, t)
+        return self.combine(self.grouped(xs, self.weight1, self.weight2)[0].reshape(-1, h), w.reshape(-1, 1), token, t)
 
 
 class SharedExpertMLP(MLP):
