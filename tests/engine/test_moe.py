@@ -142,3 +142,26 @@ def test_moe_layer_gradient_matches_finite_differences(rng, gradcheck):
 
     # routing is piecewise constant: a small step keeps the same experts, so the check is exact
     gradcheck(f, [x, *layer.trainable_params()], rng, eps=1e-4, rtol=3e-2)
+
+
+def test_weighted_combine_matches_float64_reference(rng):
+    """`grouped.WeightedCombineFn` (the routed rows weighted and summed back to their tokens, with its own backward)
+    against a float64 NumPy transcription: out[t] = Σ_{s: token[s]=t} w[s]·ys[s]; dys = w·dout[token];
+    dw = Σ_h dout[token]·ys; tokens no row goes to get zeros."""
+    from mftk.engine.layers.grouped import WeightedCombineFn
+
+    n, h, t = 11, 6, 5
+    ys, w = rng.standard_normal((n, h)), rng.random((n, 1))
+    token = np.array([0, 3, 3, 1, 0, 4, 3, 1, 0, 0, 4], np.int32)  # token 2 receives nothing
+    dout = rng.standard_normal((t, h))
+    want = np.zeros((t, h))
+    np.add.at(want, token, w * ys)
+    fn = WeightedCombineFn()
+    args = (Tensor(ys.astype(np.float32)), Tensor(w.astype(np.float32)), Tensor(token))
+    got = fn(*args, t).asnumpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not got[2].any()
+    dys, dw = ms.grad(lambda a, b: (fn(a, b, args[2], t) * Tensor(dout.astype(np.float32))).sum(),
+                      grad_position=(0, 1))(*args[:2])
+    np.testing.assert_allclose(dys.asnumpy(), w * dout[token], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dw.asnumpy(), (dout[token] * ys).sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
