@@ -92,7 +92,10 @@ def parse(argv: list[str], options: dict[str, Opt]) -> dict[str, Any] | None:
         value = _convert(raw, opt)
         if value is None:
             return None
-        given.setdefault(name, []).append(value) if opt.many else given.__setitem__(name, value)
+        if opt.many:
+            given.setdefault(name, []).append(value)
+        else:
+            given[name] = value
     values = {}
     for name, opt in options.items():
         if name in given:
