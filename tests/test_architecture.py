@@ -98,13 +98,16 @@ def test_a_mistyped_subcommand_gets_one_suggestion():
 def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
     """`mftk preprocess` imports one command module and the data layer: never MindSpore, the engine, the
     plan or config model, pydantic or matplotlib, nor awkward (gigatoken's result type: mftk takes its arrays
-    without it, `mftk.data.gigatoken_ids`); with ``--tokenizer-backend hf`` not gigatoken either. With
-    ``--json`` and stderr not a terminal nothing is drawn, so Rich is not imported either."""
+    without it, `mftk.data.gigatoken_ids`), nor gigatoken's Python package (its compiled tokenizer is loaded
+    alone; with ``--tokenizer-backend hf`` not that either). With ``--json`` and stderr not a terminal nothing
+    is drawn, so Rich is not imported either."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} with some words"}) + "\n" for i in range(50)))
     code = ("import os, sys\n"  # the command ends with os._exit (no teardown): report the modules there
             "real_exit = os._exit\n"
             "def _exit(code):\n"
+            "    ids = sys.modules.get('mftk.data.gigatoken_ids')\n"
+            "    print('RUST', bool(ids and ids._rust), flush=True)\n"
             "    print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in TOP or "
             "m.startswith(('mftk.', 'commands.'))), flush=True)\n"
             "    real_exit(code)\n"
@@ -128,7 +131,8 @@ def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
                                                      "mftk.progress"} for m in mftk), mftk
     assert "mftk.data.preprocess" in mftk
     heavy = {m.split(".")[0] for m in loaded if not m.startswith(("mftk.", "commands."))}
-    assert heavy == ({"gigatoken"} if backend == "auto" else set()), heavy
+    assert heavy == set(), heavy
+    assert ("RUST True" in out.stdout) == (backend == "auto"), out.stdout
 
 
 def test_version():

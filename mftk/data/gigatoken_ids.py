@@ -1,5 +1,18 @@
-"""gigatoken's batch ids as two numpy arrays, without importing `awkward` where that can be avoided.
+"""gigatoken's tokenizer, loaded and called with the least Python around it: `from_json`, and
+`encode_batch_arrays`, its batch ids as two numpy arrays without importing `awkward`.
 
+`from_json`: the `gigatoken` package's Python layer (``gigatoken.Tokenizer``, which imports
+multiprocessing, its HF and tiktoken compatibility wrappers...) costs 30 ms of a 0.6 s
+`mftk preprocess` run over 50 MB, on the path that waits for the tokenizer, and all mftk calls is
+the compiled tokenizer's ``encode_batch``. Where the package is not imported yet, its compiled
+module is loaded alone (under its own name, so a later ``import gigatoken`` finds it loaded and
+shares it) and the tokenizer is its Rust object, called as ``gigatoken.Tokenizer.encode_batch``
+calls it: in parallel except in a forked child or a multiprocessing worker (`_may_run_parallel`,
+gigatoken's own rule, since a thread pool made before a fork has no threads after it). Where the
+package is imported already, or the compiled module is not where the package keeps it, the
+package's ``Tokenizer`` is used as before; the ids are the same either way.
+
+`encode_batch_arrays`:
 gigatoken's ``encode_batch`` builds its result by calling ``awkward.unflatten(ids, counts)`` on
 two numpy arrays it has already made (and reads ``awkward.Array`` to test whether its input is an
 awkward array). Importing `awkward` costs 0.2-0.3 CPU-seconds (it pulls in fsspec, asyncio, ssl,
@@ -8,8 +21,8 @@ wants back is those two arrays. So, while `awkward` is not imported, each batch 
 stand-in module under that name (`_STAND_IN`: an ``Array`` no input is an instance of, and an
 ``unflatten`` that returns the arrays as given), for the duration of the call only.
 
-Safety: the stand-in is only in ``sys.modules`` while one of our calls runs (a lock makes the
-calls take turns), never once the real `awkward` is loaded, and what it returns is checked (two
+Safety: the stand-in is only in ``sys.modules`` while calls of ours run (a count under a lock puts it
+there and takes it away; concurrent calls share it), never once the real `awkward` is loaded, and what it returns is checked (two
 1-D integer arrays whose counts add up to the ids, one count per input). Should a gigatoken version
 ask the stand-in for anything else, or return something else, the call is made again with the real
 `awkward` and the stand-in is not used again in the process; the ids are the same either way,
@@ -17,6 +30,9 @@ since the stand-in only receives them.
 """
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+import os
 import sys
 import threading
 import types
@@ -24,6 +40,71 @@ import types
 import numpy as np
 
 _LOCK = threading.Lock()
+_RUST_MODULE = "gigatoken.gigatoken_rs"
+_rust: list[types.ModuleType] = []  # the compiled module once loaded alone
+_forked = [False]  # set in the child of any fork after this module is imported (`_may_run_parallel`)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forked.__setitem__(0, True))
+
+
+def installed() -> bool:
+    """Whether gigatoken can be imported (without importing it)."""
+    return "gigatoken" in sys.modules or importlib.util.find_spec("gigatoken") is not None
+
+
+def from_json(tokenizer_json: bytes):
+    """gigatoken's tokenizer for these ``tokenizer.json`` bytes: something with gigatoken's
+    ``encode_batch(texts)``. Raises ImportError if gigatoken is not installed, and what gigatoken
+    raises for a tokenizer it cannot load."""
+    rust = _rust_module()
+    if rust is None:
+        import gigatoken
+
+        return gigatoken.Tokenizer.from_json(tokenizer_json)
+    return _Direct(rust.load_hf_json(tokenizer_json))
+
+
+class _Direct:
+    """gigatoken's Rust tokenizer, with ``encode_batch`` as ``gigatoken.Tokenizer`` calls it."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: object) -> None:
+        self.backend = backend
+
+    def encode_batch(self, texts: list):
+        return self.backend.encode_batch(texts, parallel=_may_run_parallel())
+
+
+def _rust_module() -> types.ModuleType | None:
+    """gigatoken's compiled module, loaded without the package; None where the package is imported
+    already or does not hold the module where 0.10 keeps it. ImportError: gigatoken is not installed."""
+    if "gigatoken" in sys.modules:
+        return None
+    if _rust:
+        return _rust[0]
+    package = importlib.util.find_spec("gigatoken")
+    if package is None:
+        raise ImportError("No module named 'gigatoken'", name="gigatoken")
+    found = importlib.machinery.PathFinder.find_spec("gigatoken_rs", package.submodule_search_locations or [])
+    if found is None or not isinstance(found.loader, importlib.machinery.ExtensionFileLoader):
+        return None
+    loader = importlib.machinery.ExtensionFileLoader(_RUST_MODULE, found.origin)
+    spec = importlib.util.spec_from_file_location(_RUST_MODULE, found.origin, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    if not hasattr(module, "load_hf_json"):
+        return None
+    _rust.append(module)  # not in sys.modules: the package, if imported later, is imported as usual
+    return module
+
+
+def _may_run_parallel() -> bool:
+    """gigatoken's rule for ``parallel=None``: not in a forked child nor a multiprocessing worker."""
+    if _forked[0]:
+        return False
+    mp = sys.modules.get("multiprocessing")
+    return mp is None or mp.parent_process() is None
 
 
 class StandInUnusable(Exception):
@@ -57,12 +138,12 @@ class _AwkwardStandIn(types.ModuleType):
 
 
 _STAND_IN = _AwkwardStandIn("awkward", "mftk's stand-in for awkward inside gigatoken's encode_batch")
-_state = {"usable": True}
+_state = {"usable": True, "calls": 0}  # calls: encodes running with the stand-in in sys.modules
 
 
 def encode_batch_arrays(encode_batch, texts: list, **kwargs: object) -> tuple[np.ndarray, np.ndarray]:
     """(flat ids, int64 count per text) of ``encode_batch(texts, **kwargs)``, gigatoken's batch encode."""
-    if _state["usable"] and "awkward" not in sys.modules:
+    if _state["usable"] and sys.modules.get("awkward", _STAND_IN) is _STAND_IN:
         try:
             return _with_stand_in(encode_batch, texts, kwargs)
         except Exception:  # noqa: BLE001 - a tokenizer failure raises again below, with the real awkward
@@ -72,13 +153,20 @@ def encode_batch_arrays(encode_batch, texts: list, **kwargs: object) -> tuple[np
 
 def _with_stand_in(encode_batch, texts: list, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
     with _LOCK:
-        if "awkward" in sys.modules:  # imported by someone else meanwhile: use it
-            return _flat(encode_batch(texts, **kwargs))
-        sys.modules["awkward"] = _STAND_IN
-        try:
-            result = encode_batch(texts, **kwargs)
-        finally:
-            if sys.modules.get("awkward") is _STAND_IN:
+        if sys.modules.get("awkward", _STAND_IN) is not _STAND_IN:  # the real one, imported meanwhile: use it
+            real = True
+        else:
+            real = False
+            sys.modules["awkward"] = _STAND_IN
+            _state["calls"] += 1
+    if real:
+        return _flat(encode_batch(texts, **kwargs))
+    try:
+        result = encode_batch(texts, **kwargs)
+    finally:
+        with _LOCK:
+            _state["calls"] -= 1
+            if not _state["calls"] and sys.modules.get("awkward") is _STAND_IN:
                 del sys.modules["awkward"]
     if not isinstance(result, _FlatIds):
         raise StandInUnusable(f"encode_batch returned {type(result).__name__}")

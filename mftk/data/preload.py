@@ -108,7 +108,7 @@ def _load_hf(file: Path) -> object | None:
 
 
 def _load_gigatoken(file: Path) -> tuple[bytes, object]:
-    import gigatoken
+    from mftk.data.gigatoken_ids import from_json
 
     data = read_bytes(file, limit=LARGE_JSON_LIMIT, what="tokenizer file")
-    return data, gigatoken.Tokenizer.from_json(data)
+    return data, from_json(data)

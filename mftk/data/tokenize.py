@@ -28,6 +28,7 @@ import attrs
 import numpy as np
 
 from mftk.data import hf_reference
+from mftk.data import gigatoken_ids
 from mftk.data.gigatoken_ids import encode_batch_arrays
 from mftk.data.hf_reference import EOD_CANDIDATES, NoSuchToken, resolve_eod
 from mftk.data.preload import TokenizerPreload, tokenizer_file
@@ -115,7 +116,7 @@ class GigatokenEncoder:
         self.memo_budget = memo_budget
         self.reloads = 0
         self._tok = None
-        self._lock = threading.Lock()  # the run's encoder thread and the backend check's take turns (reloads)
+        self._lock = threading.Lock()  # one reload at a time
         if loaded is None:
             self._load()
         else:  # built from these bytes by `TokenizerPreload`
@@ -123,22 +124,22 @@ class GigatokenEncoder:
             self._rss_at_load = _rss()
 
     def _load(self) -> None:
-        import gigatoken
-
         if self._tok is not None:
             self._tok = None  # the old memo goes before the new tokenizer is built
             _return_freed_memory()
-        self._tok = gigatoken.Tokenizer.from_json(self._json)
+        self._tok = gigatoken_ids.from_json(self._json)
         self._rss_at_load = _rss()
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.uint32), np.zeros(0, np.int64)
-        with self._lock:
-            flat, lengths = encode_batch_arrays(self._tok.encode_batch, texts)  # parallel unless in a forked worker
-            if _rss() - self._rss_at_load > self.memo_budget:
-                self.reloads += 1
-                self._load()
+        tok = self._tok  # batches of several threads run at once; a reload waits for none of them
+        flat, lengths = encode_batch_arrays(tok.encode_batch, texts)  # parallel unless in a forked worker
+        if _rss() - self._rss_at_load > self.memo_budget:
+            with self._lock:
+                if self._tok is tok:  # not reloaded by another thread meanwhile
+                    self.reloads += 1
+                    self._load()
         if len(self.prefix) or len(self.suffix):
             flat, lengths = wrap_sequences(flat, lengths, self.prefix, self.suffix)
         return flat.astype(np.uint32, copy=False), lengths
@@ -390,9 +391,7 @@ def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: Token
     facts = tok.hf_facts()
     if facts["truncation_or_padding"]:
         return None, "the tokenizer.json enables truncation or padding"
-    try:
-        import gigatoken  # noqa: F401
-    except ImportError:
+    if not gigatoken_ids.installed():
         return None, "the gigatoken package is not installed"
     wrap = facts["wrap"]
     if wrap is None:
@@ -403,6 +402,8 @@ def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: Token
             encoder = GigatokenEncoder(read_bytes(tok.path, limit=LARGE_JSON_LIMIT, what="tokenizer file"), *wrap)
         else:
             encoder = GigatokenEncoder(loaded[0], *wrap, loaded=loaded[1])
+    except ImportError:
+        return None, "the gigatoken package is not installed"
     except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
         return None, f"gigatoken cannot load it ({_first_line(exc)})"
     cases = [(name, text) for name, text in EDGE_CASES] + [(name, text) for name, text in facts["added_cases"]]

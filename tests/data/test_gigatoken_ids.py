@@ -86,3 +86,74 @@ def test_a_result_of_another_shape_falls_back(tokenizer_file):
     flat, counts = _reference(tokenizer_file)
     assert got["second_ids"] == [flat, [len(flat)]]  # what the real awkward makes of that call
     assert got["usable_after"] is False and got["stand_in_left"] is False
+
+
+DIRECT = r"""
+import json, os, sys
+from mftk.data import gigatoken_ids as G
+
+texts = json.loads(sys.argv[2])
+data = open(sys.argv[1], "rb").read()
+out = {}
+tok = G.from_json(data)
+out["direct"] = type(tok).__name__ == "_Direct"
+flat, counts = G.encode_batch_arrays(tok.encode_batch, texts)
+out["ids"] = [flat.tolist(), counts.tolist()]
+out["package_imported"] = "gigatoken" in sys.modules
+out["parallel_here"] = G._may_run_parallel()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a forked child: gigatoken's own rule runs nothing on the thread pool there
+    os.write(w, b"1" if G._may_run_parallel() else b"0")
+    os._exit(0)
+os.waitpid(pid, 0)
+out["parallel_in_child"] = os.read(r, 1) == b"1"
+import gigatoken  # the package afterwards: it imports as usual and shares the compiled module
+out["package_tokenizer"] = type(G.from_json(data)).__name__
+out["package_ids"] = [gigatoken.Tokenizer.from_json(data).encode(t).tolist() for t in texts]
+print(json.dumps(out))
+"""
+
+
+def test_compiled_module_alone_gives_the_packages_ids(tokenizer_file):
+    """`from_json` loads gigatoken's compiled tokenizer without the package's Python layer; the package,
+    imported afterwards, works and gives the same ids, and the thread pool is not used after a fork."""
+    out = subprocess.run([sys.executable, "-c", DIRECT, str(tokenizer_file), json.dumps(TEXTS)], capture_output=True,
+                         text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    want = _reference(tokenizer_file)
+    assert got["direct"] and not got["package_imported"] and got["ids"] == want
+    assert got["parallel_here"] is True and got["parallel_in_child"] is False
+    assert got["package_tokenizer"] == "Tokenizer"  # once the package is imported, its own Tokenizer
+    assert [i for row in got["package_ids"] for i in row] == want[0]
+
+
+def test_concurrent_batches_share_the_stand_in(tokenizer_file):
+    """Batches encoded at once on several threads each get their own ids (the stand-in stays in place
+    while any of them runs, and leaves with the last)."""
+    import threading
+
+    import gigatoken
+
+    from mftk.data import gigatoken_ids as G
+
+    tok = gigatoken.Tokenizer.from_json(Path(tokenizer_file).read_bytes())
+    want = _reference(tokenizer_file)
+    batches = [TEXTS[i:] + TEXTS[:i] for i in range(len(TEXTS))] * 8
+    results: list = [None] * len(batches)
+
+    def work(k):
+        flat, counts = G.encode_batch_arrays(tok.encode_batch, batches[k])
+        results[k] = (flat.tolist(), counts.tolist())
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, batch in enumerate(batches):
+        ids = [tok.encode(t).tolist() for t in batch]
+        assert results[k] == ([i for row in ids for i in row], [len(row) for row in ids])
+    assert G._state["calls"] == 0 and type(sys.modules.get("awkward")).__name__ != "_AwkwardStandIn"
+    assert want[0]  # the reference tokenizer encodes these texts to something

@@ -148,16 +148,25 @@ def test_a_late_verdict_discards_what_gigatoken_wrote(tmp_path, tokenizer_file, 
 
 
 def test_gigatoken_missing_falls_back(tmp_path, tokenizer_file, monkeypatch):
+    """As without the package: not importable, not found by the import system (whether it was imported
+    before in this test process or not)."""
     import builtins
+    import importlib.util
+    import sys
 
-    real_import = builtins.__import__
+    from mftk.data import gigatoken_ids
+
+    real_import, real_find = builtins.__import__, importlib.util.find_spec
 
     def no_gigatoken(name, *args, **kwargs):
-        if name == "gigatoken":
+        if name == "gigatoken" or name.startswith("gigatoken."):
             raise ImportError("No module named 'gigatoken'")
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_gigatoken)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gigatoken" else real_find(name, *a))
+    monkeypatch.delitem(sys.modules, "gigatoken", raising=False)
+    monkeypatch.setattr(gigatoken_ids, "_rust", [])
     src = write_jsonl(tmp_path / "c.jsonl", DOCS)
     s = preprocess([str(src)], str(tmp_path / "o"), tokenizer_file)
     assert s.backend == "hf" and "not installed" in s.backend_note
