@@ -239,6 +239,17 @@ def _encodable(text: str) -> bool:
     return True
 
 
+def _newlines(data: bytes, at_most: int) -> int:
+    """How many ``\n`` ``data`` holds, counted up to ``at_most`` (a few memchr calls, not a pass over it)."""
+    count = start = 0
+    while count < at_most:
+        start = data.find(b"\n", start) + 1
+        if not start:
+            break
+        count += 1
+    return count
+
+
 def _doc_type(keys: list[str], *, only: bool) -> type:
     """A msgspec Struct with one required ``str | list[str]`` field per key.
 
@@ -247,7 +258,7 @@ def _doc_type(keys: list[str], *, only: bool) -> type:
     """
     fields = [(f"f{i}", Union[str, list[str]]) for i in range(len(keys))]
     return msgspec.defstruct("Doc", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
-                             forbid_unknown_fields=only)
+                             forbid_unknown_fields=only, gc=False)  # strings only: no cycle to collect
 
 
 class CorpusReader:
@@ -307,14 +318,14 @@ class CorpusReader:
         """(data, end): ``data[:end]`` is a run of whole lines, about a chunk or `MIN_LINES` lines (the
         file's last line may lack its ``\\n``). Only lines gathered over chunk boundaries are copied."""
         pending: list[bytes] = []
-        lines = 0  # the newlines in pending
+        lines = 0  # the newlines in pending, counted up to MIN_LINES
         first = self.start == 0
         for chunk in self._chunks():
             if first:
                 first = False
                 if chunk.startswith(BOM):
                     chunk = chunk[3:]
-            lines += chunk.count(b"\n")
+            lines += _newlines(chunk, MIN_LINES - lines)
             if not lines or (lines < MIN_LINES and len(pending) < MAX_GATHER - 1):
                 pending.append(chunk)  # a line longer than a chunk, or too few lines yet: gather, bounded
                 continue
@@ -340,20 +351,24 @@ class CorpusReader:
             yield chunk
 
     def _parse(self, data: bytes, end: int, number: int) -> Chunk:
-        """Lines as zero-copy views of ``data[:end]`` (split on ``\\n`` by numpy), then parsed."""
-        arr = np.frombuffer(data, np.uint8, count=end)
-        ends = np.flatnonzero(arr == 10).tolist()
-        if not ends or ends[-1] != end - 1:
-            ends.append(end)  # the last line of the file, without its \n
+        """Lines as zero-copy views of ``data[:end]``, then parsed."""
         view = memoryview(data)
-        lines = [view[a:b] for a, b in zip([0, *(e + 1 for e in ends[:-1])], ends)]
-        chunk = self._fast(lines, number, arr, ends)
+        lines, ends = [], []
+        find, start = data.find, 0
+        while start < end:  # memchr per line: 2x numpy's compare-and-nonzero over the chunk
+            stop = find(b"\n", start, end)
+            if stop < 0:
+                stop = end  # the last line of the file, without its \n
+            lines.append(view[start:stop])
+            ends.append(stop)
+            start = stop + 1
+        chunk = self._fast(lines, number, data, end, ends)
         if chunk is None:
             chunk = self._careful([line.tobytes() for line in lines], number)
         return chunk
 
     # -- parsing ----------------------------------------------------------------------------
-    def _fast(self, lines: list[memoryview], number: int, arr: np.ndarray, ends: list[int]) -> Chunk | None:
+    def _fast(self, lines: list[memoryview], number: int, data: bytes, end: int, ends: list[int]) -> Chunk | None:
         """Every line valid: one msgspec call per line, no per-document Python beyond the texts."""
         docs = None
         if not self._other_keys:
@@ -364,7 +379,7 @@ class CorpusReader:
                 pass
         if docs is None:
             try:
-                high = np.flatnonzero(arr & 0x80)
+                high = np.flatnonzero(np.frombuffer(data, np.uint8, count=end) & 0x80)
                 if len(high):  # msgspec does not check the UTF-8 of keys it skips: check lines with non-ASCII
                     for i in np.unique(np.searchsorted(ends, high)).tolist():
                         str(lines[i], "utf-8")

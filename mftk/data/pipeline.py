@@ -90,7 +90,7 @@ class RunOptions:
     chunk_bytes: int
     sample_length: int | None = None  # mindrecord: samples of seq_length + 1 tokens
     allow_empty: bool = False  # a shard may hold no tokens; its merge with the others is what counts
-    settings: dict = attrs.field(factory=dict)  # what a resumed run must match
+    settings: dict = attrs.field(factory=dict)  # what a resumed run must match; a callable value is called when needed
     # Called before anything encoded is kept (a progress record saved, an output finalized): the
     # tokenizer backend's pending verdict (`mftk.data.tokenize.BackendCheck.confirm`); it may raise.
     confirm: Callable[[], None] = lambda: None
@@ -170,7 +170,7 @@ class SourceRun:
                  options: RunOptions, meter: Meter) -> None:
         self.prefix, self.pieces, self.tok, self.opt, self.meter = prefix, pieces, tok, options, meter
         self.keys = options.keys
-        self.settings = {**options.settings, "inputs": [p.describe() for p in pieces]}
+        self._settings: dict | None = None
         self.mindformers = options.compat == "mindformers"
         self.state_path = Path(prefix + ".preprocess-state.json")
         self.rejects = Rejects(Path(prefix + ".rejects.jsonl"), options.on_error, options.max_errors)
@@ -181,6 +181,14 @@ class SourceRun:
         self._saved_at: float | None = None
 
     # -- state ---------------------------------------------------------------------------
+    @property
+    def settings(self) -> dict:
+        """What a resumed run must match (computed when a progress record is first read or written)."""
+        if self._settings is None:
+            self._settings = {**{k: v() if callable(v) else v for k, v in self.opt.settings.items()},
+                              "inputs": [p.describe() for p in self.pieces]}
+        return self._settings
+
     def _load_state(self) -> dict | None:
         if not self.state_path.is_file():
             return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import os
 import re
 import time
@@ -243,7 +242,7 @@ def _options(tok, keys: list[str], compat: str, append_eod: bool, on_error: str,
              chunk_bytes: int, format: str, seq_length: int | None, shard: tuple[int, int] | None) -> RunOptions:
     dtype = best_dtype(tok.vocab_size, compat) if format == "megatron" else np.dtype(np.int32)
     settings = {"keys": keys, "compat": compat, "append_eod": append_eod, "eod_id": tok.eod_id,
-                "dtype": dtype.name, "tokenizer_sha256": _sha256(Path(tok.path)), "shard": list(shard or ())}
+                "dtype": dtype.name, "tokenizer_sha256": TokenizerDigest(Path(tok.path)), "shard": list(shard or ())}
     sample_length = None
     if format == "mindrecord":
         sample_length = seq_length + 1
@@ -314,5 +313,16 @@ def _check_writable(prefix: Path) -> None:
                          path=str(prefix.parent), hint="choose a writable --output-prefix directory") from None
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(read_bytes(path, limit=LARGE_JSON_LIMIT, what="tokenizer file")).hexdigest()
+class TokenizerDigest:
+    """The tokenizer.json's SHA-256, computed when a progress record first needs it (most runs save none)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._hex = path, None
+
+    def __call__(self) -> str:
+        if self._hex is None:
+            import hashlib
+
+            data = read_bytes(self.path, limit=LARGE_JSON_LIMIT, what="tokenizer file")
+            self._hex = hashlib.sha256(data).hexdigest()
+        return self._hex
