@@ -26,7 +26,8 @@ import attrs
 import numpy as np
 
 from mftk.data.indexed import best_dtype, data_paths, merge
-from mftk.data.jsonl import CHUNK_BYTES, expand_inputs, sample_texts
+from mftk.data.inputs import Source, expand_inputs, parse_sources, sample_texts
+from mftk.data.jsonl import CHUNK_BYTES
 from mftk.data.pipeline import Meter, OutputPair, RunOptions, SourceRun, SourceSummary
 from mftk.data.shards import Piece, check_shard, shard_name, shard_pieces
 from mftk.data.preload import TokenizerPreload, use_threads
@@ -38,18 +39,9 @@ from mftk.progress import NULL_PROGRESS, Progress
 
 __all__ = ["OutputPair", "PreprocessSummary", "Source", "SourceSummary", "parse_sources", "preprocess"]
 
-_NAMED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
 LOCK_WHAT = "mftk preprocess output"
 SAMPLE_TEXTS = 128  # input texts the backend check encodes with both tokenizers (cut to SAMPLE_CHARS)
 SAMPLE_CHARS = 1024
-
-
-@attrs.define
-class Source:
-    """One group of inputs that becomes one output prefix (per JSON key)."""
-
-    name: str | None
-    patterns: list[str]
 
 
 @attrs.define
@@ -105,21 +97,6 @@ class PreprocessSummary:
                 commands.append(f"mftk preprocess --merge --input '{pattern}' --output-prefix "
                                 f"'{o.prefix.replace('_' + own, '')}'")
         return commands
-
-
-def parse_sources(inputs: list[str]) -> list[Source]:
-    """``NAME=PATTERN`` puts a pattern in group NAME; plain patterns form one unnamed group."""
-    groups: dict[str | None, list[str]] = {}
-    for item in inputs:
-        m = _NAMED.match(item)
-        if m and not os.path.exists(item):
-            groups.setdefault(m.group(1), []).append(m.group(2))
-        else:
-            groups.setdefault(None, []).append(item)
-    if None in groups and len(groups) > 1:
-        raise InputError(message="mixing named inputs (NAME=PATH) with unnamed ones",
-                         hint="name every input group, e.g. --input wiki=wiki/*.jsonl --input code=code.jsonl")
-    return [Source(name, patterns) for name, patterns in groups.items()]
 
 
 def preprocess(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from mftk.data.jsonl import is_gzip, is_json_array
+from mftk.data.inputs import is_gzip, is_json_array
 from mftk.errors import InputError
 
 

@@ -179,7 +179,7 @@ def test_unknown_backend_is_refused(tmp_path, tokenizer_file):
 
 
 def test_sample_spreads_over_files_and_skips_bad_lines(tmp_path):
-    from mftk.data.jsonl import sample_texts
+    from mftk.data.inputs import sample_texts
 
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": f"a{i}"} for i in range(100)])
     b = tmp_path / "b.jsonl"
