@@ -81,7 +81,7 @@ def preprocess(
     preload = None
     if tokenizer is not None and not merge:  # first: the loads run beside the imports below
         use_threads(workers)
-        preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token)
+        preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token, inputs=input, keys=json_keys)
 
     import attrs
 

@@ -6,12 +6,14 @@ ids of the check texts; with gigatoken chosen, it never encodes the data itself.
 60-160 ms of Rust that holds the GIL, which in the preprocess process would stall the imports
 and gigatoken's own load behind it. So `Reference` starts a small helper process (``python -S``,
 only the standard library and `tokenizers` imported: 0.1 s of CPU on the other core) that loads
-it, sends the facts, then encodes the check texts the run sends it and sends their ids back.
+it and sends the facts; then it samples the input itself (`mftk.data.inputs.check_sample`),
+encodes the check texts (`check_cases`) and sends them with their ids, all while the run is still
+importing its modules, so that none of the check's HF work competes with the run's own encoding.
 
 Nothing is decided from what the helper says that the run could not check: the facts are what
 `facts_of` computes in the run's process when there is no helper (the same function, the same
-library), and the ids are compared with gigatoken's by `mftk.data.tokenize.BackendCheck`, as
-before. Any trouble (no interpreter to start, the helper failing, dying, or answering something
+library), the check texts are what `check_cases` gives there (the same sample of the same files),
+and the ids are compared with gigatoken's by `mftk.data.tokenize.BackendCheck`, as before. Any trouble (no interpreter to start, the helper failing, dying, or answering something
 else) makes `Reference` answer None, and the caller does the work in its own process as it did
 without a helper, with its usual error messages.
 
@@ -20,6 +22,7 @@ This module imports only the standard library, so the command can start the help
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -27,8 +30,8 @@ from pathlib import Path
 
 # The helper's program: read the request, make this package and the parent's site-packages importable
 # (``-S`` skips site, 30-40 ms of start-up), serve.
-_PROGRAM = ("import json, sys; request = json.loads(sys.stdin.readline()); sys.path[:0] = request['path']; "
-            "from mftk.data.hf_reference import serve; serve(request)")
+_PROGRAM = ("import json, os, sys; request = json.loads(sys.stdin.readline()); sys.path[:0] = request['path']; "
+            "from mftk.data.hf_reference import serve; serve(request); os._exit(0)")
 
 
 def special_wrap(hf) -> tuple[list[int], list[int]] | None:
@@ -53,6 +56,37 @@ def added_token_cases(hf) -> list[tuple[str, str]]:
     """Every added token inside text, alone and glued to words (special tokens in documents)."""
     tokens = sorted(t.content for t in hf.get_added_tokens_decoder().values())[:64]
     return [(f"added token {t!r} inside text", f"{t}a{t} b {t}\n{t}{t}x{t}") for t in tokens]
+
+
+# Fixed strings every check includes, named so a difference says which kind of text differs.
+EDGE_CASES: tuple[tuple[str, str], ...] = (
+    ("empty", ""),
+    ("one space", " "),
+    ("whitespace only", " \t\n\r\n  \u3000\u00a0 "),
+    ("newlines", "line one\n\nline two\r\nthree\n"),
+    ("leading and trailing spaces", "   padded text   "),
+    ("non-ASCII", "Ünïcödé façade naïve café — 東京 😀 ¿Qué? Привет мир مرحبا नमस्ते"),
+    ("decomposed accents (NFD)", "e\u0301 a\u0308 n\u0303 cafe\u0301"),
+    ("compatibility characters (NFKC)", "ﬁne ﬂow Ｆｕｌｌ ①②③ ㎞ ½ ™"),
+    ("case", "HeLLo WORLD It'S I'M WE'LL they'VE"),
+    ("contractions", "it's we're they've I'm you'll he'd don't"),
+    ("digits", "1234567890 3.14159 2026-12-01 0x1F 1,000,000 ١٢٣"),
+    ("control characters", "a\x00b\x07c\x1bd\x7fe\u200bf\u2028g\ufeffh"),
+    ("emoji sequences", "👩‍👩‍👧‍👦 🏳️‍🌈 👍🏽 🇫🇷"),
+    ("code", "def f(x):\n\treturn {'a': [1, 2]}  # comment\n    if x != None: pass"),
+    ("very long word", "a" * 5000),
+    ("very long mixed word", "xY9" * 2000),
+    ("long whitespace run", " " * 3000 + "x" + "\n" * 500),
+    ("long emoji run", "😀" * 1000),
+    ("long non-ASCII word", "东京" * 1500),
+)
+
+
+def check_cases(added_cases: list, sample: list[str]) -> list[tuple[str, str]]:
+    """The named texts the backend check encodes with both tokenizers: `EDGE_CASES`, the added tokens
+    inside text (`added_token_cases`), then the ``sample`` of the input."""
+    return ([(name, text) for name, text in EDGE_CASES] + [(name, text) for name, text in added_cases]
+            + [(f"input text {i + 1} of the sample", text) for i, text in enumerate(sample)])
 
 
 # Tried in order when neither --eod-token nor tokenizer_config.json names the end-of-document token.
@@ -125,37 +159,46 @@ def serve(request: dict) -> None:
         return
     out.write(json.dumps({"facts": facts}) + "\n")
     out.flush()
-    line = sys.stdin.readline()
-    if not line:
-        return  # the run did not need the ids (it failed, or chose another way)
+    sample = request.get("sample")
+    if not sample:
+        return  # the run wants no check (or could not name its inputs)
     try:
-        answer = {"ids": encode_lists(hf, json.loads(line)["texts"])}
-    except BaseException as exc:  # noqa: BLE001
+        from mftk.data.inputs import check_sample
+
+        cases = check_cases(facts["added_cases"], check_sample([Path(p) for p in sample["paths"]], sample["keys"]))
+        answer = {"cases": cases, "ids": encode_lists(hf, [text for _, text in cases])}
+    except BaseException as exc:  # noqa: BLE001 - the run samples and encodes the check itself
         answer = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     out.write(json.dumps(answer) + "\n")
     out.flush()
 
 
 class Reference:
-    """The parent's end of one helper: `facts`, then `ids` of the texts given to `send`; None on any trouble."""
+    """The parent's end of one helper: its `facts`, then the backend `check` it computed; None on any trouble.
 
-    def __init__(self, tokenizer_file: Path, eod_token: str | None) -> None:
+    ``sample``: the input files and JSON keys the helper samples the check texts from (`check_sample`);
+    None: facts only.
+    """
+
+    def __init__(self, tokenizer_file: Path, eod_token: str | None, sample: dict | None = None) -> None:
         self.file, self.eod_token = Path(tokenizer_file), eod_token
         self._lock = threading.Lock()
         self._facts: dict | None = None
         self._facts_read = False
-        self._sent = False
+        self._checked = sample is None
         self.proc = None
         root = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding the mftk package
         request = {"path": [root] + [p for p in sys.path if p], "tokenizer": str(self.file),
-                   "eod_token": eod_token}
+                   "eod_token": eod_token, "sample": sample}
         try:
             if not sys.executable:
                 return
+            # one thread: the helper's encoding is small, and a second would take a core from the run's start
+            env = {**os.environ, "RAYON_NUM_THREADS": "1"}
             self.proc = subprocess.Popen([sys.executable, "-S", "-c", _PROGRAM], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True, env=env)
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
+            self.proc.stdin.close()
         except (OSError, ValueError):
             self.close()
 
@@ -170,27 +213,19 @@ class Reference:
                     self.close()
             return self._facts
 
-    def send(self, texts: list[str]) -> bool:
-        """Ask for the ids of ``texts`` (once); False if the helper cannot take them."""
-        if self.facts() is None or self._sent or self.proc is None:
-            return False
-        self._sent = True
-        try:
-            self.proc.stdin.write((json.dumps({"texts": texts}) + "\n").encode())
-            self.proc.stdin.flush()
-            self.proc.stdin.close()
-        except (OSError, ValueError):
-            self.close()
-            return False
-        return True
-
-    def ids(self) -> list[list[int]] | None:
-        """HF's ids of the texts given to `send` (waits for them), or None."""
+    def check(self) -> tuple[list[tuple[str, str]], list[list[int]]] | None:
+        """(the named check texts, HF's ids of each) as the helper computed them (waits for them), or None.
+        Once only: the helper is collected then."""
+        if self.facts() is None:
+            return None
         with self._lock:
-            answer = self._read() if self._sent else None
+            answer = None if self._checked else self._read()
+            self._checked = True
             self.close()
-        ids = answer.get("ids") if answer else None
-        return ids if isinstance(ids, list) else None
+        cases, ids = (answer or {}).get("cases"), (answer or {}).get("ids")
+        if not (isinstance(cases, list) and isinstance(ids, list) and len(cases) == len(ids)):
+            return None
+        return [(name, text) for name, text in cases], ids
 
     def _read(self) -> dict | None:
         if self.proc is None:
@@ -218,11 +253,11 @@ class Reference:
             proc.wait()
 
 
-def start_reference(tokenizer_file: Path, eod_token: str | None) -> Reference | None:
+def start_reference(tokenizer_file: Path, eod_token: str | None, sample: dict | None = None) -> Reference | None:
     """A helper for ``tokenizer_file``, or None where it cannot be used (no such regular file)."""
     try:
         if not tokenizer_file.is_file():
             return None
     except OSError:
         return None
-    return Reference(tokenizer_file, eod_token)
+    return Reference(tokenizer_file, eod_token, sample)

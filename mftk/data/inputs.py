@@ -17,6 +17,8 @@ from typing import BinaryIO, NamedTuple
 BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"
 _NAMED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
+SAMPLE_TEXTS = 128  # input texts the tokenizer backend check encodes with both tokenizers (cut to SAMPLE_CHARS)
+SAMPLE_CHARS = 1024
 
 
 class Source(NamedTuple):
@@ -171,3 +173,22 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def check_sample(paths: list[Path], keys: list[str]) -> list[str]:
+    """The input texts the tokenizer backend check encodes (`mftk.data.tokenize.BackendCheck`)."""
+    return sample_texts(paths, keys, SAMPLE_TEXTS, SAMPLE_CHARS)
+
+
+def sample_request(inputs: list[str] | None, keys: list[str] | None) -> dict | None:
+    """What the HF helper samples the check texts from: every input file (of every group) and the keys;
+    None where the inputs do not name files (the run reports that itself)."""
+    from mftk.errors import MftkError
+
+    if not inputs:
+        return None
+    try:
+        paths = [str(p) for source in parse_sources(inputs) for p in expand_inputs(source.patterns)]
+    except (MftkError, OSError):
+        return None
+    return {"paths": paths, "keys": list(keys or ["text"])}

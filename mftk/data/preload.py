@@ -52,19 +52,21 @@ def tokenizer_file(path: str | os.PathLike) -> Path:
 
 class TokenizerPreload:
     """gigatoken's tokenizer loading on a thread (unless ``backend`` is ``hf``) and the HF side: with gigatoken
-    wanted, a helper process (`mftk.data.hf_reference`) that loads the HF tokenizer off this process's GIL;
-    else (or with ``helper`` False) the HF tokenizer loading on a thread here."""
+    wanted, a helper process (`mftk.data.hf_reference`) that loads the HF tokenizer off this process's GIL
+    and computes HF's half of the backend check on a sample of ``inputs`` (patterns as the command takes
+    them; ``keys`` the JSON keys); else (or with ``helper`` False) the HF tokenizer loading on a thread here."""
 
     def __init__(self, path: str | os.PathLike, backend: str = "auto", eod_token: str | None = None, *,
-                 helper: bool = True) -> None:
+                 inputs: list[str] | None = None, keys: list[str] | None = None, helper: bool = True) -> None:
         self.file = tokenizer_file(path)
         self.eod_token = eod_token
         wants_gigatoken = backend in ("auto", "gigatoken")
         self.reference = None
         if wants_gigatoken and helper:
             from mftk.data.hf_reference import start_reference
+            from mftk.data.inputs import sample_request
 
-            self.reference = start_reference(self.file, eod_token)
+            self.reference = start_reference(self.file, eod_token, sample_request(inputs, keys))
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mftk-tokenizer-load")
         self._hf = pool.submit(_load_hf, self.file) if self.reference is None else None
         self._gigatoken = pool.submit(_load_gigatoken, self.file) if wants_gigatoken else None

@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 
 from mftk.data.indexed import best_dtype, data_paths, merge
-from mftk.data.inputs import Source, expand_inputs, parse_sources, sample_texts
+from mftk.data.inputs import Source, check_sample, expand_inputs, parse_sources
 from mftk.data.jsonl import CHUNK_BYTES
 from mftk.data.pipeline import Meter, OutputPair, RunOptions, SourceRun, SourceSummary
 from mftk.data.shards import Piece, check_shard, shard_name, shard_pieces
@@ -40,8 +40,6 @@ from mftk.progress import NULL_PROGRESS, Progress
 __all__ = ["OutputPair", "PreprocessSummary", "Source", "SourceSummary", "parse_sources", "preprocess"]
 
 LOCK_WHAT = "mftk preprocess output"
-SAMPLE_TEXTS = 128  # input texts the backend check encodes with both tokenizers (cut to SAMPLE_CHARS)
-SAMPLE_CHARS = 1024
 
 
 @attrs.define
@@ -165,15 +163,14 @@ def preprocess(
             locks.enter_context(exclusive_output(path, LOCK_WHAT))  # the group's state and each output pair
         use_threads(workers)
         if preload is None:
-            preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token)
+            preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token, inputs=inputs, keys=keys)
         locks.callback(preload.close)
         tok = load_tokenizer(tokenizer, eod_token, preload)
         if append_eod and tok.eod_id is None:
             raise InputError(message=f"{tok.path}: no end-of-document token found for --append-eod",
                              hint="pass --eod-token with the token your model uses, e.g. <|endoftext|>")
         all_files = [p for group in files for p in group]
-        check = choose_backend(tok, tokenizer_backend, sample_texts(all_files, keys, SAMPLE_TEXTS, SAMPLE_CHARS)
-                               if tokenizer_backend != "hf" else [], preload)
+        check = choose_backend(tok, tokenizer_backend, lambda: check_sample(all_files, keys), preload)
         options = _options(tok, keys, compat, append_eod, on_error, max_errors, batch_bytes, format, seq_length,
                            shard)
         options.confirm = check.confirm

@@ -22,7 +22,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import attrs
 import numpy as np
@@ -30,38 +30,14 @@ import numpy as np
 from mftk.data import hf_reference
 from mftk.data import gigatoken_ids
 from mftk.data.gigatoken_ids import encode_batch_arrays
-from mftk.data.hf_reference import EOD_CANDIDATES, NoSuchToken, resolve_eod
+from mftk.data.hf_reference import EDGE_CASES, EOD_CANDIDATES, NoSuchToken, check_cases, resolve_eod
 from mftk.data.preload import TokenizerPreload, tokenizer_file
 from mftk.errors import DataFormatError, InputError
 from mftk.files import LARGE_JSON_LIMIT, read_bytes, regular_file_or_error
 
-__all__ = ["EOD_CANDIDATES", "BackendCheck", "BackendMismatch", "HFEncoder", "GigatokenEncoder", "LoadedTokenizer",
+__all__ = ["EDGE_CASES", "EOD_CANDIDATES", "BackendCheck", "BackendMismatch", "HFEncoder", "GigatokenEncoder", "LoadedTokenizer",
            "choose_backend", "load_tokenizer"]
 BACKENDS = ("auto", "gigatoken", "hf")
-
-# Fixed strings every check includes, named so a difference says which kind of text differs.
-EDGE_CASES: tuple[tuple[str, str], ...] = (
-    ("empty", ""),
-    ("one space", " "),
-    ("whitespace only", " \t\n\r\n  \u3000\u00a0 "),
-    ("newlines", "line one\n\nline two\r\nthree\n"),
-    ("leading and trailing spaces", "   padded text   "),
-    ("non-ASCII", "Ünïcödé façade naïve café — 東京 😀 ¿Qué? Привет мир مرحبا नमस्ते"),
-    ("decomposed accents (NFD)", "e\u0301 a\u0308 n\u0303 cafe\u0301"),
-    ("compatibility characters (NFKC)", "ﬁne ﬂow Ｆｕｌｌ ①②③ ㎞ ½ ™"),
-    ("case", "HeLLo WORLD It'S I'M WE'LL they'VE"),
-    ("contractions", "it's we're they've I'm you'll he'd don't"),
-    ("digits", "1234567890 3.14159 2026-12-01 0x1F 1,000,000 ١٢٣"),
-    ("control characters", "a\x00b\x07c\x1bd\x7fe\u200bf\u2028g\ufeffh"),
-    ("emoji sequences", "👩‍👩‍👧‍👦 🏳️‍🌈 👍🏽 🇫🇷"),
-    ("code", "def f(x):\n\treturn {'a': [1, 2]}  # comment\n    if x != None: pass"),
-    ("very long word", "a" * 5000),
-    ("very long mixed word", "xY9" * 2000),
-    ("long whitespace run", " " * 3000 + "x" + "\n" * 500),
-    ("long emoji run", "😀" * 1000),
-    ("long non-ASCII word", "东京" * 1500),
-)
-
 
 class Encoder(Protocol):
     """Turns texts into (flat uint32 ids of every text in order, int64 length of each)."""
@@ -294,71 +270,71 @@ class BackendMismatch(Exception):
 class BackendCheck:
     """The verdict on gigatoken, reached on a thread while the run starts.
 
-    The check thread encodes the check texts with gigatoken and gets HF's ids for them (from the
-    helper process, `mftk.data.hf_reference`, else with the HF tokenizer here), then compares them;
-    none of it waits for the other or holds up the run. `confirm` takes the verdict and must be
-    called before anything gigatoken produced is kept: before the first progress record is saved,
-    before any output is finalized, and before a text the tokenizer failed on is rejected. On a
-    difference (or gigatoken failing on a check text) it switches ``tok`` to HF and raises
-    `BackendMismatch` (auto) or `InputError` (an explicit ``--tokenizer-backend gigatoken``).
-    Once confirmed, it returns at once.
+    The check texts (`mftk.data.hf_reference.check_cases`: edge cases, the added tokens, a sample of the
+    input) and HF's ids for them come from the helper process, which computed them while this process
+    was starting (else they are made here: the input sampled with ``sample``, the ids from the HF
+    tokenizer); the check thread encodes the same texts with gigatoken and compares. None of it holds
+    up the run. `confirm` takes the verdict and must be called before anything gigatoken produced is
+    kept: before the first progress record is saved, before any output is finalized, and before a text
+    the tokenizer failed on is rejected. On a difference (or gigatoken failing on a check text) it
+    switches ``tok`` to HF and raises `BackendMismatch` (auto) or `InputError` (an explicit
+    ``--tokenizer-backend gigatoken``). Once confirmed, it returns at once.
     """
 
     def __init__(self, tok: LoadedTokenizer | None = None, choice: str = "auto",
-                 cases: list[tuple[str, str]] | None = None, encoder: GigatokenEncoder | None = None,
-                 note: str = "") -> None:
-        self.tok, self.choice, self.cases, self.note = tok, choice, cases or [], note
+                 encoder: GigatokenEncoder | None = None, sample: Callable[[], list[str]] | None = None) -> None:
+        self.tok, self.choice = tok, choice
         self._verdict: Future | None = None
         if tok is not None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mftk-check")
-            self._verdict = pool.submit(self._compare, encoder)
+            self._verdict = pool.submit(self._compare, encoder, sample)
             pool.shutdown(wait=False)
 
-    def _compare(self, encoder: GigatokenEncoder) -> str | None:
-        """What rules gigatoken out, or None: both encodings of the check texts, compared."""
-        texts = [text for _, text in self.cases]
-        reference = self.tok.reference
-        asked = reference is not None and reference.send(texts)  # the helper encodes while gigatoken does
+    def _compare(self, encoder: GigatokenEncoder, sample: Callable[[], list[str]] | None) -> tuple[str | None, str]:
+        """(what rules gigatoken out, or None; the note): both encodings of the check texts, compared."""
+        checked = self.tok.reference.check() if self.tok.reference is not None else None
+        cases, want = checked if checked is not None else (
+            check_cases(self.tok.hf_facts()["added_cases"], sample() if sample else []), None)
+        texts = [text for _, text in cases]
         try:
             got = encoder.encode_lists(texts)
         except Exception as exc:  # noqa: BLE001 - any failure on the check texts rules it out
-            if asked:
-                reference.close()
-            return f"gigatoken fails on the check texts ({_first_line(exc)})"
-        want = reference.ids() if asked else None
-        if want is None or len(want) != len(texts):  # no helper, or it failed: HF here
+            return f"gigatoken fails on the check texts ({_first_line(exc)})", ""
+        if want is None:  # no helper, or it failed: HF here
             want = HFEncoder(self.tok).encode_lists(texts)
-        for (name, text), a, b in zip(self.cases, want, got):
+        for (name, text), a, b in zip(cases, want, got):
             if a != b:
-                return f"its ids differ from HF tokenizers on {name} {_preview(text)}"
-        return None
+                return f"its ids differ from HF tokenizers on {name} {_preview(text)}", ""
+        inputs = sum(name.startswith("input text") for name, _ in cases)
+        return None, f"ids checked equal to HF tokenizers on {inputs} input texts and {len(cases) - inputs} edge cases"
 
     def confirm(self) -> None:
         if self._verdict is None:
             return
-        problem, self._verdict = self._verdict.result(), None
+        (problem, note), self._verdict = self._verdict.result(), None
         tok = self.tok
         if problem is not None:
             tok.encoder = HFEncoder(tok)
             _refuse(tok, self.choice, problem)
             raise BackendMismatch(tok.backend_note)
-        tok.backend_note = self.note
+        tok.backend_note = note
 
 
 NO_CHECK = BackendCheck()  # a verdict that is already final
 
 
-def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
+def choose_backend(tok: LoadedTokenizer, choice: str, sample: Callable[[], list[str]] | None = None,
                    preload: TokenizerPreload | None = None) -> BackendCheck:
     """Set ``tok.encoder`` for ``choice`` (auto, gigatoken or hf); return the check still to confirm.
 
-    ``sample`` is text from the actual input. ``auto`` falls back to HF with the reason in
-    ``tok.backend_note``; an explicit ``gigatoken`` that cannot reproduce HF is an error.
-    ``preload``: the tokenizers already loading (`TokenizerPreload`); gigatoken's is built here if not.
-    What is known at once (truncation or padding, a post-processor that does more than add fixed
-    tokens, gigatoken missing or unable to load the tokenizer) is decided here; the encoding and
-    comparison of the check texts is the returned `BackendCheck`, which the caller confirms before
-    keeping anything (`BackendCheck.confirm`; ``choose_backend(...).confirm()`` waits for it).
+    ``sample`` gives text from the actual input, for a check made here (without the HF helper, which
+    samples the input itself). ``auto`` falls back to HF with the reason in ``tok.backend_note``; an
+    explicit ``gigatoken`` that cannot reproduce HF is an error. ``preload``: the tokenizers already
+    loading (`TokenizerPreload`); gigatoken's is built here if not. What is known at once (truncation
+    or padding, a post-processor that does more than add fixed tokens, gigatoken missing or unable to
+    load the tokenizer) is decided here; the encoding and comparison of the check texts is the
+    returned `BackendCheck`, which the caller confirms before keeping anything
+    (`BackendCheck.confirm`; ``choose_backend(...).confirm()`` waits for it).
     """
     if choice not in BACKENDS:
         raise InputError(message=f"--tokenizer-backend must be one of {', '.join(BACKENDS)}, not {choice!r}")
@@ -366,15 +342,13 @@ def choose_backend(tok: LoadedTokenizer, choice: str, sample: list[str],
     if choice == "hf":
         tok.backend_note = "chosen with --tokenizer-backend hf"
         return NO_CHECK
-    encoder, cases_or_problem = _gigatoken_candidate(tok, sample, preload)
+    encoder, problem = _gigatoken_candidate(tok, preload)
     if encoder is None:
-        _refuse(tok, choice, cases_or_problem)
+        _refuse(tok, choice, problem)
         return NO_CHECK
-    cases = cases_or_problem
     tok.encoder = encoder
     tok.backend_note = "check pending"
-    note = f"ids checked equal to HF tokenizers on {len(sample)} input texts and {len(cases) - len(sample)} edge cases"
-    return BackendCheck(tok, choice, cases, encoder, note)
+    return BackendCheck(tok, choice, encoder, sample)
 
 
 def _refuse(tok: LoadedTokenizer, choice: str, problem: str) -> None:
@@ -385,9 +359,9 @@ def _refuse(tok: LoadedTokenizer, choice: str, problem: str) -> None:
     tok.backend_note = f"gigatoken not used: {problem}"
 
 
-def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: TokenizerPreload | None
-                         ) -> tuple[GigatokenEncoder | None, list[tuple[str, str]] | str]:
-    """(gigatoken encoder, the named check texts), or (None, why it cannot be used)."""
+def _gigatoken_candidate(tok: LoadedTokenizer, preload: TokenizerPreload | None
+                         ) -> tuple[GigatokenEncoder | None, str]:
+    """(gigatoken encoder, ""), or (None, why it cannot be used)."""
     facts = tok.hf_facts()
     if facts["truncation_or_padding"]:
         return None, "the tokenizer.json enables truncation or padding"
@@ -406,9 +380,7 @@ def _gigatoken_candidate(tok: LoadedTokenizer, sample: list[str], preload: Token
         return None, "the gigatoken package is not installed"
     except Exception as exc:  # noqa: BLE001 - gigatoken raises plain RuntimeErrors for unsupported parts
         return None, f"gigatoken cannot load it ({_first_line(exc)})"
-    cases = [(name, text) for name, text in EDGE_CASES] + [(name, text) for name, text in facts["added_cases"]]
-    cases += [(f"input text {i + 1} of the sample", text) for i, text in enumerate(sample)]
-    return encoder, cases
+    return encoder, ""
 
 
 def _first_line(exc: Exception) -> str:

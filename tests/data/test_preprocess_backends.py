@@ -227,15 +227,22 @@ def test_helper_process_facts_equal_the_hf_tokenizer_own(tmp_path):
 
     tok = _variant(tmp_path, "bos", lambda t: setattr(t, "post_processor", processors.TemplateProcessing(
         single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])))
+    from mftk.data.hf_reference import check_cases
+    from mftk.data.inputs import check_sample
+
     hf = Tokenizer.from_file(str(tok))
-    ref = start_reference(tok, None)
+    corpus = write_jsonl(tmp_path / "sample.jsonl", DOCS + [{"text": "東京 😀 <|endoftext|>x"}])
+    ref = start_reference(tok, None, {"paths": [str(corpus)], "keys": ["text"]})
     facts = ref.facts()
     assert facts["vocab_size"] == hf.get_vocab_size(with_added_tokens=True)
     assert (facts["eod_token"], facts["eod_id"]) == ("<|endoftext|>", hf.token_to_id("<|endoftext|>"))
     assert facts["wrap"] == [[hf.token_to_id("<|endoftext|>")], []] and not facts["truncation_or_padding"]
-    texts = ["Hello world", "", "東京 😀 <|endoftext|>x"]
-    assert ref.send(texts) and ref.ids() == [e.ids for e in hf.encode_batch(texts)]
-    assert ref.proc is None  # collected
+    cases, ids = ref.check()  # the helper sampled the input itself: the texts the run would sample
+    assert cases == check_cases(facts["added_cases"], check_sample([corpus], ["text"]))
+    assert any(text == "東京 😀 <|endoftext|>x" for _, text in cases)
+    assert ids == [e.ids for e in hf.encode_batch([text for _, text in cases])]
+    assert ref.proc is None and ref.check() is None  # collected; once only
+    assert start_reference(tok, None).check() is None  # no inputs named: facts only
     assert start_reference(tmp_path / "missing.json", None) is None
     ref = start_reference(tok, "<|not-a-token|>")
     assert ref.facts() is None and ref.proc is None  # the run then loads it itself and says what is wrong
@@ -252,7 +259,7 @@ def test_without_the_helper_the_check_runs_here(tmp_path, tokenizer_file, monkey
 
     src = write_jsonl(tmp_path / "c.jsonl", DOCS)
     want = reference_write(None, tokenizer_file, DOCS, "megatron", True)
-    monkeypatch.setattr(hf_reference.Reference, "ids", lambda self: None)
+    monkeypatch.setattr(hf_reference.Reference, "check", lambda self: None)
     s = preprocess([str(src)], str(tmp_path / "a"), tokenizer_file, append_eod=True)
     assert s.backend == "gigatoken" and "checked equal" in s.backend_note
     assert files(tmp_path / "a_text_document") == want
