@@ -41,7 +41,7 @@ COMPAT_MODES = ("megatron", "mindformers")
 # Megatron's DType.optimal_dtype: uint16 strictly below this vocab size, else int32.
 UINT16_VOCAB_LIMIT = 65500
 # A builder has the `.bin` written to disk in the background every SYNC_EVERY bytes (`BackgroundSync`).
-SYNC_EVERY = 8 << 20
+SYNC_EVERY = 4 << 20
 
 
 def best_dtype(vocab_size: int, compat: str) -> np.dtype:
@@ -419,18 +419,26 @@ class IndexedDatasetBuilder:
 
     def checkpoint(self) -> dict:
         """Flush everything to disk and return the state ``IndexedDatasetBuilder(resume=...)`` takes."""
+        self._flush(durable=self._files)
+        return {"dtype": self.dtype.name, "tokens": self.token_count, "sequences": self.sequence_count,
+                "documents": self.document_count, "run": self.run_id}
+
+    def _flush(self, durable: list) -> None:
+        """Hand every file's buffer to the OS, and have ``durable`` ones on disk (``fsync``)."""
         self._check_open()
         with self._writing():
             self._sync.wait()
             for f in self._files:
                 f.flush()
+            for f in durable:
                 os.fsync(f.fileno())
-        return {"dtype": self.dtype.name, "tokens": self.token_count, "sequences": self.sequence_count,
-                "documents": self.document_count, "run": self.run_id}
 
     def finalize(self) -> None:
-        """Write the `.idx`, then rename `.bin` and `.idx` into place (in that order)."""
-        self.checkpoint()
+        """Write the `.idx`, then rename `.bin` and `.idx` into place (in that order).
+
+        Only the `.bin` and the `.idx` are synced to disk: the side files are read back from the page
+        cache here and deleted (a progress record's `checkpoint` syncs them)."""
+        self._flush(durable=[self._bin])
         try:
             self._close_files()
             lengths = np.fromfile(self.tmp_lengths, dtype="<i4")
