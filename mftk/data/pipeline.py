@@ -1,11 +1,12 @@
 """One input group through reader, tokenizer and builders: the work of `mftk preprocess`.
 
 The data stays in arrays from the file to the ``.bin``: the main thread reads and parses the
-next chunk of lines (`mftk.data.jsonl`) while a worker thread encodes the previous one (the
-tokenizer releases the GIL; gigatoken returns one array per chunk), applies the reference
-scripts' rules to the whole chunk with numpy (`assemble`) and appends the token array to the
-``.bin`` in one write. At most two chunks are in flight, so memory is bounded by a few chunks
-(plus the longest line) whatever the corpus size.
+next chunk of lines (`mftk.data.jsonl`) while a worker thread encodes the previous one (both
+tokenizers release the GIL while they encode; gigatoken returns one array per chunk); the main
+thread then applies the reference scripts' rules to each encoded chunk with numpy (`assemble`)
+and appends its token array to the ``.bin`` in one write, in chunk order, so that the worker goes
+from one encode to the next. At most `IN_FLIGHT` chunks are in flight, so memory is bounded by a
+few chunks (plus the longest line) whatever the corpus size.
 
 Safety: outputs live under temporary names unique to the run until every input is done (the
 caller holds the output's lock). Every few tens of MB of input, at a piece (file or byte range)
@@ -39,7 +40,7 @@ from mftk.files import SMALL_JSON_LIMIT, read_json
 from mftk.progress import Progress
 
 STATE_VERSION = 2
-IN_FLIGHT = 2  # chunks parsed ahead of the writer: bounds memory, keeps both stages busy
+IN_FLIGHT = 3  # chunks parsed ahead of the writer: bounds memory, keeps the encoder busy
 # While a group runs: how long the parsing main thread may keep the GIL when the encoder thread asks for it
 # (Python's default 5 ms would stall the encoder at each of its few Python steps per chunk); None: unchanged.
 SWITCH_INTERVAL: float | None = 0.0005
@@ -119,7 +120,7 @@ class Rejects:
     def __init__(self, path: Path, on_error: str, max_errors: int | None, count: int = 0) -> None:
         self.path, self.on_error, self.max_errors, self.count = path, on_error, max_errors, count
         self._file = None
-        self._lock = threading.Lock()  # the parser and the encoder thread (tokenizer failures) both add
+        self._lock = threading.Lock()  # adds may come from any thread
 
     def add(self, file: Path, line: int | None, reason: str, resume_hint: str) -> None:
         where = f"{file}:{line}" if line else str(file)
@@ -315,27 +316,27 @@ class SourceRun:
                               chunk_bytes=self.opt.chunk_bytes,
                               line_offset=(lambda: count_lines(piece.path, piece.start)) if piece.start else 0)
         hint = self._resume_hint(index)
-        pending: deque[Future] = deque()
+        pending: deque[tuple[Chunk, Future]] = deque()
         last = 0
         try:
             for chunk in reader:
                 for reject in chunk.rejects:
                     self._reject(piece.path, reject.line, reject.reason, hint)
                 if chunk.documents:
-                    pending.append(pool.submit(self._encode_and_write, chunk, piece.path, hint))
-                while len(pending) >= IN_FLIGHT or (pending and pending[0].done()):
-                    pending.popleft().result()
+                    pending.append((chunk, pool.submit(self._encode, chunk)))
+                while len(pending) >= IN_FLIGHT or (pending and pending[0][1].done()):
+                    self._write_chunk(*pending.popleft(), piece.path, hint)
                 self.meter.advance(reader.bytes_read - last, 0, 0)
                 last = reader.bytes_read
             while pending:
-                pending.popleft().result()
+                self._write_chunk(*pending.popleft(), piece.path, hint)
         finally:
-            for future in pending:
+            for _, future in pending:
                 future.cancel()
-            for future in pending:
+            for _, future in pending:
                 if not future.cancelled():
                     with contextlib.suppress(BaseException):
-                        future.result()  # let a running write end before the builders are closed
+                        future.result()  # let a running encode end before the tokenizer can go
             reader.close()
         self.meter.advance(piece.size() - last, 0, 0)
         if not reader.had_lines and piece.start == 0:
@@ -345,16 +346,21 @@ class SourceRun:
         self.rejects.add(path, line, reason, hint)
         self.summary.rejected = self.rejects.count
 
-    def _encode_and_write(self, chunk: Chunk, path: Path, hint: str) -> None:
-        """Worker thread: encode every key of the chunk, then write it (in chunk order)."""
+    def _encode(self, chunk: Chunk) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """Worker thread: every key of the chunk encoded, or None if the tokenizer failed on the chunk."""
         try:
-            encoded = [self.tok.encode(texts) for texts in chunk.texts]
-        except Exception:  # noqa: BLE001 - found per document below, with its line
-            encoded = None
-        if encoded is None:
+            return [self.tok.encode(texts) for texts in chunk.texts]
+        except Exception:  # noqa: BLE001 - found per document by `_write_chunk`, with its line
+            return None
+
+    def _write_chunk(self, chunk: Chunk, encoded: Future, path: Path, hint: str) -> None:
+        """Main thread, in chunk order: write the chunk's encoded keys (documents the tokenizer failed on
+        rejected first, one by one)."""
+        result = encoded.result()
+        if result is None:
             self._encode_one_by_one(chunk, path, hint)
             return
-        self._write(encoded, chunk.sentences, chunk.documents, path)
+        self._write(result, chunk.sentences, chunk.documents, path)
 
     def _write(self, encoded: list[tuple[np.ndarray, np.ndarray]], sentences: list[np.ndarray | None],
                documents: int, path: Path) -> None:
