@@ -1,6 +1,7 @@
 """The .idx/.bin writer and reader against the reference test vectors (megatron-data.md §7)."""
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -177,3 +178,56 @@ def test_get_bounds(pair):
         ds.get(3)
     with pytest.raises(IndexError):
         ds.get(0, offset=2, length=2)
+
+
+def _fd_names(calls):
+    return [os.path.basename(name) for name in calls]
+
+
+def test_bin_synced_in_the_background_and_only_bin_and_idx_at_the_end(tmp_path, monkeypatch):
+    """While tokens are written, the .bin is synced on a thread every SYNC_EVERY bytes; finalize syncs the
+    rest of the .bin and the .idx, not the side files it reads back and deletes."""
+    from mftk.data import indexed
+
+    synced, background = [], []
+    real_fsync = os.fsync
+
+    def record(into):
+        def sync(fd):
+            into.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real_fsync(fd)
+        return sync
+
+    monkeypatch.setattr(indexed, "SYNC_EVERY", 1000)
+    monkeypatch.setattr(os, "fdatasync", record(background))
+    monkeypatch.setattr(os, "fsync", record(synced))
+    b = IndexedDatasetBuilder(tmp_path / "x", np.uint16)
+    for i in range(50):
+        b.add_batch(np.arange(300, dtype=np.uint16), np.array([300], np.int32), np.array([1]))
+        b._sync.wait()  # one at a time here, so every threshold crossing starts one
+    assert len(background) >= 10 and all(".bin." in n and n.endswith(".partial") for n in background)
+    b.finalize()
+    names = _fd_names(synced)
+    assert len(names) == 2 and ".bin." in names[0] and ".idx." in names[1], names
+    assert len(IndexedDataset(tmp_path / "x")) == 50
+
+
+def test_a_failed_background_sync_is_a_write_error(tmp_path, monkeypatch):
+    """A disk error that surfaces in a background sync (a full disk, with delayed allocation) stops the
+    builder at its next write: InputError naming the file, every temporary file removed."""
+    import errno
+
+    from mftk.data import indexed
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(indexed, "SYNC_EVERY", 100)
+    monkeypatch.setattr(os, "fdatasync", full)
+    b = IndexedDatasetBuilder(tmp_path / "x", np.uint16)
+    b.add_batch(np.arange(200, dtype=np.uint16), np.array([200], np.int32), np.array([1]))  # starts a sync
+    with pytest.raises(InputError, match="the disk is full") as e:
+        for _ in range(10):
+            b.add_batch(np.arange(200, dtype=np.uint16), np.array([200], np.int32), np.array([1]))
+    assert ".bin." in e.value.message and "free space" in e.value.hint
+    assert list(tmp_path.iterdir()) == []

@@ -177,3 +177,40 @@ def test_utf8_checked_whichever_parse_path_a_chunk_takes(tmp_path, tokenizer_fil
     rejects = [json.loads(x) for x in open(tmp_path / "out.rejects.jsonl", encoding="utf-8")]
     assert [(r["line"], "not valid UTF-8" in r["reason"]) for r in rejects] == [(8, True)]
     assert s.sources[0].documents == 10
+
+
+@pytest.mark.parametrize("backend", ["gigatoken", "hf"])
+def test_text_the_tokenizer_cannot_encode_is_rejected_with_its_line(tmp_path, tokenizer_file, monkeypatch, backend):
+    """A chunk the tokenizer fails on is encoded document by document: the documents it cannot encode are
+    rejects (file:line and the tokenizer's message); the others are written as if those lines were not
+    there."""
+    from mftk.data import tokenize
+    from tests.helpers.preprocess import files, reference_write, write_jsonl
+
+    cls = tokenize.GigatokenEncoder if backend == "gigatoken" else tokenize.HFEncoder
+    real = cls.encode
+
+    def refuses_marker(self, texts):
+        if any("unencodable-marker" in t for t in texts):
+            raise RuntimeError("the tokenizer refuses this")
+        return real(self, texts)
+
+    monkeypatch.setattr(cls, "encode", refuses_marker)
+    # the backend check must not sample the marker line (gigatoken failing on a check text rules it out)
+    from mftk.data import hf_reference
+    from mftk.data import preprocess as run_module
+
+    monkeypatch.setattr(hf_reference.Reference, "check", lambda self: None)
+    monkeypatch.setattr(run_module, "check_sample", lambda paths, keys: [])
+    good = [{"text": f"document number {i} of the corpus"} for i in range(40)]
+    docs = good[:17] + [{"text": "an unencodable-marker line"}] + good[17:]
+    src = write_jsonl(tmp_path / "c.jsonl", docs)
+    s = preprocess([str(src)], str(tmp_path / "o"), tokenizer_file, append_eod=True, on_error="skip",
+                   tokenizer_backend=backend, batch_bytes=256)
+    assert s.backend == backend and s.sources[0].rejected == 1
+    reject = json.loads((tmp_path / "o.rejects.jsonl").read_text())
+    assert reject["line"] == 18 and "the tokenizer cannot encode this text (the tokenizer refuses this)" in reject["reason"]
+    assert files(tmp_path / "o_text_document") == reference_write(None, tokenizer_file, good, "megatron", True)
+    with pytest.raises(DataFormatError, match=r"c\.jsonl:18: the tokenizer cannot encode this text"):
+        preprocess([str(src)], str(tmp_path / "f"), tokenizer_file, tokenizer_backend=backend)
+    assert not list(tmp_path.glob("f_*"))
