@@ -1,6 +1,6 @@
 """Benchmark: `mftk preprocess` end to end against the tokenizer limits, side by side.
 
-    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--only awbcdvj]
+    python bench/preprocess.py [--mb 50] [--repeats 3] [--workers 2] [--vocab-size 32000] [--only awbcdgvj]
                                [--workdir DIR]
 
 Builds a deterministic corpus of real text that ships with Python (pydoc topics + standard-library
@@ -19,6 +19,9 @@ its first 8 MB, then runs, interleaved round by round (medians reported):
       pipeline, so it draws nothing and does not import Rich (a run on a terminal pays ~0.02-0.03 s
       more CPU for its table and progress bar);
   (d) ``mftk preprocess --tokenizer-backend hf``, the same way;
+  (g) gigatoken's own ``encode_files`` as a fresh process the same way (interpreter start, ``import
+      gigatoken``, tokenizer load, encode, the ids written to a file; no validation, no ``.idx``):
+      what a script built directly on gigatoken costs end to end, the fresh-process counterpart of (a);
   (v) validation alone: mftk's reader over the corpus (read + parse + check every line), in process;
   (j) the same parse with the standard library (``json.loads`` per line), to show what msgspec buys.
 
@@ -27,7 +30,7 @@ are (pip compiles on install): where PYTHONDONTWRITEBYTECODE is set, every fresh
 would otherwise compile them from source, 0.3-0.4 s of CPU no user pays. The 1-minute load
 average of the machine is printed with every round (a shared machine's other load shows there).
 
-Prints each throughput, the ratios c/a, c/w, c/b, c/d, where (c)'s wall time goes (process start-up,
+Prints each throughput, the ratios c/a, c/w, c/b, c/d, c/g, where (c)'s wall time goes (process start-up,
 imports and exit: c minus the run's own ``wall_s``; set-up: tokenizers loaded and backend chosen, the
 run's ``setup_s``; the read-parse-encode-write pass: the rest), checks that the .bin/.idx of (c) and (d) are
 byte-identical, the CPU seconds of (a) and (c) (less sensitive to other load on a shared machine than
@@ -188,6 +191,26 @@ def run_mftk(spawner: Spawner, tokenizer: Path, corpus: Path, out: Path, workers
             (data["wall_s"], data["setup_s"]))
 
 
+GIGATOKEN_SCRIPT = r"""
+import sys
+import numpy as np
+import gigatoken
+tok = gigatoken.Tokenizer.from_json(open(sys.argv[1], "rb").read())
+ids = tok.encode_files(gigatoken.JsonlFileSource([sys.argv[2]], field="text"))
+np.asarray(ids.layout.content.data).astype(np.uint16 if tok.vocab_size < 65500 else np.int32).tofile(sys.argv[3])
+"""
+
+
+def run_g(spawner: "Spawner", tokenizer: Path, corpus: Path, out: Path) -> float:
+    """Seconds of one fresh process running gigatoken's encode_files on the corpus (`GIGATOKEN_SCRIPT`)."""
+    out.mkdir(exist_ok=True)
+    code, seconds, _, _, _, stderr = spawner.run([sys.executable, "-c", GIGATOKEN_SCRIPT, str(tokenizer), str(corpus),
+                                                  str(out / "ids.bin")], dict(os.environ), out)
+    if code != 0:
+        sys.exit(f"gigatoken's script failed:\n{stderr}")
+    return seconds
+
+
 def breakdown(walls: list[float], inside: list[tuple[float, float]]) -> str:
     """Where (c)'s wall time went, medians over the rounds."""
     outside = statistics.median(w - own for w, (own, _) in zip(walls, inside))
@@ -208,7 +231,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=32000)
-    parser.add_argument("--only", default="awbcdvj", help="which measurements, a subset of awbcdvj")
+    parser.add_argument("--only", default="awbcdgvj", help="which measurements, a subset of awbcdgvj")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # before any tokenizer's pool starts
@@ -263,6 +286,8 @@ def main() -> None:
         if "d" in args.only:
             t, _, tokens["d"], _, _, _ = run_mftk(spawner, tokenizer, corpus, work / "d", args.workers, "hf")
             times["d"].append(t)
+        if "g" in args.only:
+            times["g"].append(run_g(spawner, tokenizer, corpus, work / "g"))
         if "v" in args.only:
             times["v"].append(run_v(corpus))
         if "j" in args.only:
@@ -271,7 +296,7 @@ def main() -> None:
             equal = same_outputs(work / "c", work / "d") and (equal is not False)
         for k in args.only:
             row.append(f"{k} {mb / times[k][-1]:7.1f} MB/s")
-        row += [f"c/{k} {times[k][-1] / times['c'][-1]:.2f}" for k in "awd" if k in args.only and "c" in args.only]
+        row += [f"c/{k} {times[k][-1] / times['c'][-1]:.2f}" for k in "awdg" if k in args.only and "c" in args.only]
         print(f"  round {r + 1}: " + "   ".join(row) + f"   (load {os.getloadavg()[0]:.1f})")
     spawner.close()
     if len(set(tokens.values())) > 1:
@@ -281,19 +306,20 @@ def main() -> None:
     names = {"a": "gigatoken encode_files, JSONL file -> arrays", "w": "the same, memo warm from earlier rounds",
              "b": "HF encode_batch_fast, texts in memory",
              "c": "mftk preprocess, backend auto (fresh process)", "d": "mftk preprocess --tokenizer-backend hf",
+             "g": "gigatoken encode_files as a fresh process",
              "v": "mftk validation alone (read+parse every line)", "j": "json.loads per line (stdlib parse)"}
     print(f"tokens: {n:,}")
-    for k in "awbcdvj":
+    for k in "awbcdgvj":
         if k in med:
-            tok_s = f"{n / med[k] / 1e6:7.2f} M tokens/s" if k in "awbcd" else " " * 18
+            tok_s = f"{n / med[k] / 1e6:7.2f} M tokens/s" if k in "awbcdg" else " " * 18
             print(f"({k}) {names[k]:<47} {mb / med[k]:8.1f} MB/s {tok_s}  median {med[k]:.3f} s")
-    ratios = [f"c/{k} {med[k] / med['c']:.3f}" for k in "awbd" if k in med and "c" in med]
+    ratios = [f"c/{k} {med[k] / med['c']:.3f}" for k in "awbdg" if k in med and "c" in med]
     if ratios:
         print("ratios (throughput of c over the other): " + "   ".join(ratios))
     if "c" in med:
         print("ratio spread over rounds: " + "   ".join(
             f"c/{k} {min(x / y for x, y in zip(times[k], times['c'])):.2f}-"
-            f"{max(x / y for x, y in zip(times[k], times['c'])):.2f}" for k in "awd" if k in med))
+            f"{max(x / y for x, y in zip(times[k], times['c'])):.2f}" for k in "awdg" if k in med))
         print(breakdown(times["c"], inside))
     for k in "aw":
         if cpus[k] and cpus["c"]:
