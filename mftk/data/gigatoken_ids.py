@@ -22,11 +22,11 @@ stand-in module under that name (`_STAND_IN`: an ``Array`` no input is an instan
 ``unflatten`` that returns the arrays as given), for the duration of the call only.
 
 Safety: the stand-in is only in ``sys.modules`` while calls of ours run (a count under a lock puts it
-there and takes it away; concurrent calls share it), never once the real `awkward` is loaded, and what it returns is checked (two
-1-D integer arrays whose counts add up to the ids, one count per input). Should a gigatoken version
-ask the stand-in for anything else, or return something else, the call is made again with the real
-`awkward` and the stand-in is not used again in the process; the ids are the same either way,
-since the stand-in only receives them.
+there and takes it away; concurrent calls share it), never once the real `awkward` is loaded, and
+what it returns is checked (two 1-D integer arrays whose counts add up to the ids, one count per
+input). Should a gigatoken version ask the stand-in for anything else, or return something else,
+the call is made again with the real `awkward` and the stand-in is not used again in the process;
+the ids are the same either way, since the stand-in only receives them.
 """
 from __future__ import annotations
 

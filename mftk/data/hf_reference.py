@@ -13,9 +13,10 @@ importing its modules, so that none of the check's HF work competes with the run
 Nothing is decided from what the helper says that the run could not check: the facts are what
 `facts_of` computes in the run's process when there is no helper (the same function, the same
 library), the check texts are what `check_cases` gives there (the same sample of the same files),
-and the ids are compared with gigatoken's by `mftk.data.tokenize.BackendCheck`, as before. Any trouble (no interpreter to start, the helper failing, dying, or answering something
-else) makes `Reference` answer None, and the caller does the work in its own process as it did
-without a helper, with its usual error messages.
+and the ids are compared with gigatoken's by `mftk.data.tokenize.BackendCheck`, as before. Any
+trouble (no interpreter to start, the helper failing, dying, or answering something else) makes
+`Reference` answer None, and the caller does the work in its own process as it did without a
+helper, with its usual error messages.
 
 This module imports only the standard library, so the command can start the helper first.
 """
@@ -86,7 +87,15 @@ def check_cases(added_cases: list, sample: list[str]) -> list[tuple[str, str]]:
     """The named texts the backend check encodes with both tokenizers: `EDGE_CASES`, the added tokens
     inside text (`added_token_cases`), then the ``sample`` of the input."""
     return ([(name, text) for name, text in EDGE_CASES] + [(name, text) for name, text in added_cases]
-            + [(f"input text {i + 1} of the sample", text) for i, text in enumerate(sample)])
+            + [(f"{_SAMPLED}{i + 1} of the sample", text) for i, text in enumerate(sample)])
+
+
+def sampled(cases: list[tuple[str, str]]) -> int:
+    """How many of the `check_cases` texts come from the input."""
+    return sum(name.startswith(_SAMPLED) for name, _ in cases)
+
+
+_SAMPLED = "input text "
 
 
 # Tried in order when neither --eod-token nor tokenizer_config.json names the end-of-document token.

@@ -27,16 +27,15 @@ from typing import Callable, Protocol
 import attrs
 import numpy as np
 
-from mftk.data import hf_reference
-from mftk.data import gigatoken_ids
+from mftk.data import gigatoken_ids, hf_reference
 from mftk.data.gigatoken_ids import encode_batch_arrays
 from mftk.data.hf_reference import EDGE_CASES, EOD_CANDIDATES, NoSuchToken, check_cases, resolve_eod
 from mftk.data.preload import TokenizerPreload, tokenizer_file
 from mftk.errors import DataFormatError, InputError
 from mftk.files import LARGE_JSON_LIMIT, read_bytes, regular_file_or_error
 
-__all__ = ["EDGE_CASES", "EOD_CANDIDATES", "BackendCheck", "BackendMismatch", "HFEncoder", "GigatokenEncoder", "LoadedTokenizer",
-           "choose_backend", "load_tokenizer"]
+__all__ = ["EDGE_CASES", "EOD_CANDIDATES", "BackendCheck", "BackendMismatch", "HFEncoder", "GigatokenEncoder",
+           "LoadedTokenizer", "choose_backend", "load_tokenizer"]
 BACKENDS = ("auto", "gigatoken", "hf")
 
 class Encoder(Protocol):
@@ -305,8 +304,9 @@ class BackendCheck:
         for (name, text), a, b in zip(cases, want, got):
             if a != b:
                 return f"its ids differ from HF tokenizers on {name} {_preview(text)}", ""
-        inputs = sum(name.startswith("input text") for name, _ in cases)
-        return None, f"ids checked equal to HF tokenizers on {inputs} input texts and {len(cases) - inputs} edge cases"
+        inputs = hf_reference.sampled(cases)
+        return None, (f"ids checked equal to HF tokenizers on {inputs} input texts and {len(cases) - inputs} "
+                      "edge cases")
 
     def confirm(self) -> None:
         if self._verdict is None:

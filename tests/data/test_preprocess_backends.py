@@ -164,7 +164,8 @@ def test_gigatoken_missing_falls_back(tmp_path, tokenizer_file, monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_gigatoken)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gigatoken" else real_find(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gigatoken" else real_find(name, *a))
     monkeypatch.delitem(sys.modules, "gigatoken", raising=False)
     monkeypatch.setattr(gigatoken_ids, "_rust", [])
     src = write_jsonl(tmp_path / "c.jsonl", DOCS)
