@@ -192,6 +192,21 @@ def test_sample_spreads_over_files_and_skips_bad_lines(tmp_path):
     assert len({t for t in texts if t.startswith("a")}) > 5  # spread, not the first line again and again
 
 
+def test_sample_request_names_every_file_of_every_group(tmp_path):
+    """What the HF helper samples from: the files of all groups, globs expanded as the run expands them;
+    nothing where the inputs do not name files (the run then says what is wrong)."""
+    from mftk.data.inputs import sample_request
+
+    for name in ("a1.jsonl", "a2.jsonl", "b.jsonl"):
+        write_jsonl(tmp_path / name, DOCS)
+    got = sample_request([f"wiki={tmp_path}/a*.jsonl", f"code={tmp_path}/b.jsonl"], ["text", "title"])
+    assert got == {"paths": [str(tmp_path / n) for n in ("a1.jsonl", "a2.jsonl", "b.jsonl")], "keys": ["text", "title"]}
+    assert sample_request([str(tmp_path / "b.jsonl")], None)["keys"] == ["text"]
+    assert sample_request([str(tmp_path / "missing.jsonl")], None) is None
+    assert sample_request([f"w={tmp_path}/b.jsonl", str(tmp_path / "a1.jsonl")], None) is None  # mixed groups
+    assert sample_request(None, None) is None
+
+
 def test_cli_summary_names_backend_and_fallback(tmp_path):
     tok = _variant(tmp_path, "nfkc", lambda t: setattr(t, "normalizer", normalizers.NFKC()))
     shutil.copy(EXAMPLES / "tokenizer_config.json", tok.parent)
