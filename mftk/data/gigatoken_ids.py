@@ -153,10 +153,8 @@ def encode_batch_arrays(encode_batch, texts: list, **kwargs: object) -> tuple[np
 
 def _with_stand_in(encode_batch, texts: list, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
     with _LOCK:
-        if sys.modules.get("awkward", _STAND_IN) is not _STAND_IN:  # the real one, imported meanwhile: use it
-            real = True
-        else:
-            real = False
+        real = sys.modules.get("awkward", _STAND_IN) is not _STAND_IN  # the real one, imported meanwhile: use it
+        if not real:
             sys.modules["awkward"] = _STAND_IN
             _state["calls"] += 1
     if real:

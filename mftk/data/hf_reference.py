@@ -83,6 +83,9 @@ EDGE_CASES: tuple[tuple[str, str], ...] = (
 )
 
 
+_SAMPLED = "input text "  # the start of every sampled case's name
+
+
 def check_cases(added_cases: list, sample: list[str]) -> list[tuple[str, str]]:
     """The named texts the backend check encodes with both tokenizers: `EDGE_CASES`, the added tokens
     inside text (`added_token_cases`), then the ``sample`` of the input."""
@@ -93,9 +96,6 @@ def check_cases(added_cases: list, sample: list[str]) -> list[tuple[str, str]]:
 def sampled(cases: list[tuple[str, str]]) -> int:
     """How many of the `check_cases` texts come from the input."""
     return sum(name.startswith(_SAMPLED) for name, _ in cases)
-
-
-_SAMPLED = "input text "
 
 
 # Tried in order when neither --eod-token nor tokenizer_config.json names the end-of-document token.

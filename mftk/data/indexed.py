@@ -320,6 +320,7 @@ class IndexedDatasetBuilder:
             info = np.iinfo(self.dtype)
             self._range = (int(info.min), int(info.max))
         self._files: list = []
+        self._sync: BackgroundSync | None = None
         self._closed = False
         try:
             self.bin_path.parent.mkdir(parents=True, exist_ok=True)
@@ -482,10 +483,9 @@ class IndexedDatasetBuilder:
 
     def _close_files(self) -> None:
         """Close every file; a close that fails (its last flush hits a full disk) still closes it."""
-        sync = getattr(self, "_sync", None)
-        if sync is not None:
+        if self._sync is not None:
             with contextlib.suppress(OSError):
-                sync.wait()  # not while a sync of the file runs
+                self._sync.wait()  # not while a sync of the file runs
         for f in self._files:
             if not f.closed:
                 with contextlib.suppress(OSError):

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import sys
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -91,7 +90,7 @@ class RunOptions:
     chunk_bytes: int
     sample_length: int | None = None  # mindrecord: samples of seq_length + 1 tokens
     allow_empty: bool = False  # a shard may hold no tokens; its merge with the others is what counts
-    settings: dict = attrs.field(factory=dict)  # what a resumed run must match; a callable value is called when needed
+    settings: dict = attrs.field(factory=dict)  # what a resumed run must match (callable values: called when needed)
     # Called before anything encoded is kept (a progress record saved, an output finalized): the
     # tokenizer backend's pending verdict (`mftk.data.tokenize.BackendCheck.confirm`); it may raise.
     confirm: Callable[[], None] = lambda: None
@@ -120,7 +119,6 @@ class Rejects:
     def __init__(self, path: Path, on_error: str, max_errors: int | None, count: int = 0) -> None:
         self.path, self.on_error, self.max_errors, self.count = path, on_error, max_errors, count
         self._file = None
-        self._lock = threading.Lock()  # adds may come from any thread
 
     def add(self, file: Path, line: int | None, reason: str, resume_hint: str) -> None:
         where = f"{file}:{line}" if line else str(file)
@@ -128,14 +126,13 @@ class Rejects:
             raise DataFormatError(message=f"{where}: {reason}", path=str(file), line=line,
                                   hint="fix the line, or pass --on-error skip to skip bad lines (they are listed "
                                   f"in {self.path.name}){resume_hint}")
-        with self._lock:
-            self.count += 1
-            try:
-                if self._file is None:
-                    self._file = open(self.path, "a", encoding="utf-8")
-                self._file.write(json.dumps({"file": str(file), "line": line, "reason": reason}) + "\n")
-            except OSError as exc:
-                raise write_error(exc, self.path) from None
+        self.count += 1
+        try:
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")
+            self._file.write(json.dumps({"file": str(file), "line": line, "reason": reason}) + "\n")
+        except OSError as exc:
+            raise write_error(exc, self.path) from None
         if self.max_errors is not None and self.count > self.max_errors:
             self.close()
             raise DataFormatError(message=f"{where}: more than {self.max_errors} bad lines (--max-errors); "
