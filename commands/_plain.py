@@ -27,18 +27,23 @@ def silence_stdout() -> None:
         pass
 
 
-_TEARDOWN = {"skip": False}
+_TEARDOWN: dict[str, Any] = {"skip": False, "keep": ()}
 
 
-def skip_teardown() -> None:
+def skip_teardown(*keep: object) -> None:
     """The command's work is complete and on disk: the process may end without the interpreter's teardown.
 
     Freeing every object one by one at exit (tokenizers with their vocabularies and memos, numpy,
     modules) costs `mftk preprocess` 0.3-0.4 s after its outputs are written, fsynced and renamed.
     Only `commands.app.main` (the real process) acts on it, after flushing stdout and stderr; a
     command run inside another program (a test's CliRunner) ends normally.
+
+    ``keep``: objects that are slow to free (a loaded tokenizer's tables: 10 ms), held here so that the
+    command's return does not free them just before the process ends; a later request (or
+    `reset_teardown`) lets go of them.
     """
     _TEARDOWN["skip"] = True
+    _TEARDOWN["keep"] = keep
 
 
 def teardown_skippable() -> bool:
@@ -47,6 +52,7 @@ def teardown_skippable() -> bool:
 
 def reset_teardown() -> None:
     _TEARDOWN["skip"] = False
+    _TEARDOWN["keep"] = ()
 
 
 def print_json(data: Any) -> None:

@@ -20,7 +20,6 @@ import errno
 import fcntl
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Iterator
@@ -169,7 +168,7 @@ def _release(target: Path, fd: int | None) -> None:
     # Unlink while still holding the lock, so a waiter that opened the old file re-checks and retries.
     if fd is None:
         holder = read_holder(target)
-        if holder is not None and holder.pid == os.getpid() and holder.host == socket.gethostname():
+        if holder is not None and holder.pid == os.getpid() and holder.host == _host():
             with contextlib.suppress(OSError):
                 target.unlink()
         return
@@ -183,7 +182,7 @@ def _release(target: Path, fd: int | None) -> None:
 
 
 def _write_holder(fd: int, what: str) -> None:
-    record = {"pid": os.getpid(), "host": socket.gethostname(),
+    record = {"pid": os.getpid(), "host": _host(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime()), "what": what}
     data = (json.dumps(record) + "\n").encode()
     os.ftruncate(fd, 0)
@@ -202,7 +201,7 @@ def _same_file(fd: int, target: Path) -> bool:
 
 def _dead_here(holder: Holder) -> bool:
     """True when the holder ran on this host and its pid no longer exists."""
-    if holder.host != socket.gethostname() or holder.pid is None:
+    if holder.host != _host() or holder.pid is None:
         return False
     try:
         os.kill(holder.pid, 0)
@@ -220,3 +219,8 @@ def _busy(path: str | os.PathLike, target: Path, holder: Holder | None, what: st
                       path=os.fspath(path),
                       hint=f"wait for it to finish, or give this {what} another output path; {target.name} "
                       "is released automatically when that process exits")
+
+
+def _host() -> str:
+    """This machine's name, as ``socket.gethostname()`` gives it (without importing socket)."""
+    return os.uname().nodename

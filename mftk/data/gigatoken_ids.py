@@ -64,6 +64,17 @@ def from_json(tokenizer_json: bytes):
     return _Direct(rust.load_hf_json(tokenizer_json))
 
 
+def warm_up(tokenizer) -> None:
+    """Encode one short text now, so that the tokenizer's one-time set-up for encoding (~20 ms, on its
+    first encode, with the GIL released) runs on the thread that loaded it, beside the rest of the
+    command's start-up, rather than in front of the run's first chunk. Any failure is left for the
+    run's own encodes and the backend check to meet and report."""
+    try:
+        encode_batch_arrays(tokenizer.encode_batch, ["warm up"])
+    except Exception:  # noqa: BLE001 - see above: nothing is decided here
+        pass
+
+
 class _Direct:
     """gigatoken's Rust tokenizer, with ``encode_batch`` as ``gigatoken.Tokenizer`` calls it."""
 

@@ -1,13 +1,12 @@
 """The inputs of `mftk preprocess` before any is parsed: groups, files, gzip or JSON array, a sample.
 
-Only the standard library is imported here (`mftk.errors` where an error is raised), because the
-command starts the HF helper process (`mftk.data.hf_reference`) with the input files before the
-data layer is imported, and the helper samples the input with `sample_texts` itself.
+Only the standard library is imported here (`mftk.errors`, which imports attrs, only where an error is
+raised), because the command starts the HF helper process (`mftk.data.hf_reference`) with the input
+files before the data layer is imported, and the helper samples the input with `sample_texts` itself.
 """
 from __future__ import annotations
 
 import glob
-import gzip
 import json
 import os
 import re
@@ -38,11 +37,16 @@ def parse_sources(inputs: list[str]) -> list[Source]:
         else:
             groups.setdefault(None, []).append(item)
     if None in groups and len(groups) > 1:
-        from mftk.errors import InputError
-
-        raise InputError(message="mixing named inputs (NAME=PATH) with unnamed ones",
-                         hint="name every input group, e.g. --input wiki=wiki/*.jsonl --input code=code.jsonl")
+        raise _input_error(message="mixing named inputs (NAME=PATH) with unnamed ones",
+                           hint="name every input group, e.g. --input wiki=wiki/*.jsonl --input code=code.jsonl")
     return [Source(name, patterns) for name, patterns in groups.items()]
+
+
+def _input_error(**fields: str) -> Exception:
+    """`mftk.errors.InputError`, imported only when one is raised (it imports attrs)."""
+    from mftk.errors import InputError
+
+    return InputError(**fields)
 
 
 def expand_inputs(patterns: list[str]) -> list[Path]:
@@ -51,24 +55,22 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     A pattern that names an existing file is taken literally even if it contains glob characters
     (a file called ``data[1].jsonl``).
     """
-    from mftk.errors import InputError
-
     paths: list[Path] = []
     for pattern in patterns:
         if glob.has_magic(pattern) and not os.path.exists(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
             matches = [m for m in matches if os.path.isfile(m)]
             if not matches:
-                raise InputError(message=f"{pattern}: no file matches this pattern", path=pattern,
-                                 hint="check the glob (quote it so the shell does not expand it)")
+                raise _input_error(message=f"{pattern}: no file matches this pattern", path=pattern,
+                                   hint="check the glob (quote it so the shell does not expand it)")
             paths.extend(Path(m) for m in matches)
         else:
             p = Path(pattern)
             if not p.exists():
-                raise InputError(message=f"{p}: no such input file", path=str(p))
+                raise _input_error(message=f"{p}: no such input file", path=str(p))
             if not p.is_file():
-                raise InputError(message=f"{p}: not a file", path=str(p),
-                                 hint="pass files or a quoted glob such as 'data/*.jsonl'")
+                raise _input_error(message=f"{p}: not a file", path=str(p),
+                                   hint="pass files or a quoted glob such as 'data/*.jsonl'")
             paths.append(p)
     seen: set[Path] = set()
     unique = []
@@ -85,10 +87,10 @@ def open_input(path: Path) -> BinaryIO:
     try:
         f = open(path, "rb")
     except OSError as exc:
-        from mftk.errors import InputError
-
-        raise InputError(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None
+        raise _input_error(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None
     if f.read(2) == GZIP_MAGIC:
+        import gzip
+
         f.seek(0)
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
     f.seek(0)
@@ -107,7 +109,7 @@ def is_json_array(path: Path) -> bool:
     stream = open_input(path)
     try:
         data = stream.read(4096).removeprefix(BOM).lstrip()
-    except (OSError, EOFError, gzip.BadGzipFile):
+    except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
         return False
     finally:
         stream.close()
@@ -128,7 +130,7 @@ def sample_texts(paths: list[Path], keys: list[str], count: int = 256, max_chars
         want = max(1, round(count * size / total))
         try:
             lines = _sample_lines(path, want)
-        except (OSError, EOFError, gzip.BadGzipFile):
+        except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
             continue
         for raw in lines:
             try:
@@ -183,12 +185,14 @@ def check_sample(paths: list[Path], keys: list[str]) -> list[str]:
 def sample_request(inputs: list[str] | None, keys: list[str] | None) -> dict | None:
     """What the HF helper samples the check texts from: every input file (of every group) and the keys;
     None where the inputs do not name files (the run reports that itself)."""
-    from mftk.errors import MftkError
-
     if not inputs:
         return None
     try:
         paths = [str(p) for source in parse_sources(inputs) for p in expand_inputs(source.patterns)]
-    except (MftkError, OSError):
-        return None
+    except Exception as exc:  # noqa: BLE001 - narrowed below; mftk.errors is imported only on this path
+        from mftk.errors import MftkError
+
+        if isinstance(exc, (MftkError, OSError)):
+            return None
+        raise
     return {"paths": paths, "keys": list(keys or ["text"])}

@@ -27,7 +27,6 @@ Documented choices for unusual input:
 """
 from __future__ import annotations
 
-import gzip
 import json
 import operator
 import re
@@ -181,7 +180,7 @@ class CorpusReader:
                     left -= len(chunk)
                 yield chunk
                 size = self.chunk_bytes
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
             raise DataFormatError(message=f"{self.path}: cannot read compressed data ({exc})", path=str(self.path),
                                   hint="the gzip file is truncated or corrupt") from None
 

@@ -3,11 +3,13 @@
 Loading a tokenizer is Rust that holds the GIL (gigatoken 0.07-0.1 s, HF ``tokenizers`` 0.06-0.16 s
 on the 2-core machine: each parses the ``tokenizer.json``), so a load on a thread here delays the
 data layer's imports (numpy, msgspec) by as much. gigatoken's, which the run encodes with, loads on
-a thread from the first line of the command. The HF tokenizer, which the run needs only for a few
+a thread from the first line of the command, and encodes a word there (`gigatoken_ids.warm_up`) so that
+its set-up for encoding, which releases the GIL, runs beside the imports. The HF tokenizer, which the run needs only for a few
 facts and the reference ids of the backend check, is loaded by a helper process
 (`mftk.data.hf_reference`) on the other core when gigatoken is wanted; with
 ``--tokenizer-backend hf`` (or no helper) it loads on a thread here as before. This module imports
-only the standard library and `mftk.files` so that the command can start it first.
+only the standard library (`mftk.files`, which imports attrs, on the loading threads) so that the
+command can start it first, and it starts the helper before anything else.
 
 Nothing is decided here. `mftk.data.tokenize.load_tokenizer` takes the helper's facts, or the HF
 tokenizer from `hf`, only when they are there; any problem (no such file, too large, not a
@@ -19,10 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from mftk.files import LARGE_JSON_LIMIT, read_bytes
 
 
 def no_blas_threads() -> None:
@@ -67,6 +66,8 @@ class TokenizerPreload:
             from mftk.data.inputs import sample_request
 
             self.reference = start_reference(self.file, eod_token, sample_request(inputs, keys))
+        from concurrent.futures import ThreadPoolExecutor  # after the helper is started: it runs meanwhile
+
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mftk-tokenizer-load")
         self._hf = pool.submit(_load_hf, self.file) if self.reference is None else None
         self._gigatoken = pool.submit(_load_gigatoken, self.file) if wants_gigatoken else None
@@ -99,6 +100,8 @@ class TokenizerPreload:
 
 
 def _load_hf(file: Path) -> object | None:
+    from mftk.files import LARGE_JSON_LIMIT
+
     try:
         if not file.is_file() or file.stat().st_size > LARGE_JSON_LIMIT:
             return None  # load_tokenizer says what is wrong
@@ -110,7 +113,10 @@ def _load_hf(file: Path) -> object | None:
 
 
 def _load_gigatoken(file: Path) -> tuple[bytes, object]:
-    from mftk.data.gigatoken_ids import from_json
+    from mftk.data.gigatoken_ids import from_json, warm_up
+    from mftk.files import LARGE_JSON_LIMIT, read_bytes
 
     data = read_bytes(file, limit=LARGE_JSON_LIMIT, what="tokenizer file")
-    return data, from_json(data)
+    tokenizer = from_json(data)
+    warm_up(tokenizer)
+    return data, tokenizer

@@ -78,17 +78,21 @@ class GigatokenEncoder:
     gigatoken memoizes the ids of every distinct piece of text it has seen, per tokenizer object,
     without a bound: text with many unique words (code, URLs, hashes) grows it by several times
     the text's size. The tokenizer is therefore loaded afresh (which drops the memo and changes
-    no id) whenever the process has grown ``memo_budget`` bytes since the last load.
+    no id) whenever the process has grown ``memo_budget`` bytes since the last load, as seen each
+    ``check_every`` ids encoded (2 M ids, ~8 MB of text: reading the RSS lets the GIL go, and taking it
+    back from the thread parsing the next chunk costs up to a switch interval, at every check).
     """
 
     name = "gigatoken"
 
     def __init__(self, tokenizer_json: bytes, prefix: list[int], suffix: list[int], *,
-                 memo_budget: int = 256 << 20, loaded=None) -> None:
+                 memo_budget: int = 256 << 20, check_every: int = 1 << 21, loaded=None) -> None:
         self._json = tokenizer_json
         self.prefix = np.asarray(prefix, dtype=np.uint32)
         self.suffix = np.asarray(suffix, dtype=np.uint32)
         self.memo_budget = memo_budget
+        self.check_every = check_every
+        self._unchecked = 0  # ids encoded since the last look at the RSS (concurrent updates may miss a few)
         self.reloads = 0
         self._tok = None
         self._lock = threading.Lock()  # one reload at a time
@@ -110,11 +114,14 @@ class GigatokenEncoder:
             return np.zeros(0, np.uint32), np.zeros(0, np.int64)
         tok = self._tok  # batches of several threads run at once; a reload waits for none of them
         flat, lengths = encode_batch_arrays(tok.encode_batch, texts)  # parallel unless in a forked worker
-        if _rss() - self._rss_at_load > self.memo_budget:
-            with self._lock:
-                if self._tok is tok:  # not reloaded by another thread meanwhile
-                    self.reloads += 1
-                    self._load()
+        self._unchecked += len(flat)
+        if self._unchecked >= self.check_every:
+            self._unchecked = 0
+            if _rss() - self._rss_at_load > self.memo_budget:
+                with self._lock:
+                    if self._tok is tok:  # not reloaded by another thread meanwhile
+                        self.reloads += 1
+                        self._load()
         if len(self.prefix) or len(self.suffix):
             flat, lengths = wrap_sequences(flat, lengths, self.prefix, self.suffix)
         return flat.astype(np.uint32, copy=False), lengths

@@ -225,15 +225,39 @@ def test_cli_summary_names_backend_and_fallback(tmp_path):
     assert r.exit_code == 2 and "Traceback" not in r.output and "cannot be used" in " ".join(r.stderr.split())
 
 
-def test_gigatoken_reload_drops_its_memo_and_changes_no_id(tokenizer_file):
+def _growing_rss(monkeypatch) -> None:
+    """The process seems to grow 1 MiB at every look (the real RSS may shrink after a reload)."""
+    sizes = iter(range(1 << 20, 1 << 40, 1 << 20))
+    monkeypatch.setattr(tokenize, "_rss", lambda: next(sizes))
+
+
+def test_gigatoken_reload_drops_its_memo_and_changes_no_id(tokenizer_file, monkeypatch):
     from tokenizers import Tokenizer as HF
 
+    _growing_rss(monkeypatch)
     texts = [d["text"] for d in _edge_docs(seed=3) if isinstance(d["text"], str)]
-    encoder = tokenize.GigatokenEncoder(tokenizer_file.read_bytes(), [], [], memo_budget=-1)  # reload every call
+    encoder = tokenize.GigatokenEncoder(tokenizer_file.read_bytes(), [], [], memo_budget=0,
+                                        check_every=0)  # reload every call
     want = [e.ids for e in HF.from_file(str(tokenizer_file)).encode_batch(texts)]
     for _ in range(3):
         assert encoder.encode_lists(texts) == want
-    assert encoder.reloads >= 3
+    assert encoder.reloads == 3
+
+
+def test_gigatoken_memo_is_checked_every_so_many_ids(tokenizer_file, monkeypatch):
+    """The RSS is looked at once per ``check_every`` ids encoded, not at every batch."""
+    _growing_rss(monkeypatch)
+    texts = ["one two three four five six seven eight nine ten"] * 4
+    encoder = tokenize.GigatokenEncoder(tokenizer_file.read_bytes(), [], [], memo_budget=0, check_every=10 ** 9)
+    for _ in range(5):
+        encoder.encode_lists(texts)
+    assert encoder.reloads == 0
+    per_batch = len(encoder.encode(texts)[0])
+    encoder.check_every = 3 * per_batch  # a look after every third batch
+    encoder._unchecked = 0
+    for _ in range(7):
+        encoder.encode(texts)
+    assert encoder.reloads == 2
 
 
 def test_helper_process_facts_equal_the_hf_tokenizer_own(tmp_path):
