@@ -34,21 +34,17 @@ def guarded(call: Callable[[], Any]) -> Any:
 
     A closed stdout (`mftk … | head -1`) ends quietly, as Unix tools do; `mftk.errors.MftkError` and Ctrl-C
     are rendered by `commands._errors.handle` (Rich is imported only then). Anything else is a bug: its
-    traceback is the report. Nothing is imported before the command runs (`mftk.errors` imports attrs,
-    30-50 ms): `mftk preprocess` starts its tokenizer helper process first thing.
+    traceback is the report.
     """
+    from commands._plain import EXIT_PIPE_CLOSED, silence_stdout
+    from mftk.errors import MftkError
+
     try:
         return call()
     except BrokenPipeError:
-        from commands._plain import EXIT_PIPE_CLOSED, silence_stdout
-
         silence_stdout()
         raise CommandFailed(EXIT_PIPE_CLOSED) from None
-    except BaseException as exc:  # imported only now: a command starts its own work before attrs is loaded
-        from mftk.errors import MftkError
-
-        if not isinstance(exc, (MftkError, KeyboardInterrupt)):
-            raise
+    except (MftkError, KeyboardInterrupt) as exc:
         from commands._errors import handle
 
         code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))

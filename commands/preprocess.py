@@ -88,8 +88,6 @@ def preprocess(
             use_threads(workers)
             preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token, inputs=input, keys=json_keys)
 
-        import attrs
-
         from commands._plain import print_json, skip_teardown
         from mftk.data.preprocess import preprocess as run
         from mftk.errors import InputError
@@ -117,7 +115,7 @@ def preprocess(
             if preload is not None:
                 preload.close()  # the HF helper process, if the run did not end it
         if json_out:
-            data = attrs.asdict(summary)
+            data = summary.as_dict()
             data["data_path"] = summary.data_path_block()
             print_json(data)
         else:
@@ -134,7 +132,7 @@ def _loaded(collecting: bool) -> None:
     """The command's modules are loaded: what they made is frozen out of the cyclic GC (until the run ends)
     and the GC runs again if it ran before.
 
-    Importing them (numpy, attrs, msgspec, the data layer) makes some 60 collections, 20 ms on the
+    Importing them (numpy, msgspec, the data layer) makes some 60 collections, 20 ms on the
     start-up's critical path, of objects that all live as long as the process; frozen, later collections
     do not walk them either.
     """

@@ -22,9 +22,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterator
-
-import attrs
+from typing import Iterator, NamedTuple
 
 from mftk.errors import InputError
 
@@ -33,8 +31,7 @@ _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL}
 _ATTEMPTS = 5  # re-tries when the lock file is replaced between open() and flock()
 
 
-@attrs.frozen
-class Holder:
+class Holder(NamedTuple):
     """Who holds (or held) a lock, as recorded in the lock file."""
 
     pid: int | None = None
@@ -46,8 +43,7 @@ class Holder:
         return f"pid {self.pid if self.pid is not None else '?'} on host {self.host}, started {self.started}"
 
 
-@attrs.frozen
-class LockInfo:
+class LockInfo(NamedTuple):
     """A held lock: its file, and the owner of the stale lock it replaced (if any)."""
 
     path: Path

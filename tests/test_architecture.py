@@ -99,7 +99,8 @@ def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
     """`mftk preprocess` imports one command module and the data layer: never MindSpore, the engine, the
     plan or config model, pydantic or matplotlib, nor awkward (gigatoken's result type: mftk takes its arrays
     without it, `mftk.data.gigatoken_ids`), nor gigatoken's Python package (its compiled tokenizer is loaded
-    alone; with ``--tokenizer-backend hf`` not that either). With ``--json`` and stderr not a terminal nothing
+    alone; with ``--tokenizer-backend hf`` not that either), nor attrs (25-40 ms of every start-up: the errors are
+    plain classes, the data layer's records msgspec Structs). With ``--json`` and stderr not a terminal nothing
     is drawn, so Rich is not imported either."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} with some words"}) + "\n" for i in range(50)))
@@ -116,7 +117,7 @@ def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
             f"'-o', {str(tmp_path / 'o')!r}, '--tokenizer-backend', {backend!r}, '--json']\n"
             "from commands.entry import main\nmain()\n")
     top = ["mindspore", "pydantic", "matplotlib", "awkward", "gigatoken", "yaml", "cattrs", "safetensors", "rich",
-           "typer", "click"]
+           "typer", "click", "attr", "attrs"]
     env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "FORCE_COLOR", "TTY_INTERACTIVE")}
     out = subprocess.run([sys.executable, "-c", f"TOP={top!r}\n" + code], capture_output=True, text=True, cwd=ROOT,
                          env=env)

@@ -1,8 +1,8 @@
 """The inputs of `mftk preprocess` before any is parsed: groups, files, gzip or JSON array, a sample.
 
-Only the standard library is imported here (`mftk.errors`, which imports attrs, only where an error is
-raised), because the command starts the HF helper process (`mftk.data.hf_reference`) with the input
-files before the data layer is imported, and the helper samples the input with `sample_texts` itself.
+Only the standard library is imported here (`mftk.errors` where an error is raised), because the
+command starts the HF helper process (`mftk.data.hf_reference`) with the input files before the
+data layer is imported, and the helper samples the input with `sample_texts` itself.
 """
 from __future__ import annotations
 
@@ -37,16 +37,11 @@ def parse_sources(inputs: list[str]) -> list[Source]:
         else:
             groups.setdefault(None, []).append(item)
     if None in groups and len(groups) > 1:
-        raise _input_error(message="mixing named inputs (NAME=PATH) with unnamed ones",
-                           hint="name every input group, e.g. --input wiki=wiki/*.jsonl --input code=code.jsonl")
+        from mftk.errors import InputError
+
+        raise InputError(message="mixing named inputs (NAME=PATH) with unnamed ones",
+                         hint="name every input group, e.g. --input wiki=wiki/*.jsonl --input code=code.jsonl")
     return [Source(name, patterns) for name, patterns in groups.items()]
-
-
-def _input_error(**fields: str) -> Exception:
-    """`mftk.errors.InputError`, imported only when one is raised (it imports attrs)."""
-    from mftk.errors import InputError
-
-    return InputError(**fields)
 
 
 def expand_inputs(patterns: list[str]) -> list[Path]:
@@ -55,22 +50,24 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     A pattern that names an existing file is taken literally even if it contains glob characters
     (a file called ``data[1].jsonl``).
     """
+    from mftk.errors import InputError
+
     paths: list[Path] = []
     for pattern in patterns:
         if glob.has_magic(pattern) and not os.path.exists(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
             matches = [m for m in matches if os.path.isfile(m)]
             if not matches:
-                raise _input_error(message=f"{pattern}: no file matches this pattern", path=pattern,
-                                   hint="check the glob (quote it so the shell does not expand it)")
+                raise InputError(message=f"{pattern}: no file matches this pattern", path=pattern,
+                                 hint="check the glob (quote it so the shell does not expand it)")
             paths.extend(Path(m) for m in matches)
         else:
             p = Path(pattern)
             if not p.exists():
-                raise _input_error(message=f"{p}: no such input file", path=str(p))
+                raise InputError(message=f"{p}: no such input file", path=str(p))
             if not p.is_file():
-                raise _input_error(message=f"{p}: not a file", path=str(p),
-                                   hint="pass files or a quoted glob such as 'data/*.jsonl'")
+                raise InputError(message=f"{p}: not a file", path=str(p),
+                                 hint="pass files or a quoted glob such as 'data/*.jsonl'")
             paths.append(p)
     seen: set[Path] = set()
     unique = []
@@ -87,7 +84,9 @@ def open_input(path: Path) -> BinaryIO:
     try:
         f = open(path, "rb")
     except OSError as exc:
-        raise _input_error(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None
+        from mftk.errors import InputError
+
+        raise InputError(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None
     if f.read(2) == GZIP_MAGIC:
         import gzip
 
@@ -185,14 +184,12 @@ def check_sample(paths: list[Path], keys: list[str]) -> list[str]:
 def sample_request(inputs: list[str] | None, keys: list[str] | None) -> dict | None:
     """What the HF helper samples the check texts from: every input file (of every group) and the keys;
     None where the inputs do not name files (the run reports that itself)."""
+    from mftk.errors import MftkError
+
     if not inputs:
         return None
     try:
         paths = [str(p) for source in parse_sources(inputs) for p in expand_inputs(source.patterns)]
-    except Exception as exc:  # noqa: BLE001 - narrowed below; mftk.errors is imported only on this path
-        from mftk.errors import MftkError
-
-        if isinstance(exc, (MftkError, OSError)):
-            return None
-        raise
+    except (MftkError, OSError):
+        return None
     return {"paths": paths, "keys": list(keys or ["text"])}

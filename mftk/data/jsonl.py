@@ -33,7 +33,6 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator, Union
 
-import attrs
 import msgspec
 import numpy as np
 
@@ -55,8 +54,7 @@ _DECODER = json.JSONDecoder()
 _FAST_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
 
 
-@attrs.define(slots=True)
-class Record:
+class Record(msgspec.Struct):
     """One accepted document: for each JSON key, its sentences (one string = one sentence)."""
 
     line: int
@@ -64,16 +62,14 @@ class Record:
     nbytes: int
 
 
-@attrs.define(slots=True)
-class Reject:
+class Reject(msgspec.Struct):
     """One line that cannot be used, and why."""
 
     line: int
     reason: str
 
 
-@attrs.define(slots=True)
-class Chunk:
+class Chunk(msgspec.Struct):
     """The accepted documents of a stretch of lines, flat: per key, every sentence in order.
 
     ``sentences[k]`` is the number of sentences of each document for key ``k``, or None when

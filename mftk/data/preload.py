@@ -3,13 +3,13 @@
 Loading a tokenizer is Rust that holds the GIL (gigatoken 0.07-0.1 s, HF ``tokenizers`` 0.06-0.16 s
 on the 2-core machine: each parses the ``tokenizer.json``), so a load on a thread here delays the
 data layer's imports (numpy, msgspec) by as much. gigatoken's, which the run encodes with, loads on
-a thread from the first line of the command, and encodes a word there (`gigatoken_ids.warm_up`) so that
-its set-up for encoding, which releases the GIL, runs beside the imports. The HF tokenizer, which the run needs only for a few
-facts and the reference ids of the backend check, is loaded by a helper process
+a thread from the first line of the command, and encodes a word there (`gigatoken_ids.warm_up`) so
+that its set-up for encoding, which releases the GIL, runs beside the imports. The HF tokenizer, which
+the run needs only for a few facts and the reference ids of the backend check, is loaded by a helper process
 (`mftk.data.hf_reference`) on the other core when gigatoken is wanted; with
 ``--tokenizer-backend hf`` (or no helper) it loads on a thread here as before. This module imports
-only the standard library (`mftk.files`, which imports attrs, on the loading threads) so that the
-command can start it first, and it starts the helper before anything else.
+only the standard library and `mftk.files` so that the command can start it first, and it starts the
+helper before anything else.
 
 Nothing is decided here. `mftk.data.tokenize.load_tokenizer` takes the helper's facts, or the HF
 tokenizer from `hf`, only when they are there; any problem (no such file, too large, not a
@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from mftk.files import LARGE_JSON_LIMIT, read_bytes
 
 
 def no_blas_threads() -> None:
@@ -100,8 +102,6 @@ class TokenizerPreload:
 
 
 def _load_hf(file: Path) -> object | None:
-    from mftk.files import LARGE_JSON_LIMIT
-
     try:
         if not file.is_file() or file.stat().st_size > LARGE_JSON_LIMIT:
             return None  # load_tokenizer says what is wrong
@@ -114,7 +114,6 @@ def _load_hf(file: Path) -> object | None:
 
 def _load_gigatoken(file: Path) -> tuple[bytes, object]:
     from mftk.data.gigatoken_ids import from_json, warm_up
-    from mftk.files import LARGE_JSON_LIMIT, read_bytes
 
     data = read_bytes(file, limit=LARGE_JSON_LIMIT, what="tokenizer file")
     tokenizer = from_json(data)

@@ -22,7 +22,7 @@ import re
 import time
 from pathlib import Path
 
-import attrs
+import msgspec
 import numpy as np
 
 from mftk.data.indexed import best_dtype, data_paths, merge
@@ -42,8 +42,7 @@ __all__ = ["OutputPair", "PreprocessSummary", "Source", "SourceSummary", "parse_
 LOCK_WHAT = "mftk preprocess output"
 
 
-@attrs.define
-class PreprocessSummary:
+class PreprocessSummary(msgspec.Struct):
     """What a run wrote; the command renders it as a table or JSON."""
 
     sources: list[SourceSummary]
@@ -66,6 +65,10 @@ class PreprocessSummary:
     @property
     def tokens(self) -> int:
         return sum(s.tokens for s in self.sources)
+
+    def as_dict(self) -> dict:
+        """Every field, nested records as dicts (the command's ``--json`` output)."""
+        return msgspec.to_builtins(self)
 
     def data_path_block(self) -> str:
         """The `data_path:` list for the training YAML: weight, prefix pairs (first JSON key).

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import bisect
 from pathlib import Path
-
-import attrs
+from typing import NamedTuple
 
 from mftk.data.inputs import is_gzip, is_json_array
 from mftk.errors import InputError
 
 
-@attrs.frozen
-class Piece:
+class Piece(NamedTuple):
     """The lines of ``path`` that start in ``[start, end)`` (``end`` None: to the end of the file)."""
 
     path: Path

@@ -24,7 +24,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Protocol
 
-import attrs
 import numpy as np
 
 from mftk.data import gigatoken_ids, hf_reference
@@ -176,25 +175,23 @@ def wrap_sequences(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray,
     return out, new_lengths
 
 
-@attrs.define
 class LoadedTokenizer:
     """A tokenizer ready to encode, with the facts the output depends on and the backend in use."""
 
-    hf_tokenizer: object | None  # tokenizers.Tokenizer; None until first needed where `facts` came from the helper
-    path: str
-    vocab_size: int  # including added tokens, as Megatron's len(hf_tokenizer)
-    eod_id: int | None
-    eod_token: str | None
-    encoder: Encoder = attrs.field(default=None)
-    backend_note: str = ""  # why auto did not take gigatoken, or the check that it passed
-    # From the helper process (`mftk.data.hf_reference`): what `hf_reference.facts_of` says of the HF tokenizer.
-    facts: dict | None = None
-    reference: object = None  # that helper (`hf_reference.Reference`), which also gives the check's HF ids
-    _hf_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
-
-    def __attrs_post_init__(self) -> None:
-        if self.encoder is None:
-            self.encoder = HFEncoder(self)
+    def __init__(self, hf_tokenizer: object | None, path: str, vocab_size: int, eod_id: int | None,
+                 eod_token: str | None, *, facts: dict | None = None, reference: object = None) -> None:
+        # tokenizers.Tokenizer; None until first needed where `facts` came from the helper
+        self.hf_tokenizer = hf_tokenizer
+        self.path = path
+        self.vocab_size = vocab_size  # including added tokens, as Megatron's len(hf_tokenizer)
+        self.eod_id = eod_id
+        self.eod_token = eod_token
+        self.encoder: Encoder = HFEncoder(self)
+        self.backend_note = ""  # why auto did not take gigatoken, or the check that it passed
+        # From the helper process (`mftk.data.hf_reference`): what `hf_reference.facts_of` says of the HF tokenizer.
+        self.facts = facts
+        self.reference = reference  # that helper (`hf_reference.Reference`), which also gives the check's HF ids
+        self._hf_lock = threading.Lock()
 
     @property
     def tokenizer(self):

@@ -430,7 +430,7 @@ def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:
 def _write_error(path: Path, exc: MftkError) -> None:
     """A worker's typed error as JSON (its class name and fields), for the parent to raise again."""
     try:
-        write_atomic(path, json.dumps({"type": type(exc).__name__, "fields": attrs.asdict(exc)}, default=str))
+        write_atomic(path, json.dumps({"type": type(exc).__name__, "fields": exc.as_dict()}, default=str))
     except (OSError, TypeError, ValueError, MftkError):
         pass  # the marker and the log still report it, as a generic failure
 
