@@ -1,8 +1,10 @@
 """`mftk preprocess`: JSON/JSONL corpora to Megatron .bin/.idx or MindRecord (or merge existing pairs)."""
 from __future__ import annotations
 
+import contextlib
+import gc
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 from commands._argspec import JSON_OPT, Opt
 
@@ -75,31 +77,20 @@ def preprocess(
     json_out: bool,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
-    import gc
-
-    collecting = gc.isenabled()
-    gc.disable()  # until the modules are loaded (`_loaded`)
-    preload = None
-    try:
+    with _gc_paused_while_importing() as imported:
         from mftk.data.preload import TokenizerPreload, no_blas_threads, use_threads
 
         no_blas_threads()
+        preload = None
         if tokenizer is not None and not merge:  # first: the loads run beside the imports below
             use_threads(workers)
             preload = TokenizerPreload(tokenizer, tokenizer_backend, eod_token, inputs=input, keys=json_keys)
-
-        from commands._plain import print_json, skip_teardown
-        from mftk.data.preprocess import preprocess as run
-        from mftk.errors import InputError
-    except BaseException:
-        if preload is not None:
-            preload.close()
-        if collecting:
-            gc.enable()
-        raise
-    _loaded(collecting)
-    try:
         try:
+            from commands._plain import print_json, skip_teardown
+            from mftk.data.preprocess import preprocess as run
+            from mftk.errors import InputError
+
+            imported()
             parsed_weights = None
             if weights:
                 try:
@@ -124,23 +115,32 @@ def preprocess(
             _render(summary, console)
         if summary.format == "megatron":  # complete: fsynced and renamed (MindSpore's own exit hooks run as usual)
             skip_teardown(preload)  # its tokenizer is freed by the process's end, not by our return
-    finally:
-        gc.unfreeze()  # last: a process about to end need not walk them again
 
 
-def _loaded(collecting: bool) -> None:
-    """The command's modules are loaded: what they made is frozen out of the cyclic GC (until the run ends)
-    and the GC runs again if it ran before.
+@contextlib.contextmanager
+def _gc_paused_while_importing() -> Iterator[Callable[[], None]]:
+    """The cyclic GC off from the command's start until it calls the yielded function (its modules are
+    loaded); then what they made is frozen out of the GC and the GC runs again (if it ran before) for the
+    rest of the command; at the end, or on an error, the objects are unfrozen.
 
-    Importing them (numpy, msgspec, the data layer) makes some 60 collections, 20 ms on the
-    start-up's critical path, of objects that all live as long as the process; frozen, later collections
-    do not walk them either.
+    Importing the modules (numpy, msgspec, the data layer) makes some 60 collections, 20 ms on the
+    start-up's critical path, of objects that all live as long as the process; frozen, the collections
+    during the run do not walk them either.
     """
-    import gc
+    collecting = gc.isenabled()
+    gc.disable()
 
-    gc.freeze()
-    if collecting:
-        gc.enable()
+    def imported() -> None:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+
+    try:
+        yield imported
+    finally:
+        gc.unfreeze()
+        if collecting:
+            gc.enable()
 
 
 def _progress():
