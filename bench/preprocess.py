@@ -17,7 +17,8 @@ its first 8 MB, then runs, interleaved round by round (medians reported):
   (c) ``mftk preprocess`` as a fresh process, backend auto (start-up, backend check, validation of
       every line, writing included); run with ``--json`` and stdout/stderr into files, as in a
       pipeline, so it draws nothing and does not import Rich (a run on a terminal pays ~0.02-0.03 s
-      more CPU for its table and progress bar);
+      more CPU for its table and progress bar); the last round's output is removed first, untimed
+      (`remove_previous`), as a run to a new prefix finds none;
   (d) ``mftk preprocess --tokenizer-backend hf``, the same way;
   (g) gigatoken's own ``encode_files`` as a fresh process the same way (interpreter start, ``import
       gigatoken``, tokenizer load, encode, the ids written to a file; no validation, no ``.idx``):
