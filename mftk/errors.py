@@ -28,7 +28,7 @@ class MftkError(Exception):
         return self.message
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.FIELDS)})"
+        return _repr(self)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields, as JSON-able as they are (a config error's problems as dicts): what a worker
@@ -57,7 +57,7 @@ class Problem:
         return self.as_dict() == other.as_dict()
 
     def __repr__(self) -> str:
-        return f"Problem({', '.join(f'{n}={getattr(self, n)!r}' for n in self.FIELDS)})"
+        return _repr(self)
 
     def as_dict(self) -> dict[str, Any]:
         return {n: getattr(self, n) for n in self.FIELDS}
@@ -70,6 +70,10 @@ class Problem:
         if self.hint:
             text += f" — {self.hint}"
         return text
+
+
+def _repr(obj: MftkError | Problem) -> str:
+    return f"{type(obj).__name__}({', '.join(f'{n}={getattr(obj, n)!r}' for n in obj.FIELDS)})"
 
 
 def _plain(value: Any) -> Any:
