@@ -5,10 +5,11 @@ after 3 steps minus VmRSS after imports, beside the planner's "mftk-cpu" estimat
 estimate/measured per point (median of --repeat runs); the goal is within ±15%.
 
     .venv/bin/python bench/plan_calibration.py            # whole grid, 3 runs each (~10 min on 2 shared cores)
-    .venv/bin/python bench/plan_calibration.py --quick    # the test's three points
+    .venv/bin/python bench/plan_calibration.py --quick    # the test's four points
     .venv/bin/python bench/plan_calibration.py --llama    # Llama-3-8B FSDP8 estimate vs the published 82.4 GiB
 
     .venv/bin/python bench/plan_calibration.py --multi    # several workers (msrun): dp2, fsdp2, tp2, dsv3 ep2
+    .venv/bin/python bench/plan_calibration.py --compiled # compiled layers: forced on − forced off vs the term
 
 Several workers: one msrun job per point (`engine.launch`, free ports); each rank measures its own
 baseline (VmRSS after imports and ``communication.init()``) and VmHWM after training and returns them
@@ -24,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mftk.engine.calibration import GRID, MULTI, QUICK, estimate_bytes, measure, measure_multi  # noqa: E402
+from mftk.engine.calibration import (COMPILED, GRID, MULTI, QUICK, estimate_bytes, measure,  # noqa: E402
+                                    measure_multi)
 
 
 def llama3_8b_fsdp8() -> dict:
@@ -62,6 +64,9 @@ def main(argv: list[str]) -> None:
     if "--multi" in argv:
         main_multi(repeat)
         return
+    if "--compiled" in argv:
+        main_compiled(repeat)
+        return
     points = [GRID[i] for i in QUICK] if "--quick" in argv else GRID
     print(f"profile mftk-cpu; measured = peak RSS − RSS after imports, median of {repeat} runs of 3 steps")
     print(f"{'config':<20} {'estimate MiB':>12} {'measured MiB':>12} {'ratio':>6}  overrides")
@@ -74,6 +79,36 @@ def main(argv: list[str]) -> None:
               flush=True)
     worst = max(ratios, key=lambda r: abs(r - 1))
     print(f"{len(ratios)} points, worst ratio {worst:.2f}, within ±15%: {all(abs(r - 1) <= 0.15 for r in ratios)}")
+
+
+def compiled_term(template: str, over: dict) -> float:
+    """The estimate's "compiled layers" term for a point, whatever its size (the threshold moved to 0)."""
+    from mftk import derive
+
+    saved, derive.JIT_MIN_PARAMS = derive.JIT_MIN_PARAMS, 0
+    try:
+        return estimate_bytes(template, over)["terms"]["compiled layers"]
+    finally:
+        derive.JIT_MIN_PARAMS = saved
+
+
+def main_compiled(repeat: int) -> None:
+    """Per point: the layers forced compiled and forced eager, interleaved, medians; their difference is
+    what the graphs hold, beside the estimate's term."""
+    print(f"compiled layers: measured = median(forced compiled) − median(forced eager) over {repeat} runs each")
+    print(f"{'config':<20} {'term MiB':>9} {'measured MiB':>12} {'ratio':>6}")
+    ratios = []
+    for name, template, over in (GRID[i] for i in COMPILED):
+        runs = {True: [], False: []}
+        for _ in range(repeat):
+            for flag in (True, False):
+                runs[flag].append(measure(template, over, compiled=flag)["measured"])
+        got = statistics.median(runs[True]) - statistics.median(runs[False])
+        term = compiled_term(template, over)
+        ratios.append(term / got)
+        print(f"{name:<20} {term / 2**20:>9.1f} {got / 2**20:>12.1f} {term / got:>6.2f}", flush=True)
+    worst = max(ratios, key=lambda r: abs(r - 1))
+    print(f"{len(ratios)} points, worst ratio {worst:.2f}")
 
 
 def main_multi(repeat: int) -> None:

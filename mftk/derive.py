@@ -72,6 +72,17 @@ class Layout:
         return (rank % (self.world // self.pp)) // self.tp // self.cp
 
 
+# ----------------------------------------------------------------------------- compiled blocks
+JIT_MIN_PARAMS = 10_000_000  # bench/train_step.py: from here a CPU step is bound by its kernels, not dispatch
+
+
+def compiles_blocks(trainable_params: int, *, one_process: bool) -> bool:
+    """Whether `mftk train` compiles the transformer layers (``GPTModel.jit_blocks``): one process and a
+    model of at least ``JIT_MIN_PARAMS`` trainable parameters. The trainer applies it and the planner's
+    CPU profile counts what the compiled graphs hold (`plan.memory`), so both read this rule."""
+    return one_process and trainable_params >= JIT_MIN_PARAMS
+
+
 def derive_dp(world: int, tp: int, pp: int, cp: int) -> tuple[int, str]:
     """dp = world // (tp·pp·cp), as the reference derives it (0 means the degrees do not fit)."""
     denom = tp * pp * cp

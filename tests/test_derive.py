@@ -52,3 +52,12 @@ def test_parse_split(split, shares):
 def test_split_errors(split, match):
     with pytest.raises(DeriveError, match=match):
         parse_split(split)
+
+
+@pytest.mark.parametrize("params, one_process, want", [
+    (10_000_000, True, True), (9_999_999, True, False), (10 ** 9, False, False)])
+def test_compiles_blocks_from_ten_million_parameters_in_one_process(params, one_process, want):
+    """The trainer's and the planner's shared rule: msrun workers stay eager (TP/CP communicate inside a layer)."""
+    from mftk.derive import compiles_blocks
+
+    assert compiles_blocks(params, one_process=one_process) is want

@@ -32,8 +32,7 @@ def seq(s: int) -> dict:
 
 
 # (name, template, overrides): one dimension varied at a time around each base (layers, hidden, batch, seq,
-# vocab), so each term of the "mftk-cpu" profile is pinned by its own sweep. The first three (QUICK) are the
-# test's points: cheap, one per family plus a larger dense one.
+# vocab), so each term of the "mftk-cpu" profile is pinned by its own sweep; QUICK names the test's points.
 GRID = [
     ("qwen3 tiny", QWEN3, {}),
     ("qwen3 h256 L1", QWEN3, {**H256, "model.num_hidden_layers": 1}),
@@ -48,7 +47,8 @@ GRID = [
     ("qwen3 h512 L4", QWEN3, {**H512, "model.num_hidden_layers": 4}),
     ("dsv3 h256 L4", DSV3, {**DS256, "model.num_hidden_layers": 4}),
 ]
-QUICK = [1, 2, 6]  # the test points: large enough that the fixed runtime overhead does not dominate
+QUICK = [1, 2, 6, 10]  # the test points: large enough that the fixed runtime overhead does not dominate; h512
+# (17.8M parameters) runs its layers compiled
 COMMON = {"training.steps": 3, "checkpoint.enable_save": False, "training.global_batch_size": None}
 
 
@@ -76,6 +76,11 @@ def _overrides(over: dict, world: int = 1) -> list[str]:
     return [f"{k}={v}" for k, v in merged.items()]
 
 
+# The compiled layers' term (`plan.memory._compiled_term`): single-process points measured with the layers
+# forced compiled and forced eager; the difference is what the graphs hold.
+COMPILED = [1, 4, 5, 6, 8, 10, 2, 11]  # h256 L1/L4/L8, batch 4, seq 512, h512; DeepSeek-V3 (MoE: attention only)
+
+
 def estimate_bytes(template: str, over: dict, world: int = 1) -> dict:
     from mftk.config.load import load_config
     from mftk.derive import Layout, layout_from_config
@@ -88,17 +93,21 @@ def estimate_bytes(template: str, over: dict, world: int = 1) -> dict:
     return {"total": est.peak_bytes, "terms": {t.name: t.value for t in est.peak.terms}, "layout": layout.describe()}
 
 
-def worker(template: str, over: dict) -> dict:
+def worker(template: str, over: dict, compiled: bool | None = None) -> dict:
     """Runs inside a fresh interpreter: baseline after imports, peak after training.
 
     The peak is VmHWM (this address space's high-water mark), not ``ru_maxrss``: Linux carries
     ``ru_maxrss`` across exec, so a child of a large process (pytest after many tests) would
-    report its parent's size.
+    report its parent's size. ``compiled`` moves this process's compile threshold (`measure`).
     """
     import mindspore  # noqa: F401 - part of the idle baseline
 
+    from mftk import derive
     from mftk.config.load import load_config
     from mftk.engine import run
+
+    if compiled is not None:  # this throw-away process only
+        derive.JIT_MIN_PARAMS = 0 if compiled else 1 << 62
 
     loaded = load_config(TEMPLATES_DIR / template, overrides=_overrides(over), check_files=True)
     base = _status_bytes("VmRSS")
@@ -148,10 +157,12 @@ def measure_multi(template: str, over: dict, nproc: int, timeout_s: float = 900)
     return [res.results[r] for r in sorted(res.results)]
 
 
-def measure(template: str, over: dict) -> dict:
-    """One single-process run of 3 steps in a fresh interpreter: its baseline, peak and measured bytes."""
+def measure(template: str, over: dict, compiled: bool | None = None) -> dict:
+    """One single-process run of 3 steps in a fresh interpreter: its baseline, peak and measured bytes.
+    ``compiled`` forces the layers compiled (True) or eager (False) whatever the model's size (None: the
+    trainer's own rule, `derive.compiles_blocks`)."""
     code = ("import json; from mftk.engine.calibration import worker; "
-            "print('RESULT ' + json.dumps(worker(%r, %r)))" % (template, over))
+            "print('RESULT ' + json.dumps(worker(%r, %r, %r)))" % (template, over, compiled))
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
     for line in proc.stdout.splitlines():

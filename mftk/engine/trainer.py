@@ -110,13 +110,14 @@ class StepOutput:
 
 
 # --------------------------------------------------------------------------------------- trainer
-JIT_MIN_PARAMS = 10_000_000
-
 
 def kernel_bound(model: Any, dist: Any) -> bool:
-    """A single-process run of a model of at least ``JIT_MIN_PARAMS`` parameters: big enough that its
-    step is bound by the kernels rather than by dispatching them (bench/train_step.py)."""
-    return dist is None and sum(int(np.prod(p.shape)) for p in model.trainable_params()) >= JIT_MIN_PARAMS
+    """A single-process run of a model of at least ``derive.JIT_MIN_PARAMS`` parameters: big enough that
+    its step is bound by the kernels rather than by dispatching them (bench/train_step.py)."""
+    from mftk import derive
+
+    return derive.compiles_blocks(sum(int(np.prod(p.shape)) for p in model.trainable_params()),
+                                  one_process=dist is None)
 
 
 def auto_jit_blocks(model: Any, dist: Any) -> bool:

@@ -17,7 +17,7 @@ import attrs
 
 from mftk.errors import InputError
 from mftk.plan import flops as F
-from mftk.derive import Layout, stage_layers
+from mftk.derive import Layout, compiles_blocks, stage_layers
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 GiB = 1024 ** 3
@@ -118,22 +118,42 @@ class Assumptions:
     cut_build_bytes: float = 0.0         # per param cut away by TP/EP: the full build's footprint the allocators keep
     reduce_buffers: float = 0.0          # messages' worth of buffers the collective library keeps for an all-reduce
     reduce_message_bytes: float = 16 * 2 ** 20  # the largest all-reduce message (engine/parallel/comm.py REDUCE_CHUNK)
+    # compiled layers (one process, derive.compiles_blocks): what MindSpore's graphs hold beside the eager terms
+    compiled_overhead_bytes: float = 0.0   # once, when any layer is compiled
+    compiled_layer_bytes: float = 0.0      # per compiled graph (one per layer)
+    compiled_param_bytes: float = 0.0      # per parameter inside a compiled graph
+    compiled_activation_factor: float = 0.0  # per inventory byte of the compiled part, per micro-batch token
+    # (field, value) pairs that replace the above for a one-process layout (world 1): a process not started by
+    # msrun runs without its workers' malloc settings (engine/launch.py MALLOC_ENV) and keeps more freed blocks
+    one_process: tuple[tuple[str, float], ...] = ()
     name: str = "accelerator"
+
+    def for_layout(self, layout: Layout) -> "Assumptions":
+        """These assumptions as they apply to ``layout`` (`one_process` for a world of 1)."""
+        return attrs.evolve(self, **dict(self.one_process)) if self.one_process and layout.world == 1 else self
 
 
 # mftk's CPU engine (PyNative, fp32, numpy AdamW), fitted to bench/plan_calibration.py's grid (one dimension
-# at a time: layers, hidden, batch, seq, vocab; medians of 3 runs; refitted 2026-12 after the backward
-# kernels, the LM-head loss keeping P and MindSpore 2.10's allocator changed the picture):
+# at a time: layers, hidden, batch, seq, vocab; medians of 3 runs; refitted 2026-12-03 by least squares of the
+# relative errors, after the backward kernels, the LM-head loss keeping P and MindSpore 2.10's allocator had
+# moved the test points to the edge of ±15%):
 # - states, from the code (optim.py, trainer.py): MindSpore weights 4 + the grads value_and_grad returns 4
 #   + the flat fp32 accumulation buffer 4 + numpy master, m, v 4·3 = 24 B/param; the update works in place
 #   (no scratch the allocator keeps at the peak);
 # - retained: what the layer and hidden sweeps leave above 24 B/param (0.4: init arrays and replaced tensors
 #   the pools keep);
 # - activations, scores, logits: slopes of the batch, seq and vocab sweeps over the inventory's bytes
-#   (eager autograd keeps 1.25× the GQA inventory, 3.85× for MLA layers, 1.85 score copies, 2.75 logits copies);
-# - overhead: the fit's intercept (MindSpore's kernels, pools and autograd graph at first step).
-# Known gap: models with ≳15M parameters (the grid's h512 and V32k points) measure 20-35% above the
-# estimate (the allocators keep more of a large model's freed blocks); within ±15% up to ~10M.
+#   (eager autograd keeps 1.75× the GQA inventory, 3.7× for MLA layers, 2.2 score copies, 1.95 logits copies);
+# - overhead: the fit's intercept (MindSpore's kernels, pools and autograd graph at first step), 39 MiB;
+# - these five are `one_process`'s: a process msrun did not start has glibc's default malloc (a dynamic mmap
+#   threshold: freed activation blocks stay in the heap; the batch-4 point measures 238 instead of 278 MiB
+#   under MALLOC_ENV). The workers' values below (1.25, 3.85, 1.85, 2.75, 45 MiB: the `--multi` grid and
+#   bench/memory.py's 220M runs) would put the grid's batch and seq points 6-11% under, DeepSeek-V3's 15% over;
+# - compiled layers: a model of ≥ 10M parameters in one process runs its layers under ``mindspore.jit``
+#   (derive.compiles_blocks); the graphs hold 57 MiB once, 27.4 MiB per compiled layer, 0.6 B per compiled
+#   parameter and 1.23× the compiled part's inventory per token (`--compiled`: forced on − forced off, medians
+#   of 3, on 8 points; the term is 0.94–1.08 of them). Before this term the grid's two such points (h512,
+#   V32k) measured 20–35% above the estimate.
 # Several workers (`--multi` grid and bench/memory.py's 220M model), from the code of engine/distributed.py,
 # parallel/fsdp.py and state.py (issue 17):
 # - the fp32 weights are views of the optimizer's masters (no second copy: dist_master_shared);
@@ -151,8 +171,9 @@ class Assumptions:
 #   13.9 MiB per layer against 11.3 estimated without it (L2/L8/L12 sweep, 2026-12), 12.8 with it;
 #   "replaced weights" still stands for the rest;
 # - gradient sync: the dp·cp all-reduce runs in place in 16 MiB chunks (no copy of the gradient), but
-#   MindSpore's CPU collectives keep ~2.5 messages of buffers once one ran (the `--multi` dp2 point measures
-#   +40 MiB over the same states); TP/EP pack the parts they sum (1 copy);
+#   MindSpore's CPU collectives keep buffers once one ran: 1.4 messages (the `--multi` dp2 point's rank 0 measured
+#   +22 MiB over the other terms on 2026-12-03, rank 1 none; 2.5 messages, +40 MiB, before); TP/EP pack the parts
+#   they sum (1 copy);
 # - grad norm: blocked in float64 (no scratch of note);
 # - TP/EP cut: every rank builds the full model, then cuts its blocks; the cut-away part's build footprint
 #   (6 B/param since malloc_trim runs after parallelizing: the `--multi` tp2/ep2 points give 3-4). FSDP's rows
@@ -162,7 +183,12 @@ MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=1.85, overh
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=0.0,
                        retained_bytes_per_param=0.4, activation_factor=1.25,
                        mla_activation_factor=3.85, logits_copies=2.75, fsdp_units=True, dist_master_shared=True,
-                       grad_sync_copies=1.0, cut_build_bytes=6.0, reduce_buffers=2.5, name="mftk-cpu")
+                       grad_sync_copies=1.0, cut_build_bytes=6.0, reduce_buffers=1.4,
+                       one_process=(("attention_score_copies", 2.2), ("overhead_bytes", 39 * 2 ** 20),
+                                    ("activation_factor", 1.75), ("mla_activation_factor", 3.7),
+                                    ("logits_copies", 1.95)),
+                       compiled_overhead_bytes=57 * 2 ** 20, compiled_layer_bytes=27.4 * 2 ** 20,
+                       compiled_param_bytes=0.6, compiled_activation_factor=1.23, name="mftk-cpu")
 PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
 
 
@@ -346,6 +372,7 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
              device_tflops: float | None = None, link_gbps: float | None = None) -> LayoutEstimate:
     """Memory per pipeline stage plus FLOPs, bubble, communication and step time for one valid layout."""
     cfg, lay = inputs.model, layout
+    assumptions = assumptions.for_layout(lay)
     m = max(inputs.global_batch_size // (lay.dp * inputs.local_batch_size), 1)
     stages = stage_layers(cfg.num_hidden_layers, lay.pp, lay.interleave, inputs.layers_per_stage)
     if stages is None:
@@ -461,6 +488,8 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
         if asm.fsdp_units and fsdp > 1:
             terms.append(_gate_up_rows_term(cfg, lay, ids, p, recompute))
     terms += _activation_terms(cfg, lay, inputs, asm, stage, ids, m, recompute, first, last)
+    if asm.compiled_layer_bytes and compiles_blocks(F.param_counts(cfg)[0], one_process=lay.world == 1):
+        terms.append(_compiled_term(cfg, inputs, asm, ids, last))
     if asm.overhead_bytes:
         terms.append(Term("overhead", asm.overhead_bytes, "constant per process (measured runtime baseline)",
                           {"profile": asm.name}))
@@ -526,6 +555,38 @@ def _gate_up_rows_term(cfg, lay: Layout, ids: list[int], p: int, recompute: str)
     return Term("gate/up rows", p * gated * kept * H / lay.tp,
                 "p·(2F·H)/tp per layer keeping its activations  [fc1's gathered rows, saved by its matmuls]",
                 {"F_kept": int(kept), "H": H, "p": p, "recompute": recompute})
+
+
+_MLP_KEYS = ("MLP", "router", "routed", "shared")  # activation_inventory's entries of the MLP / MoE half
+
+
+def _compiled_term(cfg, inputs: PlanInputs, asm: Assumptions, ids: list[int], last: bool) -> Term:
+    """What the graphs of `GPTModel.jit_blocks` hold (one process, ≥ derive.JIT_MIN_PARAMS): a dense layer is
+    compiled whole, a MoE layer or one with dropout its attention only (`TransformerLayer.compile`); each graph
+    keeps a fixed part, a copy-sized part of its parameters and its own activations beside the eager ones
+    (measured with the blocks forced on and off, bench/plan_calibration.py --compiled)."""
+    pattern, H, a = cfg.moe_layer_pattern(), cfg.hidden_size, _bytes(cfg.compute_dtype)
+    tokens = inputs.local_batch_size * cfg.seq_length
+    fused = cfg.use_flash_attention if asm.fused_attention is None else asm.fused_attention
+    layers = [bool(pattern[i]) for i in ids] + ([bool(pattern) and pattern[-1]] * cfg.mtp_num_layers() if last else [])
+    params = inventory = 0.0
+    for moe in layers:
+        inv = activation_inventory(cfg, moe, seq_per_rank=cfg.seq_length, fused=fused, selective=False,
+                                   score_copies=asm.attention_score_copies)
+        if moe or cfg.hidden_dropout > 0:  # attention only: its projections, input norm and half the norm entry
+            params += F.attention_params(cfg) + H
+            inventory += sum(v for k, v in inv.items() if not k.startswith(_MLP_KEYS)) - 2 * H * a
+        else:
+            lp = _layer_params(cfg, False)
+            params += lp.tp_split + lp.replicated
+            inventory += sum(inv.values())
+    value = (asm.compiled_overhead_bytes + len(layers) * asm.compiled_layer_bytes + asm.compiled_param_bytes * params
+             + asm.compiled_activation_factor * tokens * inventory)
+    return Term("compiled layers", value, "c0 + layers·c_layer + c_p·N_compiled + c_a·tokens·B_compiled  "
+                "[MindSpore's graphs of the layers `mftk train` compiles in one process]",
+                {"c0": int(asm.compiled_overhead_bytes), "layers": len(layers),
+                 "c_layer": int(asm.compiled_layer_bytes), "c_p": asm.compiled_param_bytes, "N_compiled": int(params),
+                 "c_a": asm.compiled_activation_factor, "tokens": tokens, "B_compiled": round(inventory)})
 
 
 def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, ids: list[int], m: int,

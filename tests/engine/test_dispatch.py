@@ -152,10 +152,11 @@ def test_errors_reach_the_caller_and_the_dispatcher_stays_usable(monkeypatch):
 def test_low_priority_dispatch_only_for_large_single_process_cpu_runs(monkeypatch, dist, minimum, device, want):
     import mindspore as ms
 
+    from mftk import derive
     from mftk.engine import trainer
 
     model = _model()
     real = ms.get_context
-    monkeypatch.setattr(trainer, "JIT_MIN_PARAMS", minimum)
+    monkeypatch.setattr(derive, "JIT_MIN_PARAMS", minimum)
     monkeypatch.setattr(ms, "get_context", lambda key: device if key == "device_target" else real(key))
     assert trainer.auto_low_priority_dispatch(model, dist) is (want and hasattr(os, "SCHED_IDLE"))

@@ -58,7 +58,8 @@ def test_jit_blocks_train_exactly_like_eager():
 
 @pytest.mark.parametrize("dist, minimum, want", [(None, 0, True), (None, 10 ** 9, False), ("dp", 0, False)])
 def test_auto_jit_blocks_only_for_large_single_process_models(monkeypatch, dist, minimum, want):
+    from mftk import derive
     from mftk.engine import trainer
 
-    monkeypatch.setattr(trainer, "JIT_MIN_PARAMS", minimum)
+    monkeypatch.setattr(derive, "JIT_MIN_PARAMS", minimum)
     assert trainer.auto_jit_blocks(_model(), dist) is want

@@ -156,10 +156,40 @@ def test_cpu_profile_terms_by_hand():
     assert st.term("optimizer").value == 376 * (8 + 4)              # m, v + numpy master (in-place update)
     assert st.term("allocator retained").value == pytest.approx(376 * 0.4)
     assert "grad-norm scratch" not in [t.name for t in st.terms]    # float32 dot on views: no copy
-    # inventory 360 B/token/layer of which scores 2·2·8·4 = 128: scaled 1.25·232 + 1.85 copies·64 = 408.4
-    assert st.term("activations").value == pytest.approx(8 * 2 * (1.25 * 232 + 1.85 * 64))
-    assert st.term("logits + loss").value == pytest.approx(8 * ((2 * 4 * 4 + 1.75 * 4 * 10) + 4 * 10))
-    assert st.term("overhead").value == 45 * 2 ** 20
+    # inventory 360 B/token/layer of which scores 2·2·8·4 = 128: scaled 1.75·232 + 2.2 copies·64 = 546.8
+    assert st.term("activations").value == pytest.approx(8 * 2 * (1.75 * 232 + 2.2 * 64))
+    assert st.term("logits + loss").value == pytest.approx(8 * ((2 * 4 * 4 + 0.95 * 4 * 10) + 4 * 10))
+    assert st.term("overhead").value == 39 * 2 ** 20
+    assert "compiled layers" not in [t.name for t in st.terms]      # 376 params: the layers run eagerly
+    # msrun workers (malloc settings of engine/launch.py) keep less: the profile's several-process values
+    two = estimate(Layout(world=2, dp_shard=2), inputs(tiny_qwen3(), gbs=2), MFTK_CPU).stages[0]
+    assert two.term("activations").value == pytest.approx(8 * 2 * (1.25 * 232 + 1.85 * 64))
+    assert two.term("logits + loss").value == pytest.approx(8 * ((2 * 4 * 4 + 1.75 * 4 * 10) + 4 * 10))
+    assert two.term("overhead").value == 45 * 2 ** 20
+
+
+@pytest.mark.parametrize("dropout, params, inventory", [
+    # dense, no dropout: both layers whole (146 params each); inventory 360 with 2.2 score copies (64·2.2 for 128)
+    (0.0, 2 * 146, 2 * (360 - 128 + 2.2 * 64)),
+    # dropout: attention only, its 78 params + the input norm's 4; inventory + masks 2H = 8, less the MLP's 60
+    # and the post-attention norm's 2H·a = 32 of the 64
+    (0.1, 2 * (78 + 4), 2 * (360 - 128 + 2.2 * 64 + 8 - 60 - 32))])
+def test_cpu_profile_counts_compiled_layers_in_one_process(monkeypatch, dropout, params, inventory):
+    """`derive.compiles_blocks` (one process, ≥ JIT_MIN_PARAMS): c0 + layers·c_layer + c_p·N + c_a·tokens·B."""
+    from mftk import derive
+    from mftk.plan.memory import MFTK_CPU
+
+    monkeypatch.setattr(derive, "JIT_MIN_PARAMS", 300)              # the tiny model's 376 params compile
+    model = tiny_qwen3(hidden_dropout=dropout)
+    st = estimate(Layout(world=1), inputs(model), MFTK_CPU).stages[0]
+    want = 57 * 2 ** 20 + 2 * 27.4 * 2 ** 20 + 0.6 * params + 1.23 * 8 * inventory
+    assert st.term("compiled layers").value == pytest.approx(want)
+    assert st.total == pytest.approx(sum(t.value for t in st.terms))
+    two = estimate(Layout(world=2, dp_shard=2), inputs(model, gbs=2), MFTK_CPU).stages[0]
+    assert "compiled layers" not in [t.name for t in two.terms]     # msrun workers stay eager
+    assert "compiled layers" not in [t.name for t in estimate(Layout(world=1), inputs(model)).stages[0].terms]
+    monkeypatch.setattr(derive, "JIT_MIN_PARAMS", 377)
+    assert "compiled layers" not in [t.name for t in estimate(Layout(world=1), inputs(model), MFTK_CPU).stages[0].terms]
     blocked = attrs.evolve(MFTK_CPU, norm_scratch_bytes=8.0)        # a profile declaring a norm block
     assert estimate(Layout(world=1), inputs(tiny_qwen3()), blocked).stages[0].term("grad-norm scratch").value == 376 * 8
     big = estimate(Layout(world=1), inputs(tiny_qwen3(vocab_size=3_000_000)), blocked).stages[0]
@@ -178,7 +208,8 @@ def test_presets():
 @pytest.mark.slow
 @pytest.mark.engine
 def test_estimate_within_15_percent_of_measured_rss():
-    """Three grid points (Qwen3 h256 L1, DSv3 4 layers batch 4, Qwen3 h256 L4 batch 4), 3 steps each in a fresh process."""
+    """Four grid points (Qwen3 h256 L1, DSv3 4 layers batch 4, Qwen3 h256 L4 batch 4, Qwen3 h512 L4 with its
+    layers compiled), 3 steps each in a fresh process."""
     from concurrent.futures import ThreadPoolExecutor
 
     from mftk.engine.calibration import GRID, QUICK, estimate_bytes, measure
@@ -239,10 +270,10 @@ def test_cpu_profile_multiprocess_terms_by_hand():
     assert "gradient sync" not in [t.name for t in dp.terms] and "cut build" not in [t.name for t in dp.terms]
     assert dp.term("fsdp gathered").value == 0
     assert "gate/up rows" not in [t.name for t in dp.terms]          # the dp fit holds them
-    assert dp.term("collective buffers").value == 2.5 * 4 * N          # 2.5 messages, the gradient < 16 MiB
+    assert dp.term("collective buffers").value == 1.4 * 4 * N          # 1.4 messages, the gradient < 16 MiB
     assert "collective buffers" not in [t.name for t in fsdp.terms]    # the units reduce-scatter
     big = estimate(Layout(world=2, dp_replicate=2), inputs(tiny_qwen3(vocab_size=3_000_000), gbs=2), MFTK_CPU)
-    assert big.stages[0].term("collective buffers").value == 2.5 * 16 * 2 ** 20  # one 16 MiB message at most
+    assert big.stages[0].term("collective buffers").value == 1.4 * 16 * 2 ** 20  # one 16 MiB message at most
     tp = estimate(Layout(world=2, tp=2), inputs(model, sequence_parallel=True), MFTK_CPU).stages[0]
     local = tp.term("weights").value / 4                            # this rank's TP block
     assert local < N
