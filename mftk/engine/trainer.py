@@ -27,7 +27,7 @@ import numpy as np
 
 from mftk.ckpt.checkpointer import Checkpointer, Payload, SaveReason
 from mftk.ckpt.common import CommonInfo
-from mftk.derive import accumulation_steps, rampup_gbs
+from mftk.derive import accumulation_steps, compiles_blocks, rampup_gbs
 from mftk.engine.dispatch import Dispatcher, low_priority_applies
 from mftk.engine.optim import AdamW, clip_factor, global_norm
 from mftk.engine.state import TrainState, extra_state, model_tensors, write_masters
@@ -114,10 +114,7 @@ class StepOutput:
 def kernel_bound(model: Any, dist: Any) -> bool:
     """A single-process run of a model of at least ``derive.JIT_MIN_PARAMS`` parameters: big enough that
     its step is bound by the kernels rather than by dispatching them (bench/train_step.py)."""
-    from mftk import derive
-
-    return derive.compiles_blocks(sum(int(np.prod(p.shape)) for p in model.trainable_params()),
-                                  one_process=dist is None)
+    return compiles_blocks(sum(int(np.prod(p.shape)) for p in model.trainable_params()), one_process=dist is None)
 
 
 def auto_jit_blocks(model: Any, dist: Any) -> bool:
