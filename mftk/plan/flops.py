@@ -20,6 +20,12 @@ def _norm(n: int) -> int:
     return n  # one RMSNorm weight vector
 
 
+def mtp_is_moe(cfg: Any) -> bool:
+    """Whether the MTP layers are MoE layers: they are built like the last decoder layer."""
+    pattern = cfg.moe_layer_pattern()
+    return bool(pattern) and bool(pattern[-1])
+
+
 def attention_params(cfg: Any) -> int:
     """One self-attention block: GQA + qk-norm (Qwen3), MLA (DeepSeek-V3) or, for DeepSeek-V4, its largest layer's."""
     if _v4.is_v4(cfg):
@@ -85,7 +91,7 @@ def param_breakdown(cfg: Any) -> dict[str, int]:
     tied = bool(cfg.tie_word_embeddings) and not _is_mla(cfg)  # the DSv3 PyNative model never ties
     output = 0 if tied else V * H
     D = cfg.mtp_num_layers()
-    last_is_moe = bool(pattern) and pattern[-1]
+    last_is_moe = mtp_is_moe(cfg)
     mtp_layer = (attn + moe_total) if last_is_moe else dense_layer
     mtp_layer_active = (attn + moe_active) if last_is_moe else dense_layer
     mtp_extra = 3 * _norm(H) + H * 2 * H                     # enorm, hnorm, final_layernorm, eh_proj
@@ -137,7 +143,7 @@ def flops_per_step(cfg: Any, *, seq_length: int | None = None, global_batch_size
     f = 3 if cfg.hidden_act in ("silu", "swiglu", "fusedswiglu") else 2
     D = cfg.mtp_num_layers()
     pattern = cfg.moe_layer_pattern()
-    last_moe = bool(pattern) and pattern[-1]
+    last_moe = mtp_is_moe(cfg)
     n_moe = sum(pattern) + (D if last_moe else 0)
     n_dense = L - sum(pattern) + (0 if last_moe else D)
     mlp = cfg.ffn_hidden_size() * f * n_dense

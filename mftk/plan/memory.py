@@ -304,6 +304,12 @@ _SCORES = "attention scores/probs (S per head)"
 _NORM_BLOCK = 1 << 22  # the largest grad-norm scratch block a profile may declare (mftk's norm needs none)
 
 
+def _fused(cfg: Any, asm: Assumptions) -> bool:
+    """Whether attention keeps scores (unfused) or only its output and logsumexp: the profile's say, else the
+    model's ``use_flash_attention``."""
+    return cfg.use_flash_attention if asm.fused_attention is None else asm.fused_attention
+
+
 def _act_factor(cfg: Any, asm: Assumptions) -> float:
     """Kept bytes per inventory byte for this model's layers (MLA layers have their own measured factor)."""
     if F._is_mla(cfg) and asm.mla_activation_factor is not None:
@@ -410,7 +416,7 @@ def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last
         rep += cfg.hidden_size  # final norm
         D = cfg.mtp_num_layers()
         if D:
-            mtp = _layer_params(cfg, bool(pattern) and pattern[-1])
+            mtp = _layer_params(cfg, F.mtp_is_moe(cfg))
             dense += D * (mtp.tp_split / tp + 2 * cfg.hidden_size * cfg.hidden_size / tp)
             rep += D * (mtp.replicated + 3 * cfg.hidden_size)
             experts += D * mtp.experts / ep
@@ -567,8 +573,8 @@ def _compiled_term(cfg, inputs: PlanInputs, asm: Assumptions, ids: list[int], la
     (measured with the blocks forced on and off, bench/plan_calibration.py --compiled)."""
     pattern, H, a = cfg.moe_layer_pattern(), cfg.hidden_size, _bytes(cfg.compute_dtype)
     tokens = inputs.local_batch_size * cfg.seq_length
-    fused = cfg.use_flash_attention if asm.fused_attention is None else asm.fused_attention
-    layers = [bool(pattern[i]) for i in ids] + ([bool(pattern) and pattern[-1]] * cfg.mtp_num_layers() if last else [])
+    fused = _fused(cfg, asm)
+    layers = [bool(pattern[i]) for i in ids] + ([F.mtp_is_moe(cfg)] * cfg.mtp_num_layers() if last else [])
     params = inventory = 0.0
     for moe in layers:
         inv = activation_inventory(cfg, moe, seq_per_rank=cfg.seq_length, fused=fused, selective=False,
@@ -595,7 +601,7 @@ def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, st
     S = cfg.seq_length
     tokens = inputs.local_batch_size * S / lay.cp          # tokens of one micro-batch on one rank (before SP)
     sp = lay.tp if inputs.sequence_parallel or lay.tp > 1 else 1
-    fused = cfg.use_flash_attention if asm.fused_attention is None else asm.fused_attention
+    fused = _fused(cfg, asm)
     pattern = cfg.moe_layer_pattern()
     k = in_flight(inputs.schedule, lay.pp, stage, m, lay.interleave)
     per_layer = {}
@@ -641,7 +647,7 @@ def _logits_term(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, tokens:
     value = tokens * (k_last(inputs, lay, k) * per_token + grad)
     extra = 0.0
     if cfg.mtp_num_layers():
-        moe = bool(cfg.moe_layer_pattern()) and cfg.moe_layer_pattern()[-1]
+        moe = F.mtp_is_moe(cfg)
         inv = activation_inventory(cfg, moe, seq_per_rank=cfg.seq_length // lay.cp, fused=fused,
                                    selective=recompute == "selective", score_copies=asm.attention_score_copies)
         scores = inv.get(_SCORES, 0.0)
