@@ -7,9 +7,9 @@ import os
 
 from commands.app import app
 from mftk.ckpt.inspect import inspect_checkpoint
-from tests.ckpt.test_inspect import _two_rank
 from tests.helpers.cli import runner
 from tests.helpers.handmade import mf_step_dir
+from tests.helpers.sharded import two_rank_checkpoint
 
 
 def _cli(*args):
@@ -36,10 +36,12 @@ def test_a_renamed_step_dir_disagrees_with_its_common_json(tmp_path):
 
 
 def test_two_shards_mapped_to_the_same_bytes_fail_verify(tmp_path):
-    def edit(meta):  # shard 1 of w read from rank 0's file, where w is rank 0's slice: the same bytes twice
-        meta["storage_data"]["('w', (1,))"][0]["file_name"] = "checkpoint-model-0000000-0000002.safetensors"
-
-    _two_rank(tmp_path, meta_edit=edit)
+    d = two_rank_checkpoint(tmp_path)
+    assert inspect_checkpoint(tmp_path, verify=True).problems == []
+    meta = json.loads((d / "metadata.json").read_text())
+    # shard 1 of w read from rank 0's file, which holds w's rank-0 slice of the same shape: the same bytes twice
+    meta["storage_data"]["('w', (1,))"][0]["file_name"] = "checkpoint-model-0000000-0000002.safetensors"
+    (d / "metadata.json").write_text(json.dumps(meta))
     problems = inspect_checkpoint(tmp_path, verify=True).problems
     assert problems == ["w shards 0 and 1: both mapped to w in checkpoint-model-0000000-0000002.safetensors, the "
                         "same bytes (each shard needs its own)"]
