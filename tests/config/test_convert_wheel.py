@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import copy
-import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from mftk.config.static import is_static_config
 from mftk.errors import ConfigError
 from tests.config.static_yamls import STATIC
 from tests.helpers.cli import runner
+from tests.helpers.mf21 import shipped_configs_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("qwen3", "qwen3_moe", "deepseek3")
@@ -29,10 +30,9 @@ FAMILIES = ("qwen3", "qwen3_moe", "deepseek3")
 
 def wheel_configs() -> list[Path]:
     """The wheel's static-graph train configs of the three families (predict configs are not training)."""
-    spec = importlib.util.find_spec("mindformers")
-    if spec is None or not spec.submodule_search_locations:
+    root = shipped_configs_dir()
+    if root is None:
         return []
-    root = Path(list(spec.submodule_search_locations)[0]).parent / "configs"
     found = []
     for family in FAMILIES:
         for path in sorted((root / family).glob("*.yaml")):
@@ -156,6 +156,10 @@ def test_no_model_type_anywhere_exits_1_naming_it_once(tmp_path):
     r = runner.invoke(app, ["convert-config", str(src), "-o", str(tmp_path / "o.yaml")], env={"COLUMNS": "400"})
     assert r.exit_code == 1 and (tmp_path / "o.yaml").exists(), r.output
     assert r.stderr.count("model.model_type") == 1 and "does not validate yet" in r.stderr
+    j = runner.invoke(app, ["convert-config", str(src), "-o", str(tmp_path / "o.yaml"), "--force", "--json"])
+    data = json.loads(j.stdout)
+    assert j.exit_code == 1 and data["valid"] is False
+    assert [p["path"] for p in data["problems"] if p["severity"] == "error"] == ["model.model_type"]
 
 
 # ---------------------------------------------------------------------------- one error per YAML path

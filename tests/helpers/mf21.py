@@ -19,13 +19,25 @@ _PRIVATE = "_mftk_test_mf21_config"
 _STUBBED = ("mindformers", "mindformers.tools", "mindformers.tools.check_rules")
 
 
-def mf_config_dir() -> Path | None:
-    """``mindformers/pynative/config`` of the installed wheel, or None."""
+def package_dir() -> Path | None:
+    """The installed ``mindformers`` package folder (found, not imported), or None."""
     spec = importlib.util.find_spec("mindformers")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "pynative" / "config"
-    return path if (path / "config.py").is_file() else None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def shipped_configs_dir() -> Path | None:
+    """The wheel's ``configs/`` folder (installed next to the package), or None."""
+    root = package_dir()
+    return root.parent / "configs" if root is not None and (root.parent / "configs").is_dir() else None
+
+
+def mf_config_dir() -> Path | None:
+    """``mindformers/pynative/config`` of the installed wheel, or None."""
+    root = package_dir()
+    path = root / "pynative" / "config" if root is not None else None
+    return path if path is not None and (path / "config.py").is_file() else None
 
 
 def train_config_class() -> Any | None:
