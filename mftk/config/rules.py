@@ -32,10 +32,13 @@ INFERENCE_SUFFIXES = (".jsonl", ".json", ".txt", "")
 
 
 class _Rules:
-    def __init__(self) -> None:
+    def __init__(self, reported: frozenset[str] = frozenset()) -> None:
         self.problems: list[Problem] = []
+        self.reported = reported  # paths an earlier stage (the value's form) already has an error at
 
     def error(self, path: str, message: str, value: Any = None, hint: str = "") -> None:
+        if path in self.reported:  # one error per path: the earlier stage's says what to fix first
+            return
         self.problems.append(Problem(path=path, message=message, value=value, hint=hint))
 
     def warn(self, path: str, message: str, value: Any = None, hint: str = "") -> None:
@@ -45,9 +48,11 @@ class _Rules:
         self.problems.append(Problem(path=path, message=message, value=value, hint=hint, severity="note"))
 
 
-def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> list[Problem]:
-    """All value and cross-field problems of a structured config (errors, warnings, notes)."""
-    r = _Rules()
+def check(config: Config, *, world_size: int = 1, check_files: bool = True,
+          reported: frozenset[str] = frozenset()) -> list[Problem]:
+    """All value and cross-field problems of a structured config (errors, warnings, notes); ``reported``:
+    paths that already have an error from reading the YAML (no second error there)."""
+    r = _Rules(reported)
     _check_training(config, r)
     layout = _check_parallel(config, world_size, r)
     _check_layout(config, layout, r)
@@ -65,7 +70,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_device(config, r)
     from mftk.config.status import check_statuses
 
-    reported = frozenset(p.path for p in r.problems if p.severity == "error")
+    reported = reported | frozenset(p.path for p in r.problems if p.severity == "error")
     r.problems += check_statuses(config, world_size=world_size, reported=reported)
     if config.model is not None:
         from mftk.config.model import model_problems
@@ -208,7 +213,8 @@ def _value_at(c: Config, path: str) -> Any:
 def _check_model_vs_data(c: Config, r: _Rules) -> None:
     seq = getattr(c.model, "seq_length", None) if c.model is not None else None
     data = c.dataset
-    if seq and data is not None and data.seq_length is not None and data.seq_length != seq:
+    # a non-positive seq_length is _check_data_config's error (one error per path)
+    if seq and data is not None and data.seq_length is not None and 0 < data.seq_length != seq:
         r.error("train_dataset.dataloader.config.seq_length",
                 f"{data.seq_length} ≠ model.seq_length {seq}", data.seq_length, "make both equal")
 
@@ -367,6 +373,7 @@ def _check_data_config(c: Config, d, base: str, r: _Rules, check_files: bool) ->
     if d.data_path and d.train_data_path:
         r.error(f"{base}.train_data_path", "cannot be combined with data_path", d.train_data_path,
                 "use data_path + split, or train_data_path alone")
+        paths["train_data_path"] = None  # its own form is not checked too: one error at the path
     if d.mock and any(paths.values()):
         r.error(f"{base}.mock", "is true but data_path is also set", True,
                 "remove mock: true to train on the data, or remove data_path")

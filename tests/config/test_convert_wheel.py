@@ -174,6 +174,11 @@ def _hostile() -> list[dict]:
         cases.append(data)
     both = copy.deepcopy(base)
     both["model"].update(normalization="LayerNorm", fused_norm=False, hidden_act="swiglu", rotary_percent=0.5)
+    data = base["train_dataset"]["dataloader"]["config"]
+    for key, value in (("seq_length", -1), ("train_data_path", "corpus")):  # form error + a cross-field rule
+        case = copy.deepcopy(base)
+        case["train_dataset"]["dataloader"]["config"] = {**data, key: value}
+        cases.append(case)
     return cases + [both]
 
 
