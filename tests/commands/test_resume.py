@@ -138,3 +138,25 @@ def test_mismatched_model_without_a_saved_config_is_refused(trained, tmp_path):
                             "--set", f"checkpoint.save_path={tmp_path / 'new'}"])
     assert r.exit_code == 1, r.output
     assert "does not fit" in r.stderr
+
+
+def test_numeric_strings_in_common_json_resume_with_a_note(trained, tmp_path):
+    """MF's checkpoint docs show ``"loss_scale": "1.0"``: every scenario used to be refused over it."""
+    import shutil
+
+    d, cfg = trained
+    src = tmp_path / "ck"
+    shutil.copytree(d / "ckpt", src)
+    step_dir = sorted(src.glob("iteration_*"))[-1]
+    common = json.loads((step_dir / "common.json").read_text())
+    common.update(loss_scale="1.0", global_step=str(common["global_step"]))
+    (step_dir / "common.json").write_text(json.dumps(common))
+    for extra in ([], ["--weights-only"]):
+        r = runner.invoke(app, ["resume", str(cfg), "--dry-run", "--json", "--from", str(src), *extra,
+                                "--set", f"checkpoint.save_path={tmp_path / 'new'}"],
+                          env={"COLUMNS": "400"})
+        assert r.exit_code == 0, r.output
+        plan = json.loads(r.stdout)
+        assert any("'loss_scale' holds the string '1.0'" in n for n in plan["notes"]), plan["notes"]
+        if not extra:
+            assert plan["saved_step"] == 2 and plan["start_step"] == 2
