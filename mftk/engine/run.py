@@ -212,8 +212,8 @@ class _Run:
                     raise CheckpointError(
                         message=f"the model: section differs from the checkpoint's ({plan.step_dir}, saved config): "
                                 f"{plural(len(differences), 'field')}", path=plan.step_dir, problems=differences,
-                        hint="make the model: section match the checkpoint, or pass --model-from-checkpoint to "
-                             "train the checkpoint's architecture")
+                        hint="make the model: section match the checkpoint, or resume with `mftk resume "
+                             "--model-from-checkpoint` to train the checkpoint's architecture")
                 self.config, model, plan = config, candidate, replan
                 self.notes.append("the model: section does not fit the checkpoint; its architecture is taken from "
                                   f"the checkpoint's saved config ({'; '.join(differences)})")
