@@ -41,3 +41,22 @@ def test_print_resolved_reads_back_to_the_same_config(template, tmp_path):
     out.write_text(_print_resolved(template))
     again = load_config(out, check_files=False).config
     assert resolved(again) == resolved(load_config(template, check_files=False).config)
+
+
+@pytest.mark.skipif(TrainConfig is None, reason="mindformers 2.1.0 not installed")
+def test_converted_wheel_configs_round_trip_into_mindformers(tmp_path):
+    """The wheel's static pretrain configs, converted, validated and printed resolved, load back in MF."""
+    from mftk.config.convert import convert_file
+    from tests.helpers.mf21 import shipped_configs_dir
+
+    sources = sorted(p for family in ("qwen3", "qwen3_moe", "deepseek3")
+                     for p in (shipped_configs_dir() / family).glob("pretrain_*.yaml") if "pynative" not in p.name)
+    assert len(sources) >= 4
+    for src in sources:
+        conv = convert_file(src)
+        out = tmp_path / f"{src.stem}.yaml"
+        out.write_text(conv.to_yaml())
+        r = runner.invoke(app, ["validate-config", str(out), "--no-check-files", "--print-resolved",
+                                "--world-size", str(conv.world_size)])
+        assert r.exit_code == 0, (src.name, r.output)
+        TrainConfig.from_dict(yaml.safe_load(r.stdout))
