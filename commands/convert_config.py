@@ -19,7 +19,9 @@ batch sizes, parallel degrees, optimizer, LR schedule, dataset, checkpoint callb
 not converted, with the reason (also as comments at the top of the written file). The result is
 then checked as validate-config would at its own world size.
 
-Exit codes: 0 written, 1 not a static-graph config, 2 usage or file error."""
+Exit codes: 0 written and valid at its world size; 1 not a static-graph config, or written but the
+result does not validate yet (each unresolved key listed once: fix those in the written file);
+2 usage or file error."""
 
 
 def convert_config(
@@ -42,8 +44,10 @@ def convert_config(
         print_json(conv.to_dict() | {"output": str(written), "valid": not errors,
                                      "problems": [{"path": p.path, "severity": p.severity, "message": p.message,
                                                    "hint": p.hint} for p in verdict]})
-        return
-    _render(console, err_console, conv, written, errors, len(verdict) - len(errors))
+    else:
+        _render(console, err_console, conv, written, errors, len(verdict) - len(errors))
+    if errors:
+        raise typer.Exit(1)  # written, but not valid yet: a script must not go on to train it
 
 
 def _render(console, err_console, conv, written: Path, errors: list, others: int) -> None:
@@ -57,7 +61,8 @@ def _render(console, err_console, conv, written: Path, errors: list, others: int
             console.print(f"  • {escape(path)}: {escape(why)}", highlight=False)
     world = conv.world_size
     if errors:
-        err_console.print(f"[yellow]the result does not validate yet[/] (--world-size {world}):", highlight=False)
+        err_console.print(f"[yellow]the result does not validate yet[/] (--world-size {world}); "
+                          f"{len(errors)} key(s) to resolve in the written file:", highlight=False)
         for p in errors:
             err_console.print(f"  [red]•[/] {escape(p.render())}", highlight=False)
     else:

@@ -21,14 +21,19 @@ EPILOG = """Examples:
 
   mftk resume my.yaml --nproc 2                              # any number of workers: shards are re-cut
 
-training.steps stays the absolute target step. A changed global_batch_size rescales the step
-to int(step·old/new) and keeps consumed_samples.
+training.steps stays the absolute target step (below the checkpoint's step: an error). A changed
+global_batch_size rescales the step to int(step·old/new) and keeps consumed_samples. A model: section
+that differs from the checkpoint's saved config is an error listing the fields; --model-from-checkpoint
+trains the checkpoint's architecture instead (a --dry-run decides the same way).
 """
 
 FromOpt = Annotated[Optional[Path], typer.Option(
     "--from", help="Save root (latest via the tracker), an iteration_XXXXXXXX dir, or a Hugging Face weights dir.")]
 WeightsOnlyOpt = Annotated[bool, typer.Option(
     "--weights-only", help="Load weights only: step 0, fresh optimizer (no_load_optim: true).")]
+ModelFromCheckpointOpt = Annotated[bool, typer.Option(
+    "--model-from-checkpoint", help="When the YAML's model: differs from the checkpoint's saved config, train the "
+    "checkpoint's architecture (without it, that is an error listing the differing fields).")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show what would be loaded and where training continues; load nothing.")]
 
 
@@ -36,14 +41,15 @@ def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOp
            overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
            nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
            master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
-           json_out: JsonOpt = False, new_run: NewRunOpt = False, device: DeviceOpt = None) -> None:
+           json_out: JsonOpt = False, new_run: NewRunOpt = False, device: DeviceOpt = None,
+           model_from_checkpoint: ModelFromCheckpointOpt = False) -> None:
     """Resume training from a checkpoint (bit-exact with mftk's own checkpoints; reshards to this layout)."""
     from commands.train import launcher_spec, run_command
 
     overrides = with_device(overrides, device)
     source = from_ or _default_source(config, overrides)
     result = run_command(config, overrides, output_dir, nproc, resume_from=source, weights_only=weights_only,
-                         dry_run=dry_run, new_run=new_run,
+                         dry_run=dry_run, new_run=new_run, model_from_checkpoint=model_from_checkpoint,
                          launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join))
     if dry_run:
         plan = result.resume

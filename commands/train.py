@@ -59,7 +59,7 @@ def launcher_spec(nproc: int, nnodes: int, node_rank: int, master_addr: str, mas
 
 def run_command(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], nproc: int, *,
                 resume_from: Optional[Path] = None, weights_only: bool = False, dry_run: bool = False,
-                launcher: Any = None, new_run: bool = False) -> Any:
+                launcher: Any = None, new_run: bool = False, model_from_checkpoint: bool = False) -> Any:
     """Shared by `train` and `resume`: load + validate, attach the console log, run, render the result."""
     from mftk.config.load import load_config
 
@@ -74,7 +74,7 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
         with hold_save_path(ck.save_path, enabled=ck.enable_save and launcher.join and launcher.node_rank == 0):
             _check_save_path(loaded.config, resume_from, weights_only, new_run)
             return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run,
-                                    loaded.config, device)
+                                    loaded.config, device, model_from_checkpoint)
     from mftk.engine.run import train as run_train
     from mftk.logs.sinks import mf_console_handler, train_logger
 
@@ -84,12 +84,28 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     display = LiveDisplay()
     try:
         result = run_train(loaded, output_dir=output_dir or Path("output"), sinks=[display], new_run=new_run,
-                           resume_from=resume_from, weights_only=weights_only, dry_run=dry_run, world_size=world)
+                           resume_from=resume_from, weights_only=weights_only, dry_run=dry_run, world_size=world,
+                           model_from_checkpoint=model_from_checkpoint)
     finally:
         display.close()
         logger.removeHandler(handler)
-    render(result, loaded.config)
+    render(result, _trained_config(result, loaded.config, model_from_checkpoint))
     return result
+
+
+def _trained_config(result: Any, config: Any, model_from_checkpoint: bool) -> Any:
+    """The config whose model was trained: the checkpoint's architecture when the run took it."""
+    plan = result.resume
+    if not model_from_checkpoint or plan is None or plan.kind != "mf":
+        return config
+    import attrs
+
+    from mftk.ckpt.run_config import saved_model_section
+    from mftk.config.load import build_model_section
+
+    section, _ = saved_model_section(plan.step_dir, plan.saved_world)
+    model, _ = build_model_section(dict(section)) if section is not None else (None, [])
+    return attrs.evolve(config, model=model) if model is not None else config
 
 
 def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: bool, new_run: bool) -> None:
@@ -109,7 +125,8 @@ def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: boo
 
 def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
                      resume_from: Optional[Path], weights_only: bool, new_run: bool = False,
-                     loaded_config: Any = None, device: Optional[str] = None) -> Any:
+                     loaded_config: Any = None, device: Optional[str] = None,
+                     model_from_checkpoint: bool = False) -> Any:
     """msrun with ``launcher.nproc`` workers here; rank 0's log lines are echoed to stdout as they come."""
     from mftk.engine.workers import train_distributed
 
@@ -122,10 +139,11 @@ def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: O
     try:
         result = train_distributed(config, overrides=overrides or [], output_dir=output_dir or Path("output"),
                                    spec=launcher, resume_from=resume_from, weights_only=weights_only,
-                                   on_log_line=echo, sinks=[display], new_run=new_run, device=device)
+                                   on_log_line=echo, sinks=[display], new_run=new_run, device=device,
+                                   model_from_checkpoint=model_from_checkpoint)
     finally:
         display.close()
-    render(result, loaded_config)
+    render(result, _trained_config(result, loaded_config, model_from_checkpoint))
     return result
 
 

@@ -4,12 +4,18 @@ mftk writes exactly those keys. Reading follows MindSpore Transformers 2.1.0 (2.
 an older release did not write is null (the reference's default for every field) and named in a
 note; a key beyond the seven (2.1.0 drops ``data_plan_state``, written by its earlier balanced
 loader) is kept on :class:`CommonInfo` and written back by :meth:`CommonInfo.to_json`, so a
-resumed run passes it on instead of silently losing it. Wrong types are still errors.
+resumed run passes it on instead of silently losing it. A number written as a string (the
+``"loss_scale": "1.0"`` of MF's checkpoint docs, docs/mindformers/docs/source_en/feature/checkpoint_saving_and_loading.md
+of the mindformers repository; MF reads the file without a type check) is read as that number and
+named in a note; a string that is not plainly one number of the key's kind, and every other wrong
+type, is still an error naming the file and the key.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,8 @@ from mftk.errors import CheckpointError
 from mftk.files import SMALL_JSON_LIMIT, parse_json, read_text
 
 KEYS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size", "consumed_samples", "ckpt_status")
+_INT_TEXT = re.compile(r"[0-9]+")  # plain decimal digits: "10", not "10.0", "1e3", " 10", "+10"
+_NUMBER_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")  # "1.0", "65536", "1e3"
 # Extra keys MindSpore Transformers 2.1.0 itself accepts (and drops); any other one makes it raise TypeError.
 REFERENCE_DROPPED = ("data_plan_state",)
 
@@ -36,6 +44,7 @@ class CommonInfo:
     ckpt_status: Any = None
     extra: dict[str, Any] = attrs.field(factory=dict)  # keys beyond KEYS, in file order; written back
     missing: tuple[str, ...] = ()  # KEYS the file did not have (read as null)
+    from_text: tuple[tuple[str, str], ...] = ()  # (key, the string the file held) read as a number
 
     @classmethod
     def for_step(cls, *, step: int, max_steps: int, global_batch_size: int, consumed_samples: int,
@@ -63,6 +72,9 @@ class CommonInfo:
         """What reading this file assumed or kept, one line each (empty for a file mftk wrote)."""
         out = [f"common.json has no {k!r} (an older release): read as null, the reference's default"
                for k in self.missing]
+        out += [f"common.json key {k!r} holds the string {text!r}: read as the number {getattr(self, k)!r} "
+                "(MindSpore Transformers reads it without a type check; the next checkpoint writes a number)"
+                for k, text in self.from_text]
         for k in self.extra:
             why = ("MindSpore Transformers 2.1.0 drops it" if k in REFERENCE_DROPPED
                    else "MindSpore Transformers 2.1.0 refuses a checkpoint with this key")
@@ -76,11 +88,33 @@ def parse_common(text: str, path: str = "common.json") -> CommonInfo:
     data = parse_json(text, where=path, error=CheckpointError, hint="the file is damaged; use an earlier iteration_* dir")
     if not isinstance(data, dict):
         raise CheckpointError(message=f"{path}: expected a JSON object", path=path)
+    data, from_text = _numbers_from_text(data)
     problems = _type_problems(data)
     if problems:
-        raise CheckpointError(message=f"{path}: {len(problems)} problem(s)", path=path, problems=problems)
+        raise CheckpointError(message=f"{path}: {len(problems)} problem(s)", path=path, problems=problems,
+                              hint="each key holds a number (or null); a damaged file: use an earlier iteration_* dir")
     return CommonInfo(**{k: data.get(k) for k in KEYS}, extra={k: v for k, v in data.items() if k not in KEYS},
-                      missing=tuple(k for k in KEYS if k not in data))
+                      missing=tuple(k for k in KEYS if k not in data), from_text=from_text)
+
+
+def _numbers_from_text(data: dict[str, Any]) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+    """Numeric strings of the numeric keys as numbers; anything else is left for `_type_problems` to refuse.
+
+    An integer key takes plain digits only ("10"); ``loss_scale`` takes one finite decimal number ("1.0",
+    "1e3"). "10.5" for a step, "nan", "", "1,000" or " 10" are ambiguous and stay errors."""
+    out, read = dict(data), []
+    for key in KEYS[:-1]:
+        text = data.get(key)
+        if not isinstance(text, str):
+            continue
+        if key == "loss_scale":
+            if _NUMBER_TEXT.fullmatch(text) and math.isfinite(float(text)):
+                out[key] = float(text)
+        elif _INT_TEXT.fullmatch(text):
+            out[key] = int(text)
+        if out[key] is not text:
+            read.append((key, text))
+    return out, tuple(read)
 
 
 def _type_problems(data: dict[str, Any]) -> list[str]:
@@ -94,7 +128,8 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
     for key in KEYS[:-1]:  # every field may be null (the reference's default); ckpt_status is free-form
         ok = is_number if key == "loss_scale" else is_int
         if data.get(key) is not None and not ok(data[key]):
-            out.append(f"{key}: {data[key]!r} is not a {'non-negative integer' if ok is is_int else 'number'} or null")
+            out.append(f"{key}: {data[key]!r} is not a {'non-negative integer' if ok is is_int else 'number'} or null"
+                       + (" (a string that is not plainly one)" if isinstance(data[key], str) else ""))
     return out
 
 

@@ -18,10 +18,11 @@ from mftk.ckpt import names as opt_names
 from mftk.ckpt import safetensors_io as st
 from mftk.ckpt.common import CommonInfo, read_common
 from mftk.ckpt.extra_state import read_extra_state
-from mftk.ckpt.layout import Located, StepFiles, iteration_dirs, locate, scan_step_dir
+from mftk.ckpt.layout import (COMMON, METADATA, RESOLVED_CONFIG, TRACKER, Located, StepFiles, iteration_dirs,
+                              locate, parse_state_file_name, scan_step_dir)
 from mftk.ckpt.load import hf_weight_files, iter_global
 from mftk.ckpt.metadata import GlobalTensor, coverage_problems, read_metadata
-from mftk.errors import CheckpointError
+from mftk.errors import CheckpointError, InputError
 from mftk.progress import NULL_PROGRESS, Progress
 
 @attrs.frozen
@@ -98,6 +99,7 @@ def inspect_checkpoint(path: str | os.PathLike, *, verify: bool = False, read_te
     ``finite`` reads every tensor once and reports those holding NaN or infinity (a diverged run's
     weights pass every header check); ``read_tensors`` does that too, with counts and norms."""
     loc = locate(path)
+    _refuse_bookkeeping_file(loc)
     c = _Collector(loc)
     if loc.kind == "file":
         c.add_files([(loc.file, "model")])
@@ -113,6 +115,23 @@ def inspect_checkpoint(path: str | os.PathLike, *, verify: bool = False, read_te
     elif finite and not c.problems:
         c.check_finite(progress)
     return attrs.evolve(c.report(verify, read_tensors), finite_checked=finite and not read_tensors)
+
+
+_BOOKKEEPING = {COMMON: "its step and batch record", TRACKER: "the save root's tracker of the latest step",
+                METADATA: "its shard map", RESOLVED_CONFIG: "its saved run config"}
+
+
+def _refuse_bookkeeping_file(loc: Located) -> None:
+    """A checkpoint's own JSON/text file given as the path is named for what it is, not called damaged."""
+    if loc.kind != "file" or loc.file is None:
+        return
+    name = loc.file.name
+    what = _BOOKKEEPING.get(name) or ("its mftk extra state (RNG, data position)" if parse_state_file_name(name)
+                                      else "")
+    if what:
+        raise InputError(message=f"{loc.given} is a checkpoint's {name} ({what}), not a weights file",
+                         path=loc.given, hint=f"inspect the checkpoint it belongs to: mftk inspect-ckpt "
+                                              f"{loc.file.parent}")
 
 
 class _Collector:
@@ -159,6 +178,13 @@ class _Collector:
             self.common = read_common(d)
         except CheckpointError as exc:
             self.fail(exc)
+        self.problems += _step_dir_problems(self.loc, self.common)
+        try:  # resume reads it (architecture, LR schedule) and refuses a damaged one: so does inspection
+            from mftk.ckpt.run_config import read_run_config
+
+            read_run_config(d)
+        except CheckpointError as exc:
+            self.fail(exc)
         self._check_rank_files(files)
         try:
             self.meta = read_metadata(d)
@@ -197,9 +223,14 @@ class _Collector:
         """Each shard's file exists and holds the tensor with the local shape; returns (dtype, file kind)."""
         dtype, file_kind = _MS_DTYPES.get(t.dtype, t.dtype), "model"
         local = dict(t.chunks)
+        read_by: dict[str, int] = {}  # file → the shard index read from it (a file holds one slice per name)
         for index, entries in sorted(t.storage.items()):
             for e in entries[: None if verify else 1]:
                 p = d / e.file_name
+                if read_by.setdefault(e.file_name, index) != index:
+                    self.problems.append(f"{t.name} shards {read_by[e.file_name]} and {index}: both mapped to "
+                                         f"{t.name} in {e.file_name}, the same bytes (each shard needs its own)")
+                    continue
                 file_kind = "opt" if "-opt-" in e.file_name else file_kind
                 if not p.is_file():
                     self.problems.append(f"{t.name} shard {index}: file {e.file_name} does not exist")
@@ -295,7 +326,7 @@ class _Collector:
         for r in range(f.world):
             paths = [p for p in (f.model.get(r), f.opt.get(r), f.state.get(r)) if p is not None]
             out.append(RankFiles(rank=r, model=_name(f.model.get(r)), opt=_name(f.opt.get(r)),
-                                 state=_name(f.state.get(r)), bytes=sum(p.stat().st_size for p in paths)))
+                                 state=_name(f.state.get(r)), bytes=sum(map(_size, paths))))
         return out
 
     def _other_steps(self) -> list[int]:
@@ -307,6 +338,28 @@ class _Collector:
 
 def _name(p: Path | None) -> str | None:
     return p.name if p else None
+
+
+def _size(p: Path) -> int:
+    """A file's size; 0 for one that cannot be stat'ed (a symlink loop: scan_step_dir lists it as a problem)."""
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _step_dir_problems(loc: Located, common: CommonInfo | None) -> list[str]:
+    """A step dir that is a symlink (to another step: its number would be reported with the target's
+    contents), or whose name and common.json disagree on the step."""
+    d, out = loc.step_dir, []
+    if d is None:
+        return out
+    if d.is_symlink():
+        out.append(f"{d.name} is a symlink to {os.path.realpath(d)}: a step dir must be its own (its step would be "
+                   "reported with the target's contents)")
+    if loc.step is not None and common is not None and common.global_step not in (None, loc.step):
+        out.append(f"{d.name} is step {loc.step} but its common.json says global_step {common.global_step}")
+    return out
 
 
 _MS_DTYPES = {"Float32": "F32", "BFloat16": "BF16", "Float16": "F16", "Int32": "I32", "Int64": "I64",

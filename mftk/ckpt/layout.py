@@ -148,10 +148,23 @@ def locate(path: str | os.PathLike) -> Located:
                           path=str(p), hint="point at the save_path of a run, an iteration_* dir or a .safetensors file")
 
 
+def looks_complete(step_dir: Path) -> bool:
+    """A step dir that holds a common.json and at least one model file (a dir with only metadata.json, or an
+    emptied one, is not offered as complete)."""
+    try:
+        names = [e.name for e in os.scandir(step_dir)]
+    except OSError:
+        return False
+    return COMMON in names and any((p := parse_shard_file_name(n)) is not None and p.kind == "model" for n in names)
+
+
 def _available_hint(root: Path) -> str:
-    steps = list(iteration_dirs(root))
+    dirs = iteration_dirs(root)
+    steps = [s for s, d in dirs.items() if looks_complete(d)]
     if not steps:
-        return "no complete iteration_* dirs are present"
+        partial = ", ".join(d.name for d in list(dirs.values())[-3:])
+        return ("no complete iteration_* dirs are present" + (f" ({partial}: no common.json or no model files)"
+                                                               if partial else ""))
     shown = ", ".join(iteration_dir_name(s) for s in steps[-3:])
     return f"complete dirs present: {shown}; pass one of them explicitly"
 

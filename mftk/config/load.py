@@ -74,7 +74,8 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
         if not numbers:  # the rules do arithmetic with these numbers: NaN or 10**30 would break it
             from mftk.config.rules import check
 
-            problems += check(config, world_size=world_size, check_files=check_files)
+            problems += check(config, world_size=world_size, check_files=check_files,
+                              reported=frozenset(p.path for p in problems if p.severity == "error"))
     for p in problems:
         item = _set_by(p.path, set_keys)
         if item is not None:  # the value came from --set, not from the YAML line it replaced

@@ -22,16 +22,23 @@ LR_TYPES = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR", "War
             "ConstantWithCoolDownLR", "PolynomialWithWarmUpLR"}
 LR_NEED_WARMUP = {"ConstantWarmUpLR", "LinearWithWarmUpLR", "ConstantWithCoolDownLR", "WarmUpStableDecayLR"}
 LOADER_TYPES = {"BlendedMegatronDatasetDataLoader", "MindDataset"}
-LOADER_TYPES_REFERENCE_ONLY = {"HFDataLoader", "OrderedIndexDataLoader"}
+# loaders only the reference runs, and why mftk does not (the message says it)
+LOADER_TYPES_REFERENCE_ONLY = {
+    "HFDataLoader": "it loads with Hugging Face `datasets` and tokenizes on the fly through handlers",
+    "OrderedIndexDataLoader": "it reads the reference's ordered-index sample files",
+}
 BALANCE_LOADERS = {"BlendedMegatronDatasetDataLoader", "HFDataLoader", "OrderedIndexDataLoader"}
 INFERENCE_SUFFIXES = (".jsonl", ".json", ".txt", "")
 
 
 class _Rules:
-    def __init__(self) -> None:
+    def __init__(self, reported: frozenset[str] = frozenset()) -> None:
         self.problems: list[Problem] = []
+        self.reported = reported  # paths an earlier stage (the value's form) already has an error at
 
     def error(self, path: str, message: str, value: Any = None, hint: str = "") -> None:
+        if path in self.reported:  # one error per path: the earlier stage's says what to fix first
+            return
         self.problems.append(Problem(path=path, message=message, value=value, hint=hint))
 
     def warn(self, path: str, message: str, value: Any = None, hint: str = "") -> None:
@@ -41,9 +48,11 @@ class _Rules:
         self.problems.append(Problem(path=path, message=message, value=value, hint=hint, severity="note"))
 
 
-def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> list[Problem]:
-    """All value and cross-field problems of a structured config (errors, warnings, notes)."""
-    r = _Rules()
+def check(config: Config, *, world_size: int = 1, check_files: bool = True,
+          reported: frozenset[str] = frozenset()) -> list[Problem]:
+    """All value and cross-field problems of a structured config (errors, warnings, notes); ``reported``:
+    paths that already have an error from reading the YAML (no second error there)."""
+    r = _Rules(reported)
     _check_training(config, r)
     layout = _check_parallel(config, world_size, r)
     _check_layout(config, layout, r)
@@ -61,14 +70,17 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_device(config, r)
     from mftk.config.status import check_statuses
 
-    reported = frozenset(p.path for p in r.problems if p.severity == "error")
+    reported = reported | frozenset(p.path for p in r.problems if p.severity == "error")
     r.problems += check_statuses(config, world_size=world_size, reported=reported)
     if config.model is not None:
         from mftk.config.model import model_problems
         from mftk.config.support import unsupported_model_settings
 
-        r.problems += model_problems(config.model)
-        r.problems += unsupported_model_settings(config.model)
+        grammar = model_problems(config.model)
+        refused = {p.path for p in grammar if p.severity == "error"}
+        r.problems += grammar
+        # what the engine implements is asked only of values the reference itself accepts: one error per path
+        r.problems += [p for p in unsupported_model_settings(config.model) if p.path not in refused]
     return r.problems
 
 
@@ -201,7 +213,8 @@ def _value_at(c: Config, path: str) -> Any:
 def _check_model_vs_data(c: Config, r: _Rules) -> None:
     seq = getattr(c.model, "seq_length", None) if c.model is not None else None
     data = c.dataset
-    if seq and data is not None and data.seq_length is not None and data.seq_length != seq:
+    # a non-positive seq_length is _check_data_config's error (one error per path)
+    if seq and data is not None and data.seq_length is not None and 0 < data.seq_length != seq:
         r.error("train_dataset.dataloader.config.seq_length",
                 f"{data.seq_length} ≠ model.seq_length {seq}", data.seq_length, "make both equal")
 
@@ -309,8 +322,9 @@ def _check_dataset(c: Config, r: _Rules, *, check_files: bool) -> None:
         r.error(f"{base}.type", "required key is missing", hint="BlendedMegatronDatasetDataLoader")
         return
     if loader.type in LOADER_TYPES_REFERENCE_ONLY:
-        r.error(f"{base}.type", f"{loader.type} is not supported by mftk yet", loader.type,
-                "use BlendedMegatronDatasetDataLoader with Megatron .bin/.idx data (mftk preprocess)")
+        r.error(f"{base}.type", f"{loader.type} is not supported by mftk yet: "
+                f"{LOADER_TYPES_REFERENCE_ONLY[loader.type]}, while mftk trains from pre-tokenized Megatron .bin/.idx",
+                loader.type, "tokenize the data with `mftk preprocess` and use BlendedMegatronDatasetDataLoader")
         return
     if loader.type not in LOADER_TYPES:
         r.error(f"{base}.type", f"unknown dataloader type {loader.type!r}", loader.type,
@@ -359,6 +373,7 @@ def _check_data_config(c: Config, d, base: str, r: _Rules, check_files: bool) ->
     if d.data_path and d.train_data_path:
         r.error(f"{base}.train_data_path", "cannot be combined with data_path", d.train_data_path,
                 "use data_path + split, or train_data_path alone")
+        paths["train_data_path"] = None  # its own form is not checked too: one error at the path
     if d.mock and any(paths.values()):
         r.error(f"{base}.mock", "is true but data_path is also set", True,
                 "remove mock: true to train on the data, or remove data_path")

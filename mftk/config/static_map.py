@@ -23,8 +23,22 @@ _DATASET_KEYS = ("num_parallel_workers", "drop_remainder", "numa_enable", "prefe
 _CONTEXT_KEYS = ("device_target", "max_device_memory")
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved_1f1b": "interleaved_1f1b"}
 _MODEL_RENAMES = {"mtp_loss_factor": "mtp_loss_scaling_factor", "router_dense_type": "moe_router_dtype"}
-# Static-graph values the PyNative router rejects, and the PyNative value computing the same loss (§6.3).
-_MODEL_VALUES = {("moe_router_load_balancing_type", "gbs_aux_loss"): "global_aux_loss"}
+# Static-graph model values PyNative rejects: (key, static value) → (PyNative value, why it is the same).
+_MODEL_VALUES = {
+    # §6.3: the aux loss over the global batch; PyNative's router rejects the static name
+    ("moe_router_load_balancing_type", "gbs_aux_loss"): ("global_aux_loss", "the aux loss over the global batch; "
+                                                         "PyNative's router rejects the static name"),
+    # static `swiglu` halves the gated fc1 output and returns silu(x0)·x1 (mindformers 2.1.0 wheel,
+    # parallel_core/training_graph/transformer/mlp.py:140-150), which PyNative calls silu with gated_linear_unit
+    ("hidden_act", "swiglu"): ("silu", "the same gated SiLU (SwiGLU) MLP; PyNative has no 'swiglu' activation"),
+}
+# model_type from older static configs that do not name it (§7.7), tried in this order; names compared
+# lower-case without punctuation. A Qwen3 name with experts in model_config is qwen3_moe.
+_TYPE_BY_CONFIG_CLASS = {"deepseekv3config": "deepseek_v3", "deepseekv4config": "deepseek_v4",
+                         "qwen3config": "qwen3", "qwen3moeconfig": "qwen3_moe"}
+_TYPE_BY_NAME_PREFIX = (("deepseekv3", "deepseek_v3"), ("deepseekv4", "deepseek_v4"), ("qwen3moe", "qwen3_moe"),
+                        ("qwen3", "qwen3"))
+_MOE_KEYS = ("num_experts", "n_routed_experts", "num_moe_experts")
 _RUN_MODES = {"train": "train", "finetune": "train", "eval": "train", "predict": "predict"}
 
 
@@ -222,19 +236,30 @@ def _model(w: _Walk, layout: dict[str, int]) -> None:
         path = f"model.model_config.{key}"
         if key in ("offset", "pp_interleave_num"):
             continue
+        if key == "type":  # the graph-era config class: read by _infer_model_type, never a PyNative model key
+            if "model_type" in mc or "".join(c for c in str(value).lower() if c.isalnum()) \
+                    not in _TYPE_BY_CONFIG_CLASS:
+                w.unmapped.append((path, f"the graph-era config class {value!r}: PyNative picks the model by "
+                                   "model_type and architectures"))
+            continue
         if key == "architectures" and isinstance(value, list):
             model[key] = value[0] if value else value
             w.mapped.append((path, "model.architectures (a string: the first list item)"))
         elif key in _MODEL_RENAMES:
             model[_MODEL_RENAMES[key]] = value
             w.mapped.append((path, f"model.{_MODEL_RENAMES[key]}"))
-        elif (key, value) in _MODEL_VALUES:
-            model[key] = _MODEL_VALUES[(key, value)]
-            w.mapped.append((path, f"model.{key}: {model[key]!r} (static {value!r}: the aux loss over the global "
-                             "batch; PyNative's router rejects the static name)"))
+        elif key == "hidden_act" and value == "swiglu" and mc.get("bias_swiglu_fusion") is True:
+            model[key] = "fusedswiglu"  # what the reference turns swiglu + bias_swiglu_fusion into (model.py)
+            w.mapped.append((path, "model.hidden_act: 'fusedswiglu' (static 'swiglu' with bias_swiglu_fusion: "
+                             "true)"))
+        elif isinstance(value, (str, int, float)) and (key, value) in _MODEL_VALUES:
+            model[key], why = _MODEL_VALUES[(key, value)]
+            w.mapped.append((path, f"model.{key}: {model[key]!r} (static {value!r}: {why})"))
         else:
             model[key] = value
             w.mapped.append((path, f"model.{key}"))
+    if "model_type" not in model:
+        _infer_model_type(w, mc, model)
     seq = _get(w.raw, "train_dataset.data_loader.config.seq_length", None)
     if "seq_length" not in model and isinstance(seq, int):
         model["seq_length"] = seq
@@ -244,7 +269,7 @@ def _model(w: _Walk, layout: dict[str, int]) -> None:
     if "offset" in mc and layout["pp"] <= 1:
         w.unmapped.append(("model.model_config.offset", "no pipeline stages: nothing to place"))
     elif layout["pp"] > 1:
-        layers = _int(model.get("num_hidden_layers", model.get("num_layers")), 0)
+        layers = _layers(model)
         stages = stages_from_offset(layers, layout["pp"], layout["interleave"], offset)
         if stages is None:
             w.unmapped.append(("model.model_config.offset", f"{offset!r} does not place {layers} layers on "
@@ -252,6 +277,48 @@ def _model(w: _Walk, layout: dict[str, int]) -> None:
         else:
             w.put("parallelism.pipeline_parallel_layers_per_stage", stages,
                   "model.model_config.offset" if "offset" in mc else None)
+
+
+def _layers(model: dict) -> int:
+    """The model's layer count: its own key, else its family's default (a finetune config leaves it to the
+    Hugging Face config.json, whose real models the family defaults are)."""
+    layers = _int(model.get("num_hidden_layers", model.get("num_layers")), 0)
+    if layers == 0 and isinstance(model.get("model_type"), str):
+        import attrs
+
+        from mftk.config.model import model_configs
+
+        cls = model_configs().get(model["model_type"])
+        if cls is not None and "num_hidden_layers" in attrs.fields_dict(cls):
+            layers = _int(attrs.fields_dict(cls)["num_hidden_layers"].default, 0)
+    return layers
+
+
+def _infer_model_type(w: _Walk, mc: dict, model: dict) -> None:
+    """``model.model_type`` from ``model_config.type``, ``trainer.model_name`` or ``pretrained_model_dir``."""
+    def norm(v: Any) -> str:
+        return "".join(ch for ch in str(v).lower() if ch.isalnum())
+
+    found: tuple[str, str] | None = None
+    kind = norm(mc.get("type", ""))
+    if kind in _TYPE_BY_CONFIG_CLASS:
+        found = (_TYPE_BY_CONFIG_CLASS[kind], "model.model_config.type")
+    for path in ("trainer.model_name", "pretrained_model_dir"):
+        value = _get(w.raw, path, None)
+        if found or not isinstance(value, str) or not value.strip():
+            continue
+        name = norm(value.rstrip("/").rsplit("/", 1)[-1]) if path == "pretrained_model_dir" else norm(value)
+        hit = next((t for prefix, t in _TYPE_BY_NAME_PREFIX if name.startswith(prefix)), None)
+        if hit is not None:
+            found = (hit, path)
+    if found is None:
+        return
+    kind, path = found
+    w.get(path)
+    if kind == "qwen3" and any(_int(mc.get(k), 0) > 0 for k in _MOE_KEYS):
+        kind = "qwen3_moe"
+    model["model_type"] = kind
+    w.mapped.append((path, f"model.model_type: {kind!r} (inferred: the model_config names no model_type)"))
 
 
 def stages_from_offset(layers: int, pp: int, interleave: int, offset: Any) -> str | list[str] | None:
@@ -356,6 +423,9 @@ def _top_level(w: _Walk) -> None:
         if _get(w.raw, "resume_training", False):
             w.drop("resume_training", "no load_checkpoint to resume from (use `mftk resume --from DIR`)")
         w.nothing("resume_training", "nothing to resume")
+    w.drop("pretrained_model_dir", "the Hugging Face model folder (config.json, tokenizer): PyNative needs the "
+           "model: section written out (`mftk validate-config --model-from-hf <dir>/config.json` prints it) and "
+           "loads weights from checkpoint.load_path")
     w.map("profile", "profiler.enable_profiling")
     w.map("profile_start_step", "profiler.start_step")
     w.map("profile_stop_step", "profiler.end_step")
@@ -423,7 +493,7 @@ def _recompute(w: _Walk) -> None:
     rc = "recompute_config"
     value = w.get(f"{rc}.recompute", None)
     model = w.out.get("model", {})
-    layers = _int(model.get("num_hidden_layers", model.get("num_layers")), 0)
+    layers = _layers(model)
     mtp = _int(model.get("num_nextn_predict_layers", model.get("mtp_num_layers", 0)), 0)
     if value is True and layers > 0:
         ids = f"0-{layers + mtp - 1}" if layers + mtp > 1 else "0"

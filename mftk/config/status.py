@@ -224,8 +224,9 @@ MODEL: dict[str, Status] = {
     "activation_func_clamp_value": _impl(_SUPPORT, rule=True, only="null", example=7.0),
     "calculate_per_token_loss": _refused("", rule=True),
     "attention_dropout": _inert("the reference's attention has no dropout either (models.md §1.3)"),
-    "normalization": _impl(_MODEL, only="RMSNorm", example="LayerNorm"),
-    "fused_norm": _impl(_MODEL, only="true", example=False),
+    # model.py's grammar owns these two (one error per path: issue 36)
+    "normalization": _impl(_MODEL, rule=True, only="RMSNorm", example="LayerNorm"),
+    "fused_norm": _impl(_MODEL, rule=True, only="true", example=False),
     "ignore_token_id": _impl("tests/engine/test_model.py", only="-100", example=0),
     "use_eod_attn_mask_compression": _refused(
         "document-packed (TND) attention is not implemented by mftk: set it false (reset_attention_mask: true "
@@ -252,8 +253,6 @@ MODEL: dict[str, Status] = {
 }
 # Model fields whose accepted values the rule modules do not already check: value → accepted?
 _MODEL_ONLY: dict[str, Callable[[Any], bool]] = {
-    "normalization": lambda v: v == "RMSNorm",
-    "fused_norm": lambda v: v is True,
     "ignore_token_id": lambda v: v == -100,
 }
 

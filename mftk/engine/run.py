@@ -66,11 +66,13 @@ class _Phases:
 def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (),
           resume_from: str | os.PathLike | None = None, weights_only: bool = False, dry_run: bool = False,
           world_size: int = 1, install_signals: bool = True, stop: Any = None, new_run: bool = False,
-          lock_save_path: bool = True) -> TrainResult:
+          lock_save_path: bool = True, model_from_checkpoint: bool = False) -> TrainResult:
     """Train (or resume) on this process as the config says; returns what happened.
 
     ``resume_from`` overrides ``checkpoint.load_path``; ``weights_only`` is ``no_load_optim``; ``new_run``
     allows a run that starts at step 0 in a ``save_path`` holding checkpoints (`mftk.ckpt.guard`).
+    ``model_from_checkpoint``: when the YAML's ``model:`` does not fit the checkpoint, train the architecture
+    the checkpoint was saved with (otherwise that is an error listing the differing fields).
     ``dry_run`` decides the resume plan (or checks the start) and returns without training.
     ``lock_save_path``: hold ``checkpoint.save_path``'s lock for the run (`mftk.ckpt.guard.hold_save_path`);
     False when another process of the job (an msrun parent) holds it.
@@ -94,7 +96,7 @@ def train(loaded: Any, *, output_dir: str | os.PathLike = "output", sinks: Itera
             with _signals(stop, install_signals and not dry_run):  # from start-up on: none is lost
                 run.phases.timed("process setup", _setup_process, loaded.config)
                 return run.execute(resume_from=resume_from, weights_only=weights_only, dry_run=dry_run,
-                                   stop=stop, new_run=new_run)
+                                   stop=stop, new_run=new_run, model_from_checkpoint=model_from_checkpoint)
         finally:
             run.close()
             if handler is not None:
@@ -115,7 +117,8 @@ class _Run:
         for s in self.own_sinks:
             s.close()
 
-    def execute(self, *, resume_from: Any, weights_only: bool, dry_run: bool, stop: Any, new_run: bool) -> TrainResult:
+    def execute(self, *, resume_from: Any, weights_only: bool, dry_run: bool, stop: Any, new_run: bool,
+                model_from_checkpoint: bool = False) -> TrainResult:
         from mftk.engine import builders
         from mftk.engine.restore import load_checkpoint, restore_state
 
@@ -135,7 +138,8 @@ class _Run:
         if base and not dry_run:  # LoRA: the frozen base first (2.1 §2.8), then the adapters (if any) on top
             self.phases.timed("base checkpoint load", self._load_base, model, base)
         if load_path:
-            model, plan = self._plan_resume(model, load_path, weights_only, lazy=dry_run)
+            model, plan = self._plan_resume(model, load_path, weights_only, lazy=dry_run,
+                                            model_from_checkpoint=model_from_checkpoint)
         self._check_save_path(plan, new_run)
         if dry_run:
             start = plan.start_step if plan else 0
@@ -182,10 +186,13 @@ class _Run:
                            phases=tuple(self.phases.items), resume=plan, notes=tuple(self.notes))
 
     # ------------------------------------------------------------------------------- resume
-    def _plan_resume(self, model: Any, load_path: str, weights_only: bool, *, lazy: bool) -> tuple[Any, ResumePlan]:
-        """The resume plan for the YAML's model; when that model does not fit the checkpoint but the
-        checkpoint's saved config does, the architecture is taken from the checkpoint (and the differing
-        ``model:`` keys are reported)."""
+    def _plan_resume(self, model: Any, load_path: str, weights_only: bool, *, lazy: bool,
+                     model_from_checkpoint: bool = False) -> tuple[Any, ResumePlan]:
+        """The resume plan for the YAML's model. When that model does not fit the checkpoint but the
+        checkpoint's saved config does, the differing ``model:`` fields are an error, unless
+        ``model_from_checkpoint`` asks for the checkpoint's architecture (issue 35: it used to be taken
+        silently, so a Qwen3 YAML trained a DeepSeek-V3 checkpoint). A target step below the checkpoint's
+        is an error too. A dry run decides the same way."""
         from mftk.ckpt.resume import plan_resume
         from mftk.engine import builders
 
@@ -201,6 +208,12 @@ class _Run:
             replan = plan_resume(config, load_path, weights_only=weights_only,
                                  params=builders.param_shapes(candidate), world=self.layout.world, dp=self.layout.dp)
             if not replan.problems:
+                if not model_from_checkpoint:
+                    raise CheckpointError(
+                        message=f"the model: section differs from the checkpoint's ({plan.step_dir}, saved config): "
+                                f"{plural(len(differences), 'field')}", path=plan.step_dir, problems=differences,
+                        hint="make the model: section match the checkpoint, or resume with `mftk resume "
+                             "--model-from-checkpoint` to train the checkpoint's architecture")
                 self.config, model, plan = config, candidate, replan
                 self.notes.append("the model: section does not fit the checkpoint; its architecture is taken from "
                                   f"the checkpoint's saved config ({'; '.join(differences)})")
@@ -209,6 +222,7 @@ class _Run:
             self.notes.append("model: keys differ from the checkpoint's saved config (the YAML's are used): "
                               + "; ".join(differences))
             log.warning(self.notes[-1])
+        _check_target_step(plan, self.config.training.steps)
         for n in plan.notes:
             log.info(n)
         jump = _lr_jump(plan, self.config)
@@ -338,6 +352,21 @@ class _Run:
                                    dist=dist, layout=self.layout, checkpointer=checkpointer,
                                    sinks=[metrics, *self.sinks, *monitor_sinks],
                                    monitor=monitor if monitor.enabled else None, stop=stop)
+
+
+def _check_target_step(plan: ResumePlan, steps: int) -> None:
+    """A resume whose ``training.steps`` (the absolute target) is below the step it starts from is refused:
+    there is nothing to train, and the summary would read "trained steps 4..4 of 2"."""
+    if plan.start_step <= steps:
+        return
+    from mftk.errors import ConfigError, Problem
+
+    problem = Problem(path="training.steps", value=steps,
+                      message=f"{steps} is below the step this resume starts from ({plan.start_step}, "
+                              f"{plan.step_dir}): nothing to train",
+                      hint=f"training.steps is the absolute target step: set it above {plan.start_step} "
+                           f"(e.g. --set training.steps={plan.start_step + steps})")
+    raise ConfigError(message=problem.render(), problems=[problem])
 
 
 def _lr_jump(plan: ResumePlan, config: Any) -> str | None:

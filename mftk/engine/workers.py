@@ -22,7 +22,8 @@ WORKER_TARGET = "mftk.engine.workers:train_worker"
 
 
 def train_worker(config: str, overrides: list[str], output_dir: str, resume_from: str | None = None,
-                 weights_only: bool = False, new_run: bool = False, lock_save_path: bool = False) -> dict[str, Any]:
+                 weights_only: bool = False, new_run: bool = False, lock_save_path: bool = False,
+                 model_from_checkpoint: bool = False) -> dict[str, Any]:
     """The msrun worker body (`launch.worker_main` calls it after ``communication.init()``).
 
     Loads the config for this job's world size, logs to stdout (msrun's ``worker_<rank>.log``; the
@@ -39,7 +40,7 @@ def train_worker(config: str, overrides: list[str], output_dir: str, resume_from
     log.addHandler(handler)
     try:
         result = train(loaded, output_dir=output_dir, resume_from=resume_from, weights_only=weights_only,
-                       world_size=world, new_run=new_run,
+                       world_size=world, new_run=new_run, model_from_checkpoint=model_from_checkpoint,
                        lock_save_path=lock_save_path and communication.get_rank() == 0)
     finally:
         log.removeHandler(handler)
@@ -62,7 +63,8 @@ def result_from_json(data: dict[str, Any]) -> TrainResult:
 def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (),
                       output_dir: str | os.PathLike = "output", spec: Any, resume_from: Any = None,
                       weights_only: bool = False, on_log_line: Any = None, sinks: Iterable[StepSink] = (),
-                      timeout_s: float | None = None, new_run: bool = False, device: str | None = None) -> TrainResult:
+                      timeout_s: float | None = None, new_run: bool = False, device: str | None = None,
+                      model_from_checkpoint: bool = False) -> TrainResult:
     """Run `train_worker` on every rank through msrun (`engine.launch`); rank 0's log lines go to
     ``on_log_line`` and its step lines (parsed) to ``sinks``; ``device`` (`engine.device.select`'s) is every
     worker's device (CPU when None). A failing worker raises TrainingError."""
@@ -72,7 +74,7 @@ def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (
     out = Path(output_dir).resolve()
     payload = {"config": str(Path(config).resolve()), "overrides": list(overrides), "output_dir": str(out),
                "resume_from": str(Path(resume_from).resolve()) if resume_from else None, "weights_only": weights_only,
-               "new_run": new_run, "lock_save_path": not spec.join}  # joined: the caller holds the lock
+               "new_run": new_run, "lock_save_path": not spec.join, "model_from_checkpoint": model_from_checkpoint}  # joined: the caller holds the lock
     sinks = list(sinks)
 
     def on_line(line: str) -> None:

@@ -54,7 +54,37 @@ def test_bad_json_bad_types_and_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match="not valid JSON"):
         parse_common("{")
     with pytest.raises(CheckpointError) as e:
-        parse_common(REFERENCE.replace('"global_step": 10', '"global_step": "10"'))
-    assert e.value.problems == ["global_step: '10' is not a non-negative integer or null"]
+        parse_common(REFERENCE.replace('"global_step": 10', '"global_step": "10.5"'))
+    assert e.value.problems == ["global_step: '10.5' is not a non-negative integer or null (a string that is not "
+                                "plainly one)"]
     with pytest.raises(CheckpointError, match="no common.json"):
         read_common(tmp_path)
+
+
+def test_numeric_strings_read_as_numbers_with_a_note():
+    """MF's checkpoint docs show ``"loss_scale": "1.0"``; MF reads common.json without a type check."""
+    text = REFERENCE.replace('"loss_scale": 1.0', '"loss_scale": "1.0"').replace('"global_step": 10',
+                                                                                  '"global_step": "10"')
+    info = parse_common(text, "ck/iteration_0000010/common.json")
+    assert info.loss_scale == 1.0 and isinstance(info.loss_scale, float)
+    assert info.global_step == 10 and isinstance(info.global_step, int) and info.step == 10
+    assert info.from_text == (("global_step", "10"), ("loss_scale", "1.0"))
+    notes = [n for n in info.notes() if "holds the string" in n]
+    assert len(notes) == 2 and "'loss_scale' holds the string '1.0'" in notes[1] and "1.0" in notes[1]
+    written = json.loads(info.to_json())
+    assert written["loss_scale"] == 1.0 and written["global_step"] == 10  # numbers from now on
+    assert parse_common(REFERENCE.replace('"loss_scale": 1.0', '"loss_scale": "1e3"')).loss_scale == 1000.0
+
+
+@pytest.mark.parametrize("key, text", [
+    ("global_step", "10.0"), ("global_step", " 10"), ("global_step", "+10"), ("global_step", "1e1"),
+    ("global_step", "-1"), ("consumed_samples", "1,000"), ("consumed_samples", ""),
+    ("loss_scale", "nan"), ("loss_scale", "inf"), ("loss_scale", "1.0.0"), ("loss_scale", "one"),
+])
+def test_ambiguous_strings_are_still_refused_naming_file_and_key(key, text):
+    data = json.loads(REFERENCE)
+    data[key] = text
+    with pytest.raises(CheckpointError) as e:
+        parse_common(json.dumps(data), "ck/iteration_0000010/common.json")
+    assert "ck/iteration_0000010/common.json" in e.value.message
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith(f"{key}: {text!r}")
