@@ -209,6 +209,9 @@ class _Run:
             self.notes.append("model: keys differ from the checkpoint's saved config (the YAML's are used): "
                               + "; ".join(differences))
             log.warning(self.notes[-1])
+        for n in plan.skipped:  # damaged newer checkpoints: never loaded (`ckpt.resume.select_checkpoint`)
+            self.notes.append(f"{n}; resuming from {Path(plan.step_dir).name}")
+            log.warning(self.notes[-1])
         for n in plan.notes:
             log.info(n)
         jump = _lr_jump(plan, self.config)
@@ -284,6 +287,14 @@ class _Run:
                                  total_steps=self.config.training.steps):
             log.warning(n)
             self.notes.append(n)
+        source = _source_step(plan) if plan is not None and plan.scenario != ResumeScenario.WEIGHTS_ONLY else None
+        if (source is not None and Path(plan.step_dir).parent.resolve() == Path(ck.save_path).resolve()
+                and plan.start_step < source <= self.config.training.steps):
+            name = Path(plan.step_dir).name
+            self.notes.append(f"this run starts at step {plan.start_step}, below {name}, the checkpoint it resumes "
+                              f"from; when it saves step {source} again, {name} is kept as {name}.resume-source "
+                              "(never replaced)")
+            log.warning(self.notes[-1])
 
     # ------------------------------------------------------------------------------- pieces
     def _distribute(self, model: Any) -> tuple[Any, Any]:
@@ -323,12 +334,14 @@ class _Run:
         checkpointer = None
         if ck.enable_save:
             root = os.path.realpath(ck.save_path)
-            on_disk = (state.global_step if plan is not None and plan.scenario != ResumeScenario.WEIGHTS_ONLY
-                       and Path(plan.step_dir).parent == Path(root) else None)
+            here = plan is not None and plan.scenario != ResumeScenario.WEIGHTS_ONLY and \
+                Path(plan.step_dir).parent == Path(root)
+            on_disk = state.global_step if here else None
             checkpointer = Checkpointer(root=root, interval=ck.save_interleaved_steps, save_max=ck.save_max,
                                         prefix=ck.prefix, save_optim=not ck.no_save_optim, async_save=ck.async_save,
                                         comm=dist, start_step=state.global_step, last_saved_step=on_disk,
-                                        adapter_manifest=self._adapter_manifest(state))
+                                        adapter_manifest=self._adapter_manifest(state),
+                                        source_step=_source_step(plan) if here else None)
             log.info("Checkpoints will be saved every %s starting from step %d, first save at step %d.",
                      every_steps(ck.save_interleaved_steps), state.global_step,
                      state.global_step + ck.save_interleaved_steps)
@@ -338,6 +351,14 @@ class _Run:
                                    dist=dist, layout=self.layout, checkpointer=checkpointer,
                                    sinks=[metrics, *self.sinks, *monitor_sinks],
                                    monitor=monitor if monitor.enabled else None, stop=stop)
+
+
+def _source_step(plan: ResumePlan) -> int | None:
+    """The step of the ``iteration_*`` dir a run resumed from (None for any other dir): the one dir its saves
+    must never replace (`Checkpointer.source_step`)."""
+    from mftk.ckpt.layout import parse_iteration_dir_name
+
+    return parse_iteration_dir_name(Path(plan.step_dir).name) if plan.kind == "mf" else None
 
 
 def _lr_jump(plan: ResumePlan, config: Any) -> str | None:
