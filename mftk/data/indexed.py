@@ -99,6 +99,21 @@ class IndexedDataset:
         self._parse_index()
         self._bin = _map(self.bin_path)
         self._check_bin()
+        self._stamps = {p: _stamp(p) for p in (self.idx_path, self.bin_path)}
+
+    def check_unchanged(self) -> None:
+        """DataFormatError when the `.bin` or `.idx` is no longer the file that was opened (size, modification
+        time or inode changed): a truncated map is a SIGBUS at the next read, a rewritten one silently other
+        tokens than this run's indices describe. Cheap (one stat per file): the training loader calls it
+        before every micro-batch (`mftk.data.loader.DataLoader.check_files`)."""
+        for path, was in self._stamps.items():
+            now = _stamp(path)
+            if now != was:
+                raise DataFormatError(
+                    message=f"{path}: changed while the run was reading it ({_what_changed(was, now)})",
+                    path=str(path), expected=f"{was[0]} bytes", found=f"{now[0]} bytes" if now[0] >= 0 else "missing",
+                    hint="a data file must stay as it is while a run reads it: put the original back (or write new "
+                         "data under another prefix)")
 
     # -- validation -------------------------------------------------------------------
     def _bad(self, path: Path, message: str, *, offset: int | None = None, expected: str = "",
@@ -201,6 +216,25 @@ class IndexedDataset:
     def __repr__(self) -> str:
         return (f"IndexedDataset({self.path_prefix!r}, sequences={len(self)}, documents={self.document_count}, "
                 f"tokens={self.total_tokens}, dtype={self.dtype.name})")
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, inode, device); (-1, ...) when the file is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _what_changed(was: tuple[int, ...], now: tuple[int, ...]) -> str:
+    if now[0] < 0:
+        return "it was removed"
+    if now[2:] != was[2:]:
+        return "it was replaced by another file"
+    if now[0] != was[0]:
+        return f"{'truncated' if now[0] < was[0] else 'grown'} from {was[0]} to {now[0]} bytes"
+    return "it was rewritten in place"
 
 
 def _map(path: Path) -> memoryview | bytes:

@@ -66,7 +66,7 @@ def test_export_hf_needs_the_model_section(tmp_path):
 def test_verify_checks_checksums_and_quick_reads_headers_only(tmp_path):
     """A flipped exponent bit (still finite) and a NaN written over a saved weight fail --verify, naming the
     file and the tensor; --verify --quick reads only headers, so it passes (what --help says)."""
-    from tests.ckpt.test_verify import MODEL, _save, flip_exponent_bit, write_nan
+    from tests.helpers.damage import MODEL, flip_exponent_bit, save_small as _save, write_nan
 
     _save(tmp_path, 2)
     _save(tmp_path, 4)

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from mftk.ckpt import safetensors_io as st
 from mftk.ckpt.verify import check_step_dir
-from tests.ckpt.test_verify import MODEL, flip_exponent_bit, write_nan
+from tests.helpers.damage import MODEL, flip_exponent_bit, write_nan
 from tests.helpers.cli import runner
 from tests.helpers.tiny import load, tiny_raw
 
