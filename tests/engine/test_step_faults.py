@@ -122,3 +122,20 @@ def test_loader_names_a_changed_data_file_before_reading(tmp_path):
         ds.check_unchanged()
     fresh = IndexedDataset(prefix)
     np.testing.assert_array_equal(fresh.get(0), np.frombuffer(data, np.uint16)[:len(fresh.get(0))])
+
+
+def test_log_write_failures_are_kept_for_the_trainer_not_printed(capsys):
+    """/dev/full fails every write with ENOSPC: the handler keeps the failure (no 'Logging error' traceback on
+    stderr at every line) and closes without raising."""
+    from mftk.logs.sinks import FileLogHandler, detach, log, write_failure
+
+    h = FileLogHandler("/dev/full")
+    log.addHandler(h)
+    try:
+        log.info("a line that cannot be written")
+        log.info("and another")
+        assert write_failure() == "cannot write /dev/full: No space left on device"
+    finally:
+        detach(h)
+    assert "Logging error" not in capsys.readouterr().err
+    assert write_failure() is None  # detached: no longer the run's
