@@ -100,6 +100,9 @@ class IndexedDataset:
         self._bin = _map(self.bin_path)
         self._check_bin()
         self._stamps = {p: _stamp(p) for p in (self.idx_path, self.bin_path)}
+        # tokens are read with pread, not through the map: a `.bin` truncated under the run then gives a short
+        # read (an error naming it), where a read through the map would be a SIGBUS killing the process
+        self._bin_file = open(self.bin_path, "rb", buffering=0) if len(self._bin) else None
 
     def check_unchanged(self) -> None:
         """DataFormatError when the `.bin` or `.idx` is no longer the file that was opened (size, modification
@@ -194,7 +197,7 @@ class IndexedDataset:
     def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens of sequence ``idx`` from token ``offset``, ``length`` of them (None: to the end).
 
-        Returns a read-only view into the memory-mapped `.bin`, in the file's dtype.
+        Returns a read-only array in the file's dtype, read with ``pread`` (`check_unchanged` explains why).
         """
         n = len(self)
         if idx < 0:
@@ -208,7 +211,16 @@ class IndexedDataset:
             raise IndexError(f"tokens [{offset}, {offset + length}) out of range for sequence {idx} "
                              f"of length {size} in {self.path_prefix}")
         start = int(self.sequence_pointers[idx]) + offset * self.dtype.itemsize
-        return np.frombuffer(self._bin, dtype=self.dtype.newbyteorder("<"), count=length, offset=start)
+        nbytes = length * self.dtype.itemsize
+        if nbytes == 0:
+            return np.zeros(0, dtype=self.dtype.newbyteorder("<"))
+        data = os.pread(self._bin_file.fileno(), nbytes, start)
+        if len(data) != nbytes:
+            self.check_unchanged()  # names how the file changed
+            raise DataFormatError(message=f"{self.bin_path}: ended at byte {start + len(data)} while reading "
+                                  f"sequence {idx} (it was {self._stamps[self.bin_path][0]} bytes when opened)",
+                                  path=str(self.bin_path), hint="a data file must stay as it is while a run reads it")
+        return np.frombuffer(data, dtype=self.dtype.newbyteorder("<"))
 
     def __getitem__(self, idx: int) -> np.ndarray:
         return self.get(idx)

@@ -115,6 +115,8 @@ def test_loader_names_a_changed_data_file_before_reading(tmp_path):
     with pytest.raises(DataFormatError) as e:
         ds.check_unchanged()
     assert e.value.path == str(bin_path) and f"truncated from {len(data)} to 100 bytes" in e.value.message
+    with pytest.raises(DataFormatError, match="truncated from"):  # a read past the new end: no SIGBUS
+        ds.get(len(ds) - 1)
     replacement = tmp_path / "other.bin"
     replacement.write_bytes(data)
     os.replace(replacement, bin_path)
