@@ -24,6 +24,7 @@ FULL=0
 small_args() {
   case "$1" in
     ckpt_inspect) echo "32" ;;
+    ckpt_checksum) echo "32" ;;
     cli_startup) echo "--repeats 3" ;;
     index_build) echo "--tokens 2e7 --seq 1024" ;;
     parse_log) echo "--steps 20000" ;;

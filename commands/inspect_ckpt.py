@@ -28,9 +28,15 @@ PathArg = Annotated[Path, typer.Argument(
 TensorsOpt = Annotated[bool, typer.Option(
     "--tensors", help="Read tensor data: norms and NaN/Inf counts; with --diff, each tensor's relative change.")]
 VerifyOpt = Annotated[bool, typer.Option(
-    "--verify", help="Check every referenced file, header, offset and shard coverage; exit 1 on any problem.")]
+    "--verify", help="Check every referenced file, header, offset and shard coverage, then read every tensor once: "
+                     "its bytes against the checksum recorded at save time, and no NaN/Inf; exit 1 on any problem. "
+                     "Add --quick for the headers-only check.")]
+QuickOpt = Annotated[bool, typer.Option(
+    "--quick", help="With --verify: headers, offsets and shard coverage only (a few small reads per file; no "
+                    "checksums, no NaN/Inf scan).")]
 FiniteOpt = Annotated[bool, typer.Option(
-    "--finite", help="With --verify: read every tensor and report those holding NaN or infinity.")]
+    "--finite", help="With --verify --quick: also read every tensor and report those holding NaN or infinity "
+                     "(a full --verify always does).")]
 DiffOpt = Annotated[Optional[Path], typer.Option(
     "--diff", help="Compare with another checkpoint: added, removed, reshaped tensors.", show_default=False)]
 ExportOpt = Annotated[Optional[Path], typer.Option(
@@ -45,14 +51,15 @@ ModelConfigOpt = Annotated[Optional[Path], typer.Option(
 
 
 def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt = False, verify: VerifyOpt = False,
-                 finite: FiniteOpt = False, diff: DiffOpt = None, export_hf: ExportOpt = None,
+                 quick: QuickOpt = False, finite: FiniteOpt = False, diff: DiffOpt = None, export_hf: ExportOpt = None,
                  model_config: ModelConfigOpt = None, merge_lora: MergeLoraOpt = False) -> None:
     """Show a checkpoint's step, files, tensors and supported resume scenarios without loading it."""
     from mftk.errors import CheckpointError, InputError
 
     if export_hf is not None:
-        if diff is not None or verify or tensors or finite:
-            raise InputError(message="--export-hf cannot be combined with --diff, --verify, --finite or --tensors",
+        if diff is not None or verify or tensors or finite or quick:
+            raise InputError(message="--export-hf cannot be combined with --diff, --verify, --quick, --finite or "
+                             "--tensors",
                              hint="run the export and the inspection as two commands")
         from mftk.ckpt.export import export_hf as export
 
@@ -64,6 +71,8 @@ def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt =
         raise InputError(message=f"{flag} only applies to --export-hf", hint="add --export-hf OUT")
     if finite and not verify:
         raise InputError(message="--finite only applies to --verify", hint="use --verify --finite")
+    if quick and not verify:
+        raise InputError(message="--quick only applies to --verify", hint="use --verify --quick")
     if diff is not None:
         from mftk.ckpt.diff import diff_checkpoints
 
@@ -72,7 +81,8 @@ def inspect_ckpt(path: PathArg, json_out: JsonOpt = False, tensors: TensorsOpt =
     else:
         from mftk.ckpt.inspect import inspect_checkpoint
 
-        result = inspect_checkpoint(path, verify=verify, read_tensors=tensors, finite=finite, progress=_progress())
+        result = inspect_checkpoint(path, verify=verify, read_tensors=tensors, finite=finite, quick=quick,
+                                    progress=_progress())
         _print_json(result.to_dict()) if json_out else _render_report(result)
     if result.problems:
         raise CheckpointError(message=f"{len(result.problems)} problem(s) in the checkpoint", path=str(path),
@@ -111,8 +121,8 @@ def _render_report(r: Any) -> None:
             f"mftk extra state {'yes' if r.has_extra_state else 'no'}")
         if r.other_steps:
             say(f"  iteration dirs here: {', '.join(map(str, r.other_steps))}")
-        for note in r.notes:
-            say("  ", ("note:", "cyan"), " ", note)
+    for note in r.notes:
+        say("  ", ("note:", "cyan"), " ", note)
     if r.ranks:
         files = table(column("rank", justify="right"), "model file", "opt file", "extra state",
                       column("size", justify="right"), title="Files per rank")
@@ -144,6 +154,7 @@ def _render_report(r: Any) -> None:
     print_table(scen)
     if r.verified and not r.problems:
         say(("verified:", "green"), " files, headers, offsets and shard coverage agree"
+            + (", every tensor matches its checksum" if r.checksums_checked and not r.unchecksummed else "")
             + (", no NaN/Inf" if r.tensors_read or r.finite_checked else ""))
 
 

@@ -67,6 +67,7 @@ class Checkpointer:
     last_saved_step: int | None = None  # a step already on disk (the checkpoint this run resumed from)
     last_path: str = ""
     adapter_manifest: dict | None = None  # save_trainable_only: the LoRA tensors only, and this manifest (2.1 §2.8)
+    source_step: int | None = None  # the checkpoint this run resumed from, in ``root``: never replaced, only kept aside
     _retention: Any = None
     _thread: threading.Thread | None = None
     _error: BaseException | None = None
@@ -131,9 +132,11 @@ class Checkpointer:
             if self.comm is not None:
                 path = self._write_distributed(step, payload)
             else:
-                path = save_checkpoint(self.root, step=step, prefix=self.prefix, common=payload.common,
-                                       model=payload.model, optimizer=payload.optimizer, extra=payload.extra,
-                                       config=payload.config).path
+                saved = save_checkpoint(self.root, step=step, prefix=self.prefix, common=payload.common,
+                                        model=payload.model, optimizer=payload.optimizer, extra=payload.extra,
+                                        config=payload.config, keep_replaced=step == self.source_step)
+                path = saved.path
+                self._report_kept(step, saved.kept)
             removed = self._retention.record(step) if self.is_publisher else []
         except CheckpointError as exc:
             raise TrainingError(message=f"checkpoint save at step {step} failed: {exc.message}",
@@ -149,6 +152,11 @@ class Checkpointer:
         log.info("Checkpoint saved at step %d to %s (async=%s, remove_redundancy=False) in %.2fs",
                  step, self.root, self.async_save and self.comm is None, time.perf_counter() - t0)
         sink.on_checkpoint(step, path)
+
+    def _report_kept(self, step: int, kept: str) -> None:
+        if kept:
+            log.warning("step %d was saved again (a changed batch size rescaled the step below the checkpoint this "
+                        "run resumed from): that checkpoint is kept as %s", step, kept)
 
     def _write_distributed(self, step: int, payload: Payload) -> str:
         """Reference order (§3.1): rank 0 prepares the dir → barrier → every rank writes its files →
@@ -166,7 +174,9 @@ class Checkpointer:
         if c.rank == 0:
             model_specs, opt_specs = c.metadata_specs(payload.model, payload.optimizer)
             meta = build_metadata(model_specs, opt_specs, world=c.world, prefix=self.prefix)
-            finalize_save(self.root, step, common=payload.common, world=c.world,
-                          optimizer_saved=payload.optimizer is not None, metadata=meta, config=payload.config)
+            saved = finalize_save(self.root, step, common=payload.common, world=c.world,
+                                  optimizer_saved=payload.optimizer is not None, metadata=meta, config=payload.config,
+                                  keep_replaced=step == self.source_step)
+            self._report_kept(step, saved.kept)
         c.barrier()
         return str(Path(self.root) / iteration_dir_name(step))

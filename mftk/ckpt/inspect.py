@@ -81,6 +81,8 @@ class CheckpointReport:
     unused_optimizer_states: dict[str, list[str]] = attrs.field(factory=dict)  # skipped on resume, by state
     notes: list[str] = attrs.field(factory=list)  # what reading assumed (common.json defaults, kept keys)
     finite_checked: bool = False  # every tensor read and found finite (or its problems listed)
+    checksums_checked: bool = False  # every tensor's bytes compared with its recorded CRC-32 (where recorded)
+    unchecksummed: list[str] = attrs.field(factory=list)  # files written without checksums
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -93,9 +95,11 @@ def tensor_kind(name: str, file_kind: str = "model") -> str:
 
 
 def inspect_checkpoint(path: str | os.PathLike, *, verify: bool = False, read_tensors: bool = False,
-                       finite: bool = False, progress: Progress = NULL_PROGRESS) -> CheckpointReport:
+                       finite: bool = False, quick: bool = False, progress: Progress = NULL_PROGRESS) -> CheckpointReport:
     """Summarise (and with ``verify`` check) a save root, step dir, HF dir or single file.
 
+    ``verify`` checks headers, offsets and shard coverage, then reads every tensor once: its bytes against
+    the CRC-32 recorded at save time and for NaN/Inf (`mftk.ckpt.verify`); ``quick`` stops after the headers.
     ``finite`` reads every tensor once and reports those holding NaN or infinity (a diverged run's
     weights pass every header check); ``read_tensors`` does that too, with counts and norms."""
     loc = locate(path)
@@ -110,11 +114,16 @@ def inspect_checkpoint(path: str | os.PathLike, *, verify: bool = False, read_te
             c.fail(exc)
     else:
         c.add_mf_dir(verify)
-    if read_tensors and not c.problems:
+    readable = not c.problems  # headers sound: tensor data can be read
+    checksums = verify and not quick and readable
+    if checksums:
+        c.check_checksums(progress, finite=not read_tensors)  # --tensors counts NaN/Inf itself
+    if read_tensors and readable:
         c.read_tensors(progress)
-    elif finite and not c.problems:
+    elif finite and not checksums and readable:
         c.check_finite(progress)
-    return attrs.evolve(c.report(verify, read_tensors), finite_checked=finite and not read_tensors)
+    return attrs.evolve(c.report(verify, read_tensors), finite_checked=(finite or checksums) and not read_tensors,
+                        checksums_checked=checksums)
 
 
 _BOOKKEEPING = {COMMON: "its step and batch record", TRACKER: "the save root's tracker of the latest step",
@@ -144,6 +153,7 @@ class _Collector:
         self.meta: dict[str, GlobalTensor] | None = None
         self.common: CommonInfo | None = None
         self.has_extra = False
+        self.unchecksummed: list[str] = []  # files without recorded checksums (checked for NaN/Inf only)
 
     def fail(self, exc: CheckpointError) -> None:
         self.problems += [f"{exc.message}: {p}" for p in exc.problems] if exc.problems else [exc.message]
@@ -267,6 +277,28 @@ class _Collector:
 
         self._each_tensor("reading tensors", one, progress)
 
+    def check_checksums(self, progress: Progress, finite: bool = True) -> None:
+        """Every file's tensors once: bytes against the recorded CRC-32, and (``finite``) no NaN/Inf
+        (`mftk.ckpt.verify`)."""
+        from mftk.ckpt.verify import check_files
+
+        paths = self._files()
+        progress.start("verifying checksums", total=len(paths))
+        try:
+            for p in paths:
+                checked = check_files(p.parent, [p], finite=finite)
+                self.problems += list(checked.problems)
+                self.unchecksummed += list(checked.unchecksummed)
+                progress.advance(1)
+        finally:
+            progress.done()
+
+    def _files(self) -> list[Path]:
+        """Every safetensors file of the checkpoint: the step dir's rank files, the HF dir's, or the one file."""
+        if self.files is not None:
+            return [p for _, p in sorted(self.files.model.items())] + [p for _, p in sorted(self.files.opt.items())]
+        return list(self.headers)
+
     def check_finite(self, progress: Progress) -> None:
         """Every tensor once, whole: a problem for each that holds NaN or infinity (no counts, no copies)."""
         from mftk.ckpt.save import non_finite
@@ -306,7 +338,15 @@ class _Collector:
             bytes_by_dtype=by_dtype, file_bytes=sum(h.file_bytes for h in self.headers.values()),
             scenarios=resume_scenarios(self), other_steps=self._other_steps(), verified=verify,
             tensors_read=read, problems=self.problems, unused_optimizer_states=self.unused_states(),
-            notes=self.common.notes() if self.common else [])
+            notes=(self.common.notes() if self.common else []) + self._checksum_notes(),
+            unchecksummed=list(self.unchecksummed))
+
+    def _checksum_notes(self) -> list[str]:
+        if not self.unchecksummed:
+            return []
+        shown = ", ".join(self.unchecksummed[:3]) + (" ..." if len(self.unchecksummed) > 3 else "")
+        return [f"{len(self.unchecksummed)} file(s) carry no checksums ({shown}; saved by an older mftk or another "
+                "tool): their bytes cannot be verified, only checked for NaN/Inf"]
 
     def unused_states(self) -> dict[str, list[str]]:
         """Optimizer tensors mftk's AdamW does not use (skipped by a resume), grouped by state."""

@@ -10,11 +10,12 @@ the reference only warns about is an error here. Pure: MindSpore is never import
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Any, Mapping
 
 import attrs
 
-from mftk.ckpt.layout import locate, scan_step_dir
+from mftk.ckpt.layout import Located, iteration_dirs, locate, scan_step_dir
 from mftk.ckpt.names import is_optimizer_name
 from mftk.derive import skip_micro_batches
 from mftk.errors import CheckpointError
@@ -56,6 +57,7 @@ class ResumePlan:
     unexpected: tuple[str, ...] = ()
     mismatched: tuple[str, ...] = ()
     common_extra: dict = attrs.field(factory=dict)  # common.json keys beyond the reference's 7: written back on save
+    skipped: tuple[str, ...] = ()  # newer checkpoints passed over because they failed verification, and why
 
     @property
     def loads_optimizer(self) -> bool:
@@ -74,11 +76,53 @@ def optional_buffer(name: str) -> bool:
     return name.endswith(".max_logits_val")
 
 
+@attrs.frozen
+class Selected:
+    """The checkpoint dir a resume loads, after verification (`select_checkpoint`)."""
+
+    step_dir: Path
+    skipped: tuple[str, ...] = ()  # "iteration_00000006: <file>: <tensor>: checksum mismatch ..."
+    notes: tuple[str, ...] = ()
+
+
+def select_checkpoint(loc: Located) -> Selected:
+    """The newest checkpoint of ``loc`` that verifies (`mftk.ckpt.verify.check_step_dir`: every tensor's bytes
+    against its recorded CRC-32, no NaN/Inf, the rank files complete); a damaged one is never loaded.
+
+    A save root reached through its tracker falls back, newest first, to the older ``iteration_*`` dirs beside
+    the tracker's (each one skipped is named with its first problem); an ``iteration_*`` dir named explicitly
+    is the user's choice and has no fallback. With nothing left: `CheckpointError` naming the damaged tensors
+    and files. Every resume goes through here — `mftk resume`, and a job restarting itself."""
+    from mftk.ckpt.verify import check_step_dir
+
+    candidates = [Path(loc.step_dir)]
+    if loc.root is not None and loc.step is not None:
+        candidates += [d for s, d in sorted(iteration_dirs(loc.root).items(), reverse=True) if s < loc.step]
+    skipped: list[str] = []
+    problems: list[str] = []
+    for d in candidates:
+        check = check_step_dir(d)
+        if check.ok:
+            note = check.note()
+            return Selected(step_dir=d, skipped=tuple(skipped), notes=(note,) if note else ())
+        more = f" (and {len(check.problems) - 1} more problem(s))" if len(check.problems) > 1 else ""
+        skipped.append(f"skipped {d.name}: {check.problems[0]}{more}")
+        problems += [f"{d.name}: {p}" for p in check.problems]
+    where = loc.root if loc.root is not None else loc.step_dir
+    raise CheckpointError(
+        message=(f"no checkpoint in {where} verifies ({len(candidates)} checked): " if len(candidates) > 1 else
+                 f"{loc.step_dir} does not verify: ") + problems[0],
+        path=str(where), problems=problems[:50],
+        hint="the files were damaged after they were written; resume from a copy of an earlier checkpoint, or "
+             "start again (`mftk inspect-ckpt DIR --verify` checks one)")
+
+
 def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[str, tuple[int, ...]],
                 world: int = 1, dp: int = 1) -> ResumePlan:
     """Decide the scenario and positions for resuming ``config``'s run (``params``: the model's names and
     shapes) from ``path``; check names and shapes. A checkpoint saved by another number of processes is
-    resharded (global tensors → this layout)."""
+    resharded (global tensors → this layout). The checkpoint loaded is the newest one that verifies
+    (`select_checkpoint`; this reads every tensor once)."""
     from mftk.ckpt.common import read_common
     from mftk.ckpt.load import hf_weight_files
     from mftk.ckpt.metadata import read_metadata
@@ -101,6 +145,10 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[s
                           start_step=0, consumed_samples=0, skip_micro_batches=0,
                           loads=("model weights (HF names mapped)",),
                           notes=(f"weights-only init from Hugging Face dir {loc.step_dir} ({len(names)} tensors)",))
+    chosen = select_checkpoint(loc)
+    if chosen.step_dir != loc.step_dir:
+        loc = attrs.evolve(loc, step_dir=chosen.step_dir, step=None)
+    notes += chosen.notes
     files = scan_step_dir(loc.step_dir)
     if files.problems:
         raise CheckpointError(message=f"{loc.step_dir}: inconsistent rank files", path=str(loc.step_dir),
@@ -168,4 +216,5 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[s
                       saved_step=saved_step, saved_global_batch_size=saved_gbs, global_batch_size=gbs,
                       saved_world=files.world, world=world, start_step=start, consumed_samples=consumed,
                       skip_micro_batches=skip, loads=tuple(loads), notes=tuple(notes), missing=missing,
-                      unexpected=unexpected, mismatched=mismatched, common_extra=dict(common.extra))
+                      unexpected=unexpected, mismatched=mismatched, common_extra=dict(common.extra),
+                      skipped=chosen.skipped)

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import struct
+import zlib
 from typing import Any, BinaryIO, Iterable, Mapping
 
 import attrs
@@ -35,6 +36,9 @@ DTYPES: dict[str, tuple[int, str | None]] = {
 _NUMPY_TO_ST = {np.dtype(v).newbyteorder("<").str: k for k, (_, v) in DTYPES.items() if v}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors package's own limit
 _ALIGN = 8
+# ``__metadata__`` key holding every tensor's CRC-32 (zlib's, of its data bytes) as JSON {name: "8 hex digits"}.
+# Other readers (the safetensors package, MindSpore) ignore metadata keys they do not know.
+CHECKSUM_KEY = "mftk_crc32"
 
 
 @attrs.frozen
@@ -209,10 +213,11 @@ def read_tensors(path: str | os.PathLike, names: Iterable[str] | None = None,
 
 
 def _read_one(fh: BinaryIO, h: SafetensorsHeader, t: TensorInfo) -> np.ndarray:
-    fh.seek(h.data_start + t.begin)
-    buf = fh.read(t.nbytes)
-    if len(buf) != t.nbytes:
-        raise _bad(h.path, f"{t.name}: file ended while reading its data (truncated)")
+    return decode(h, t, read_tensor_bytes(fh, h, t))
+
+
+def decode(h: SafetensorsHeader, t: TensorInfo, buf: bytes) -> np.ndarray:
+    """A tensor's bytes as a numpy array (BF16 widened to float32)."""
     size, np_dtype = DTYPES[t.dtype]
     if t.dtype == "BF16":
         return bf16_to_float32(np.frombuffer(buf, dtype="<u2")).reshape(t.shape)
@@ -238,11 +243,47 @@ def _as_bytes(arr: np.ndarray | Bf16) -> memoryview:
     return memoryview(np.ascontiguousarray(a)).cast("B")
 
 
-def encode_header(tensors: Mapping[str, np.ndarray | Bf16], metadata: Mapping[str, str] | None = None) -> bytes:
-    """The 8-byte length plus the JSON header, padded with spaces to 8-byte alignment."""
+def crc32(data: bytes | memoryview) -> str:
+    """The checksum recorded for one tensor's bytes: zlib's CRC-32 as 8 hex digits (about 0.35 s per GB here;
+    bench/ckpt_checksum.py)."""
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def recorded_checksums(h: SafetensorsHeader) -> dict[str, str] | None:
+    """The CRC-32 of each tensor as the writer recorded it, or None for a file written without checksums
+    (by mftk before it recorded them, or by another tool). A damaged record is an error."""
+    raw = h.metadata.get(CHECKSUM_KEY)
+    if raw is None:
+        return None
+    try:
+        sums = json.loads(raw)
+        if not isinstance(sums, dict) or not all(isinstance(v, str) and len(v) == 8 for v in sums.values()):
+            raise ValueError("not an object of 8-digit hex strings")
+    except ValueError as exc:
+        raise _bad(h.path, f"__metadata__[{CHECKSUM_KEY!r}] is unreadable ({exc})") from None
+    return sums
+
+
+def read_tensor_bytes(fh: BinaryIO, h: SafetensorsHeader, t: TensorInfo) -> bytes:
+    """One tensor's raw data bytes, as stored."""
+    fh.seek(h.data_start + t.begin)
+    buf = fh.read(t.nbytes)
+    if len(buf) != t.nbytes:
+        raise _bad(h.path, f"{t.name}: file ended while reading its data (truncated)")
+    return buf
+
+
+def encode_header(tensors: Mapping[str, np.ndarray | Bf16], metadata: Mapping[str, str] | None = None,
+                  checksums: bool = True) -> bytes:
+    """The 8-byte length plus the JSON header, padded with spaces to 8-byte alignment; ``checksums`` records
+    each tensor's CRC-32 under ``__metadata__[CHECKSUM_KEY]`` (computed from the bytes that will be written)."""
     head: dict[str, Any] = {}
-    if metadata:
-        head["__metadata__"] = dict(metadata)
+    meta = dict(metadata or {})
+    if checksums:
+        meta[CHECKSUM_KEY] = json.dumps({name: crc32(_as_bytes(arr)) for name, arr in tensors.items()},
+                                        separators=(",", ":"))
+    if meta:
+        head["__metadata__"] = meta
     pos = 0
     for name, arr in tensors.items():
         shape = arr.bits.shape if isinstance(arr, Bf16) else arr.shape
@@ -255,12 +296,13 @@ def encode_header(tensors: Mapping[str, np.ndarray | Bf16], metadata: Mapping[st
 
 
 def write_file(path: str | os.PathLike, tensors: Mapping[str, np.ndarray | Bf16],
-               metadata: Mapping[str, str] | None = None) -> int:
-    """Write a safetensors file and fsync it; returns bytes written. Raises OSError (disk full...)."""
+               metadata: Mapping[str, str] | None = None, checksums: bool = True) -> int:
+    """Write a safetensors file (with every tensor's CRC-32 in its metadata unless ``checksums`` is False)
+    and fsync it; returns bytes written. Raises OSError (disk full...)."""
     ordered = {k: tensors[k] for k in sorted(tensors)}
     total = 0
     with open(path, "wb") as fh:
-        total += write_all(fh, encode_header(ordered, metadata))
+        total += write_all(fh, encode_header(ordered, metadata, checksums))
         for arr in ordered.values():
             total += write_all(fh, _as_bytes(arr))
         fh.flush()

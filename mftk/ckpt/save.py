@@ -43,6 +43,7 @@ class SavedCheckpoint:
     files: tuple[str, ...]
     bytes: int
     seconds: float = 0.0
+    kept: str = ""  # where the dir this save replaced was kept (``keep_replaced``), "" when none was
 
 
 def temp_dir_for(root: str | os.PathLike, step: int) -> Path:
@@ -113,10 +114,12 @@ def non_finite(tensors: Tensors) -> list[str]:
 
 def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, world: int = 1,
                   optimizer_saved: bool = True, metadata: dict[str, Any] | None = None,
-                  config: dict[str, Any] | None = None) -> SavedCheckpoint:
+                  config: dict[str, Any] | None = None, keep_replaced: bool = False) -> SavedCheckpoint:
     """Rank 0, after every rank wrote: publish the dir, then the tracker (pruning is `Retention`'s).
 
-    ``metadata`` (world > 1) comes from :func:`mftk.ckpt.metadata.build_metadata`.
+    ``metadata`` (world > 1) comes from :func:`mftk.ckpt.metadata.build_metadata`. ``keep_replaced``: an
+    existing dir of the same step is renamed to `kept_name` instead of deleted (it is the checkpoint this run
+    resumed from: a changed batch size rescaled the step below it).
     """
     root, tmp = Path(root), temp_dir_for(root, step)
     final = root / iteration_dir_name(step)
@@ -132,14 +135,14 @@ def finalize_save(root: str | os.PathLike, step: int, *, common: CommonInfo, wor
         with _as_checkpoint_error(final, "publish"):
             total += sum(f.stat().st_size for f in tmp.iterdir() if f.name not in (COMMON, METADATA, RESOLVED_CONFIG))
             _fsync_dir(tmp)
-            _replace_dir(tmp, final)
+            kept = _replace_dir(tmp, final, keep=keep_replaced)
             _fsync_dir(root)
             write_tracker(root, step)
     except BaseException:
         abort_save(root, step)
         raise
     files = tuple(sorted(f.name for f in final.iterdir()))
-    return SavedCheckpoint(step=step, path=str(final), files=files, bytes=total)
+    return SavedCheckpoint(step=step, path=str(final), files=files, bytes=total, kept=kept)
 
 
 def abort_save(root: str | os.PathLike, step: int) -> None:
@@ -149,8 +152,10 @@ def abort_save(root: str | os.PathLike, step: int) -> None:
 
 def save_checkpoint(root: str | os.PathLike, *, step: int, common: CommonInfo, model: Tensors,
                     optimizer: Tensors | None = None, extra: dict[str, Any] | None = None,
-                    prefix: str | None = "checkpoint", config: dict[str, Any] | None = None) -> SavedCheckpoint:
-    """Single process (world 1): the whole save. ``optimizer=None`` is ``no_save_optim``."""
+                    prefix: str | None = "checkpoint", config: dict[str, Any] | None = None,
+                    keep_replaced: bool = False) -> SavedCheckpoint:
+    """Single process (world 1): the whole save. ``optimizer=None`` is ``no_save_optim``; ``keep_replaced``
+    as in `finalize_save`."""
     t0 = time.perf_counter()
     tmp = begin_save(root, step)
     try:
@@ -158,7 +163,8 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, common: CommonInfo, m
     except BaseException:
         abort_save(root, step)
         raise
-    saved = finalize_save(root, step, common=common, world=1, optimizer_saved=optimizer is not None, config=config)
+    saved = finalize_save(root, step, common=common, world=1, optimizer_saved=optimizer is not None, config=config,
+                          keep_replaced=keep_replaced)
     return attrs.evolve(saved, seconds=time.perf_counter() - t0)
 
 
@@ -226,17 +232,31 @@ def _check_complete(tmp: Path, world: int, optimizer_saved: bool) -> None:
                               problems=problems, hint="a rank failed to write its files; see its log")
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Rename into place; an existing dir for the same step is moved aside first, then deleted."""
+def kept_name(final: Path) -> Path:
+    """Where a replaced dir that must be kept goes: ``iteration_00000004.resume-source`` (``-2``, ``-3``... when
+    taken). Not an ``iteration_*`` name, so no tracker, retention or fallback ever treats it as this run's; a
+    resume can still be pointed at it with ``--from``."""
+    base = final.with_name(f"{final.name}.resume-source")
+    n, path = 1, base
+    while os.path.lexists(path):
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _replace_dir(tmp: Path, final: Path, keep: bool = False) -> str:
+    """Rename into place; an existing dir for the same step is moved aside first, then deleted (or, with
+    ``keep``, left under `kept_name`, whose path is returned)."""
     old = None
     if final.exists():
-        old = final.with_name(f"{TMP_PREFIX}replaced-{final.name}")
+        old = kept_name(final) if keep else final.with_name(f"{TMP_PREFIX}replaced-{final.name}")
         if old.exists():
             shutil.rmtree(old)
         os.rename(final, old)
     os.rename(tmp, final)
-    if old is not None:
+    if old is not None and not keep:
         shutil.rmtree(old, ignore_errors=True)
+    return str(old) if keep and old is not None else ""
 
 
 def _write_text(path: Path, text: str) -> int:

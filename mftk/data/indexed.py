@@ -99,6 +99,24 @@ class IndexedDataset:
         self._parse_index()
         self._bin = _map(self.bin_path)
         self._check_bin()
+        self._stamps = {p: _stamp(p) for p in (self.idx_path, self.bin_path)}
+        # tokens are read with pread, not through the map: a `.bin` truncated under the run then gives a short
+        # read (an error naming it), where a read through the map would be a SIGBUS killing the process
+        self._bin_file = open(self.bin_path, "rb", buffering=0) if len(self._bin) else None
+
+    def check_unchanged(self) -> None:
+        """DataFormatError when the `.bin` or `.idx` is no longer the file that was opened (size, modification
+        time or inode changed): a truncated map is a SIGBUS at the next read, a rewritten one silently other
+        tokens than this run's indices describe. Cheap (one stat per file): the training loader calls it
+        before every micro-batch (`mftk.data.loader.DataLoader.check_files`)."""
+        for path, was in self._stamps.items():
+            now = _stamp(path)
+            if now != was:
+                raise DataFormatError(
+                    message=f"{path}: changed while the run was reading it ({_what_changed(was, now)})",
+                    path=str(path), expected=f"{was[0]} bytes", found=f"{now[0]} bytes" if now[0] >= 0 else "missing",
+                    hint="a data file must stay as it is while a run reads it: put the original back (or write new "
+                         "data under another prefix)")
 
     # -- validation -------------------------------------------------------------------
     def _bad(self, path: Path, message: str, *, offset: int | None = None, expected: str = "",
@@ -179,7 +197,7 @@ class IndexedDataset:
     def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens of sequence ``idx`` from token ``offset``, ``length`` of them (None: to the end).
 
-        Returns a read-only view into the memory-mapped `.bin`, in the file's dtype.
+        Returns a read-only array in the file's dtype, read with ``pread`` (`check_unchanged` explains why).
         """
         n = len(self)
         if idx < 0:
@@ -193,7 +211,16 @@ class IndexedDataset:
             raise IndexError(f"tokens [{offset}, {offset + length}) out of range for sequence {idx} "
                              f"of length {size} in {self.path_prefix}")
         start = int(self.sequence_pointers[idx]) + offset * self.dtype.itemsize
-        return np.frombuffer(self._bin, dtype=self.dtype.newbyteorder("<"), count=length, offset=start)
+        nbytes = length * self.dtype.itemsize
+        if nbytes == 0:
+            return np.zeros(0, dtype=self.dtype.newbyteorder("<"))
+        data = os.pread(self._bin_file.fileno(), nbytes, start)
+        if len(data) != nbytes:
+            self.check_unchanged()  # names how the file changed
+            raise DataFormatError(message=f"{self.bin_path}: ended at byte {start + len(data)} while reading "
+                                  f"sequence {idx} (it was {self._stamps[self.bin_path][0]} bytes when opened)",
+                                  path=str(self.bin_path), hint="a data file must stay as it is while a run reads it")
+        return np.frombuffer(data, dtype=self.dtype.newbyteorder("<"))
 
     def __getitem__(self, idx: int) -> np.ndarray:
         return self.get(idx)
@@ -201,6 +228,25 @@ class IndexedDataset:
     def __repr__(self) -> str:
         return (f"IndexedDataset({self.path_prefix!r}, sequences={len(self)}, documents={self.document_count}, "
                 f"tokens={self.total_tokens}, dtype={self.dtype.name})")
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, inode, device); (-1, ...) when the file is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _what_changed(was: tuple[int, ...], now: tuple[int, ...]) -> str:
+    if now[0] < 0:
+        return "it was removed"
+    if now[2:] != was[2:]:
+        return "it was replaced by another file"
+    if now[0] != was[0]:
+        return f"{'truncated' if now[0] < was[0] else 'grown'} from {was[0]} to {now[0]} bytes"
+    return "it was rewritten in place"
 
 
 def _map(path: Path) -> memoryview | bytes:

@@ -78,7 +78,17 @@ class DataLoader:
         return self.sample_ids[batch * b:(batch + 1) * b]
 
     def batch(self, batch: int) -> dict[str, np.ndarray]:
+        self.check_files()  # a data file truncated under the run: an error naming it, not a SIGBUS
         return collate([self.dataset[int(i)] for i in self.batch_ids(batch)], self.compressed_eod_mask)
+
+    def check_files(self) -> None:
+        """DataFormatError naming a `.bin`/`.idx` this loader reads that changed since it was opened
+        (`mftk.data.indexed.IndexedDataset.check_unchanged`); other sources have nothing to check. Called
+        before every micro-batch is read, and by the trainer at every step's end."""
+        for source in getattr(self.dataset, "datasets", ()):
+            check = getattr(getattr(source, "dataset", None), "check_unchanged", None)
+            if check is not None:
+                check()
 
     def start_batch(self, consumed_samples: int) -> int:
         """Position (micro-batch within the epoch) to resume from after ``consumed_samples``."""
@@ -103,6 +113,7 @@ class DataLoader:
 
         accum, b, n = self.balance_accum, start, len(self)
         while True:
+            self.check_files()
             items = [(r, (b + a) % n) for r in range(self.dp_size) for a in range(accum)]
             loads = [sum(sample_load(self.dataset[int(i)]["actual_seq_len"]) for i in self._ids_of(r, batch))
                      for r, batch in items]

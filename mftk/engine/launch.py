@@ -106,6 +106,8 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     Raises `TrainingError` when any worker fails or ``timeout_s`` passes; nothing is left running.
     """
     _check_spec(spec, target)
+    if spec.master_port is not None and spec.node_rank == 0:  # node 0 runs the scheduler, which binds it
+        check_master_port(spec.master_port)
     log_dir = Path(spec.log_dir) if spec.log_dir is not None else Path(tempfile.mkdtemp(prefix="mftk-msrun-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     _clear_old_outputs(log_dir)
@@ -206,6 +208,21 @@ def pick_free_port(lo: int = 10240, hi: int = 60000, tries: int = 64) -> int:
         if all(_port_free(base + off) for off in _PORT_OFFSETS):
             return base
     raise TrainingError(message="no free port range for msrun found", hint="pass --master-port explicitly")
+
+
+def check_master_port(port: int) -> None:
+    """``--master-port`` in use on this machine is an `InputError` (exit 2) now, not msrun's scheduler failing
+    minutes later with a traceback. The test binds every address with SO_REUSEADDR, as a listening server would:
+    a port held by a listener (on any address) is refused, one in TIME_WAIT from an earlier job is not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            raise InputError(message=f"--master-port {port} is already in use on this machine "
+                             f"({exc.strerror or exc})",
+                             hint=f"pass another --master-port, or leave it out on one node (a free one is picked); "
+                             f"`ss -ltnp 'sport = :{port}'` shows the process holding it") from None
 
 
 def _port_free(port: int) -> bool:

@@ -223,6 +223,9 @@ class _Run:
                               + "; ".join(differences))
             log.warning(self.notes[-1])
         _check_target_step(plan, self.config.training.steps)
+        for n in plan.skipped:  # damaged newer checkpoints: never loaded (`ckpt.resume.select_checkpoint`)
+            self.notes.append(f"{n}; resuming from {Path(plan.step_dir).name}")
+            log.warning(self.notes[-1])
         for n in plan.notes:
             log.info(n)
         jump = _lr_jump(plan, self.config)
@@ -298,6 +301,14 @@ class _Run:
                                  total_steps=self.config.training.steps):
             log.warning(n)
             self.notes.append(n)
+        source = _source_step(plan) if plan is not None and plan.scenario != ResumeScenario.WEIGHTS_ONLY else None
+        if (source is not None and Path(plan.step_dir).parent.resolve() == Path(ck.save_path).resolve()
+                and plan.start_step < source <= self.config.training.steps):
+            name = Path(plan.step_dir).name
+            self.notes.append(f"this run starts at step {plan.start_step}, below {name}, the checkpoint it resumes "
+                              f"from; when it saves step {source} again, {name} is kept as {name}.resume-source "
+                              "(never replaced)")
+            log.warning(self.notes[-1])
 
     # ------------------------------------------------------------------------------- pieces
     def _distribute(self, model: Any) -> tuple[Any, Any]:
@@ -337,12 +348,14 @@ class _Run:
         checkpointer = None
         if ck.enable_save:
             root = os.path.realpath(ck.save_path)
-            on_disk = (state.global_step if plan is not None and plan.scenario != ResumeScenario.WEIGHTS_ONLY
-                       and Path(plan.step_dir).parent == Path(root) else None)
+            here = plan is not None and plan.scenario != ResumeScenario.WEIGHTS_ONLY and \
+                Path(plan.step_dir).parent == Path(root)
+            on_disk = state.global_step if here else None
             checkpointer = Checkpointer(root=root, interval=ck.save_interleaved_steps, save_max=ck.save_max,
                                         prefix=ck.prefix, save_optim=not ck.no_save_optim, async_save=ck.async_save,
                                         comm=dist, start_step=state.global_step, last_saved_step=on_disk,
-                                        adapter_manifest=self._adapter_manifest(state))
+                                        adapter_manifest=self._adapter_manifest(state),
+                                        source_step=_source_step(plan) if here else None)
             log.info("Checkpoints will be saved every %s starting from step %d, first save at step %d.",
                      every_steps(ck.save_interleaved_steps), state.global_step,
                      state.global_step + ck.save_interleaved_steps)
@@ -367,6 +380,12 @@ def _check_target_step(plan: ResumePlan, steps: int) -> None:
                       hint=f"training.steps is the absolute target step: set it above {plan.start_step} "
                            f"(e.g. --set training.steps={plan.start_step + steps})")
     raise ConfigError(message=problem.render(), problems=[problem])
+def _source_step(plan: ResumePlan) -> int | None:
+    """The step of the ``iteration_*`` dir a run resumed from (None for any other dir): the one dir its saves
+    must never replace (`Checkpointer.source_step`)."""
+    from mftk.ckpt.layout import parse_iteration_dir_name
+
+    return parse_iteration_dir_name(Path(plan.step_dir).name) if plan.kind == "mf" else None
 
 
 def _lr_jump(plan: ResumePlan, config: Any) -> str | None:

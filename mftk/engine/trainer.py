@@ -31,7 +31,7 @@ from mftk.derive import accumulation_steps, compiles_blocks, rampup_gbs
 from mftk.engine.dispatch import Dispatcher, low_priority_applies
 from mftk.engine.optim import AdamW, clip_factor, global_norm
 from mftk.engine.state import TrainState, extra_state, model_tensors, write_masters
-from mftk.errors import TrainingError, TrainingInterrupted
+from mftk.errors import DataFormatError, MftkError, TrainingError, TrainingInterrupted
 from mftk.logs.sinks import StepLogSink
 from mftk.progress import FanOut, StepSink
 
@@ -141,7 +141,8 @@ class Trainer:
                  saved_config: dict | None = None, flops_per_sample: float = 0.0,
                  columns: tuple[str, ...] = ("input_ids", "labels"), monitor: Any = None, stop: StopFlag | None = None,
                  epoch_micro_batches: int = 0, show_mtp: bool = True, seq_length: int = 0, dist: Any = None,
-                 jit_blocks: bool | None = None, low_priority_dispatch: bool | None = None) -> None:
+                 jit_blocks: bool | None = None, low_priority_dispatch: bool | None = None,
+                 data_check: Callable[[], None] | None = None) -> None:
         import mindspore as ms
 
         self.model, self.optimizer, self.schedule = model, optimizer, schedule
@@ -167,6 +168,8 @@ class Trainer:
         self.first_step_seconds: float | None = None
         self._logged_rss = 0  # the peak RSS of the last memory line
         self.dist = dist  # distributed.DistContext of a multi-process job, else None
+        self.fault: MftkError | None = None  # a log write or data file failure: save, then stop with it
+        self.data_check = data_check  # raises DataFormatError when a data file changed (`DataLoader.check_files`)
 
     @classmethod
     def from_config(cls, config: Any, *, model: Any, optimizer: AdamW, loader: Any, state: TrainState, dist: Any,
@@ -200,19 +203,51 @@ class Trainer:
             monitor=monitor, stop=stop, epoch_micro_batches=len(loader),
             show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
             seq_length=int(getattr(m, "seq_length", 0) or 0), dist=dist,
-            low_priority_dispatch=config.mftk.low_priority_dispatch)
+            low_priority_dispatch=config.mftk.low_priority_dispatch, data_check=getattr(loader, "check_files", None))
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self, state: TrainState) -> TrainState:
         self.state = state
         try:
             while state.global_step < self.total_steps:
-                self.train_step(state)
+                try:
+                    self.train_step(state)
+                except DataFormatError as exc:  # a data file changed under the run, read before any update
+                    if self.dist is not None or self.fault is not None:
+                        raise  # the other ranks are in this step's collectives: no save they could join
+                    self.fault_found(exc)  # one process: the state after the last step is sound, saved below
+                self.check_faults()
                 self.stop_if_requested(state)
         finally:
             self.dispatch.close()
         self.save_final(state)
         return state
+
+    def check_faults(self) -> None:
+        """At a step's end: the run's log files still take writes and its data files are the ones it opened;
+        either failure saves a checkpoint and stops the run (`stop_if_requested`), never loses the steps done."""
+        from mftk.logs.sinks import write_failure
+
+        if self.fault is not None:
+            return
+        failure = write_failure(self.sink.sinks)
+        if failure is not None:
+            self.fault_found(TrainingError(
+                message=f"{failure}: the run's log folder is full or not writable",
+                hint="free space in the log folder (or pass another --output-dir), then continue with: "
+                     "mftk resume CONFIG"))
+            return
+        if self.data_check is not None:
+            try:
+                self.data_check()
+            except DataFormatError as exc:
+                self.fault_found(exc)
+
+    def fault_found(self, exc: MftkError) -> None:
+        """Stop after this step with a save, then raise ``exc`` (naming what failed and the checkpoint)."""
+        self.fault = exc
+        log.error("%s; saving a checkpoint, then stopping", exc.message)
+        self.stop.request("fault")
 
     def train_step(self, state: TrainState) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -447,6 +482,8 @@ class Trainer:
         if self.checkpointer is not None:
             self.save(state, SaveReason.SIGNAL)
             path = self.checkpointer.last_path
+        if self.fault is not None:
+            raise _with_save(self.fault, state.global_step, path)
         raise TrainingInterrupted(message=f"{self.stop.signal_name} received: stopped after step {state.global_step}"
                                   + (f", checkpoint saved to {path}" if path else " (checkpoints disabled: nothing saved)"),
                                   step=state.global_step, saved_path=path,
@@ -477,6 +514,16 @@ class Trainer:
             opt = self.dist.saved_optimizer(opt) if opt is not None else None
         extra = extra_state(state, global_batch_size=gbs, dp=bs.dp, local_batch_size=bs.local_batch_size)
         return Payload(common=common, model=model, optimizer=opt, extra=extra, config=self.saved_config)
+
+
+def _with_save(exc: MftkError, step: int, path: str) -> MftkError:
+    """``exc`` again, its message saying where the run stopped and what was saved."""
+    fields = {n: getattr(exc, n) for n in exc.FIELDS}
+    fields["message"] = (f"{exc.message}; stopped after step {step}"
+                         + (f", checkpoint saved to {path}" if path else " (checkpoints disabled: nothing saved)"))
+    if "continue with" not in exc.hint and path:
+        fields["hint"] = (exc.hint + "; then " if exc.hint else "") + "continue with: mftk resume CONFIG"
+    return type(exc)(**fields)
 
 
 def _collectives() -> tuple[float, int]:

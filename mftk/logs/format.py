@@ -213,10 +213,15 @@ class MetricsFileSink:
     def __init__(self, path: str, **extra: Any) -> None:
         self._file = open(path, "a", encoding="utf-8")
         self._extra = extra
+        self.path = path
+        self.failure: str | None = None  # the first failed write (full disk...): the trainer saves and stops
 
     def on_step(self, metrics: dict[str, Any]) -> None:
-        self._file.write(format_metrics_record(metrics, **self._extra) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(format_metrics_record(metrics, **self._extra) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self.failure = self.failure or f"cannot write {self.path}: {exc.strerror or exc}"
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         pass
@@ -225,4 +230,8 @@ class MetricsFileSink:
         pass
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the unwritten tail of a failed write, reported when it failed
+            if self.failure is None:
+                raise

@@ -7,10 +7,11 @@ wants the lines on a terminal adds `mf_console_handler`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from mftk.errors import InputError
 from mftk.logs.format import LOSS_CALLBACK_FILEPATH, LOSS_CALLBACK_LINENO, format_step_line, mf_formatter
@@ -49,11 +50,47 @@ def mf_console_handler(stream: Any) -> logging.Handler:
     return h
 
 
+class FileLogHandler(logging.FileHandler):
+    """``info.log``'s handler: a failed write (a full disk, a read-only remount) is kept in ``failure`` for the
+    trainer (`write_failure`), which saves a checkpoint and stops, instead of logging's traceback on stderr
+    at every line."""
+
+    failure: str | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        import sys
+
+        exc = sys.exc_info()[1]
+        if self.failure is None:
+            self.failure = f"cannot write {self.baseFilename}: {getattr(exc, 'strerror', None) or exc}"
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the unwritten tail of a full disk; the failure was reported already
+            if self.stream is not None:
+                with contextlib.suppress(OSError):
+                    self.stream.close()
+            self.stream = None  # type: ignore[assignment]
+
+
+def write_failure(sinks: Iterable[Any] = ()) -> str | None:
+    """The first failed write of the run's log files (``info.log``'s handler, or a sink with a ``failure``, as
+    `mftk.logs.format.MetricsFileSink` has), or None."""
+    for h in log.handlers:
+        if isinstance(h, FileLogHandler) and h.failure:
+            return h.failure
+    for s in sinks:
+        if getattr(s, "failure", None):
+            return s.failure
+    return None
+
+
 def attach_file_log(log_dir: Path) -> logging.Handler:
     """``log_dir/info.log`` in the reference's file format, attached to ``mftk.train``; detach when done."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
-        h = logging.FileHandler(log_dir / "info.log", encoding="utf-8")
+        h = FileLogHandler(log_dir / "info.log", encoding="utf-8")
     except OSError as exc:
         raise InputError(message=f"cannot write logs to {log_dir}: {exc.strerror or exc}", path=str(log_dir),
                          hint="choose a writable --output-dir") from None

@@ -61,3 +61,27 @@ def test_export_hf_needs_the_model_section(tmp_path):
     mf_step_dir(tmp_path)
     res = _run(tmp_path, "--export-hf", tmp_path / "out")
     assert res.exit_code == 1 and "no mftk extra state" in res.stderr and "--model-config" in res.stderr
+
+
+def test_verify_checks_checksums_and_quick_reads_headers_only(tmp_path):
+    """A flipped exponent bit (still finite) and a NaN written over a saved weight fail --verify, naming the
+    file and the tensor; --verify --quick reads only headers, so it passes (what --help says)."""
+    from tests.helpers.damage import MODEL, flip_exponent_bit, save_small as _save, write_nan
+
+    _save(tmp_path, 2)
+    _save(tmp_path, 4)
+    ok = _run(tmp_path, "--verify")
+    assert ok.exit_code == 0 and "every tensor matches its checksum" in ok.stdout, ok.output
+    flip_exponent_bit(tmp_path / "iteration_00000004" / MODEL, "w", 2)
+    write_nan(tmp_path / "iteration_00000002" / MODEL, "w", 1)
+    for step in (2, 4):
+        bad = _run(tmp_path / f"iteration_0000000{step}", "--verify")
+        assert bad.exit_code == 1 and f"{MODEL}: w: checksum mismatch" in bad.stderr, bad.output
+        assert _run(tmp_path / f"iteration_0000000{step}", "--verify", "--quick").exit_code == 0
+    assert "--quick" in _run("--help").stdout
+
+
+def test_verify_notes_files_without_checksums(tmp_path):
+    mf_step_dir(tmp_path, step=4)
+    res = _run(tmp_path, "--verify")
+    assert res.exit_code == 0 and "carry no checksums" in res.stdout, res.output

@@ -342,7 +342,7 @@ def test_a_signal_during_the_stop_agreement_stops_every_rank_at_the_next_step():
 
     stop = StopFlag()
     dist = _Agreement(stop, others=[False, False], signal_during={0})
-    me = SimpleNamespace(stop=stop, dist=dist, checkpointer=None)
+    me = SimpleNamespace(stop=stop, dist=dist, checkpointer=None, fault=None)
     Trainer.stop_if_requested(me, SimpleNamespace(global_step=1))  # agreed False: go on
     with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped after step 2"):
         Trainer.stop_if_requested(me, SimpleNamespace(global_step=2))
@@ -355,6 +355,7 @@ def test_another_ranks_stop_request_stops_this_rank_at_the_same_step():
     from mftk.engine.trainer import StopFlag, Trainer
 
     stop = StopFlag()
-    me = SimpleNamespace(stop=stop, dist=_Agreement(stop, others=[True], signal_during=set()), checkpointer=None)
+    me = SimpleNamespace(stop=stop, dist=_Agreement(stop, others=[True], signal_during=set()), checkpointer=None,
+                         fault=None)
     with pytest.raises(TrainingInterrupted, match=r"SIGTERM \(on another rank\) received: stopped after step 1"):
         Trainer.stop_if_requested(me, SimpleNamespace(global_step=1))
