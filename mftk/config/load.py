@@ -86,7 +86,7 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     if not engine_support:
         from mftk.config.support import demote_for_plan
 
-        demote_for_plan(problems)
+        problems = demote_for_plan(problems)
     errors = [p for p in problems if p.severity == "error"]
     if errors or config is None:
         raise ConfigError(message=f"{len(errors)} problem(s) in {source}", source=source, problems=problems)

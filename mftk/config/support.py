@@ -29,14 +29,18 @@ _IMPLEMENTED_FOR = {"activation_func_clamp_value": ("deepseek_v4",)}  # rows a f
 NOT_IN_ENGINE = "is not implemented by mftk's engine yet"  # the mark of these errors (demote_for_plan finds them)
 
 
-def demote_for_plan(problems: list[Problem]) -> None:
+def demote_for_plan(problems: list[Problem]) -> list[Problem]:
     """A plan for an accelerator cluster (where MindSpore Transformers may be the trainer) keeps a model the engine
-    does not implement: its errors become warnings that say so (``plan-parallel``; ``train`` still refuses)."""
+    does not implement: its errors become warnings that say so (``plan-parallel``; ``train`` still refuses).
+    New problems: the ones given may be shared (cached rule results)."""
+    out = []
     for p in problems:
         if p.severity == "error" and NOT_IN_ENGINE in p.message:
-            p.severity = "warning"
-            p.message += ("; planned anyway (the accelerator profiles plan the cluster's run, e.g. with "
-                          "MindSpore Transformers), `mftk train` refuses it")
+            p = Problem(path=p.path, value=p.value, line=p.line, hint=p.hint, severity="warning",
+                        message=p.message + "; planned anyway (the accelerator profiles plan the cluster's run, "
+                        "e.g. with MindSpore Transformers), `mftk train` refuses it")
+        out.append(p)
+    return out
 
 
 def unsupported_model_settings(model: Any) -> list[Problem]:

@@ -146,7 +146,7 @@ def flops_per_step(cfg: Any, *, seq_length: int | None = None, global_batch_size
         return _v4.flops_per_step(cfg, seq_length=seq_length, global_batch_size=global_batch_size)
     S = cfg.seq_length if seq_length is None else seq_length
     H, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
-    f = 3 if cfg.gated_linear_unit else 2   # matrices per MLP: gate, up, down (SwiGLU/GeGLU) or fc1, fc2
+    f = 3 if cfg.hidden_act in ("silu", "swiglu", "fusedswiglu") else 2
     D = cfg.mtp_num_layers()
     pattern = cfg.moe_layer_pattern()
     last_moe = mtp_is_moe(cfg)

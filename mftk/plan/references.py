@@ -80,8 +80,11 @@ def _yaml(model: dict, *, lbs: int, gbs: int, recompute: str | None, **par: Any)
            "parallelism": {"data_parallel_shard": -1, "tensor_parallel": 1, "context_parallel": 1,
                            "pipeline_parallel": 1, "expert_parallel": 1, **par}}
     out["parallelism"]["sequence_parallel"] = out["parallelism"]["tensor_parallel"] > 1
-    if recompute:
-        out["recompute"] = {"mode": recompute}
+    if recompute == "full":  # every layer (MindSpore Transformers' full_recompute_layer list)
+        out["recompute"] = {"mode": "full", "full_recompute_layer": [f"0-{model['num_hidden_layers'] - 1}"]}
+    elif recompute == "select":  # the nearest MF selection: the attention core (torchtitan's per-op SAC: the profile)
+        out["recompute"] = {"mode": "select",
+                            "select_module": {"*core_attention": [f"0-{model['num_hidden_layers'] - 1}"]}}
     return out
 
 
@@ -93,18 +96,18 @@ _MG_MEM = "torch max allocated (mem-max-allocated-bytes), last rank"
 REFERENCES: tuple[Reference, ...] = (
     # torchtitan, end of 2024, Grand Teton H100 (96 GB HBM2e, 500 W), Llama 3.1, selective AC = per-op SAC
     Reference(key="tt-8b-fsdp8", source=_TT + " Table 1 (FSDP)", kind="dense", framework="torchtitan",
-              hardware="h100-sxm", world=8, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=16, recompute="selective"),
+              hardware="h100-sxm", world=8, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=16, recompute="select"),
               measured_gib=82.4, measures=_TT_MEM, tokens_per_s=5762, fit=True),
     Reference(key="tt-8b-fsdp8-compile", source=_TT + " Table 1 (FSDP + torch.compile)", kind="dense",
               framework="torchtitan", hardware="h100-sxm", world=8,
-              yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=16, recompute="selective"),
+              yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=16, recompute="select"),
               measured_gib=77.0, measures=_TT_MEM, tokens_per_s=6667, compiled=True),
     Reference(key="tt-8b-fsdp128", source=_TT + " Table 3 (FSDP)", kind="dense", framework="torchtitan",
-              hardware="h100-sxm", world=128, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=256, recompute="selective"),
+              hardware="h100-sxm", world=128, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=256, recompute="select"),
               measured_gib=67.0, measures=_TT_MEM, tokens_per_s=5605),
     Reference(key="tt-8b-fsdp128-compile", source=_TT + " Table 3 (FSDP + torch.compile)", kind="dense",
               framework="torchtitan", hardware="h100-sxm", world=128,
-              yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=256, recompute="selective"),
+              yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=256, recompute="select"),
               measured_gib=62.0, measures=_TT_MEM, tokens_per_s=6514, compiled=True, fit=True),
     Reference(key="tt-8b-cp1-32k", source=_TT + " Table 2 (FSDP 8, CP 1)", kind="dense", framework="torchtitan",
               hardware="h100-sxm", world=8, yaml=_yaml(_llama("8B", 32768), lbs=1, gbs=8, recompute="full"),
@@ -128,11 +131,11 @@ REFERENCES: tuple[Reference, ...] = (
     # Trainy, June 2025, H200 (141 GB), llama3_8b.toml (selective op SAC) + --training.local_batch_size=2,
     # --training.compile, --model.converters=float8 with float8 FSDP all-gather
     Reference(key="ty-8b-h200-fsdp32", source=_TY + " (NUM_NODES 4)", kind="dense", framework="torchtitan",
-              hardware="h200-sxm", world=32, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=64, recompute="selective"),
+              hardware="h200-sxm", world=32, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=64, recompute="select"),
               measured_gib=47.96, measures=_TT_MEM, tokens_per_s=10938, float8=True, compiled=True,
               compiled_loss=True),
     Reference(key="ty-8b-h200-fsdp64", source=_TY + " (NUM_NODES 8)", kind="dense", framework="torchtitan",
-              hardware="h200-sxm", world=64, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=128, recompute="selective"),
+              hardware="h200-sxm", world=64, yaml=_yaml(_llama("8B", 8192), lbs=2, gbs=128, recompute="select"),
               measured_gib=46.97, measures=_TT_MEM, tokens_per_s=10753, float8=True, compiled=True,
               compiled_loss=True),
     # Megatron-LM functional tests (8 GPUs, one node), bf16, Adam, GPT-3-style 12-layer model
@@ -207,7 +210,7 @@ def layout(ref: Reference) -> Layout:
 
 def plan_inputs(ref: Reference) -> PlanInputs:
     t, par = ref.yaml["training"], ref.yaml["parallelism"]
-    mode = (ref.yaml.get("recompute") or {}).get("mode", "none")
+    mode = str((ref.yaml.get("recompute") or {}).get("mode", "none")).lower()
     return PlanInputs(model=model_config(ref), local_batch_size=t["local_batch_size"],
                       global_batch_size=t["global_batch_size"],
                       schedule=par.get("pipeline_parallel_schedule", "1f1b"),

@@ -220,10 +220,10 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
     kw = dict(device_tflops=device_tflops, link_gbps=link_gbps, hardware=hw)
     if check:
         lay = layout_from_config(loaded.config.parallelism, world_size)
-        candidates = [S.Candidate(lay, tuple(S.check_layout(lay, inputs, nodes=nodes)))]
+        candidates = [S.Candidate(lay, tuple(S.check_layout(lay, inputs, nodes=nodes, engine=on_cpu)))]
     else:
         inter = 1 if inputs.schedule == "gpipe" else max(2, parallelism.pipeline_parallel_interleave_num)
-        candidates = S.search(world_size, inputs, nodes=nodes, max_interleave=inter)
+        candidates = S.search(world_size, inputs, nodes=nodes, max_interleave=inter, engine=on_cpu)
     valid = [c for c in candidates if c.valid]
     rejected = tuple(c for c in candidates if not c.valid)
     ranked = tuple(sorted((Ranked(e, e.peak_bytes <= memory) for e in
@@ -233,8 +233,14 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
                         f"({len(candidates)} candidates, all rejected):\n  " + "\n  ".join(S.why_none(candidates)),
                         rule="no_layout", values={"world_size": world_size},
                         hint="change the world size, or the batch/sequence/heads that the rules above name")
-    explained = _explain(explain, world_size, inputs, nodes, assumptions, kw) if explain else None
+    explained = _explain(explain, world_size, inputs, nodes, assumptions, kw, on_cpu) if explain else None
     chosen = next((r for r in ranked if r.fits), ranked[0] if ranked else None)
+    if chosen and not on_cpu:
+        from mftk.config.support import NOT_IN_ENGINE
+
+        notes += [f"{label(chosen.estimate.layout)}: {r.message}; planned anyway for the cluster's trainer (e.g. "
+                  "MindSpore Transformers), `mftk train` refuses it"
+                  for r in S.check_layout(chosen.estimate.layout, inputs, nodes=nodes) if NOT_IN_ENGINE in r.message]
     timed = bool(ranked) and ranked[0].estimate.step_time is not None
     return PlanReport(source=str(path), world=world_size, nodes=nodes, device_memory_bytes=memory,
                       model=_model_summary(loaded.config.model), candidates=len(candidates), ranked=ranked,
@@ -381,9 +387,9 @@ def parse_layout(text: str, world: int) -> Layout:
     return Layout(world=world, **degrees)
 
 
-def _explain(text: str, world: int, inputs: PlanInputs, nodes, assumptions, kw) -> str:
+def _explain(text: str, world: int, inputs: PlanInputs, nodes, assumptions, kw, engine: bool = True) -> str:
     lay = parse_layout(text, world)
-    bad = S.check_layout(lay, inputs, nodes=nodes)
+    bad = S.check_layout(lay, inputs, nodes=nodes, engine=engine)
     if bad:
         return f"layout {label(lay)} is invalid:\n" + "\n".join(f"  {r.rule}: {r.message}" for r in bad)
     return _estimate(lay, inputs, assumptions, **kw).explain()
