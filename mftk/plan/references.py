@@ -300,14 +300,18 @@ class ProfileError:
 def error_lines(profile: str) -> tuple[str, ...]:
     """What a plan prints under its table: the profile's own measured error; for the generic `accelerator`,
     the framework sub-profiles' too (the ones to pick for a Megatron or torchtitan cluster)."""
-    lines = [profile_error(profile).line() + " (mftk/plan/references.py)"]
-    if profile == "accelerator":
-        lines += ["  " + profile_error(name).line() + f": --profile {name}" for name in FRAMEWORKS]
-    return tuple(lines)
+    own = profile_error(profile)
+    if not own.runs:
+        return (own.line(),)
+    if profile != "accelerator":
+        return (own.line() + " (mftk/plan/references.py)",)
+    head = own.line().replace("accelerator profile:", "accelerator profile (generic accounting):")
+    return (head + " (mftk/plan/references.py); calibrated per framework:",
+            *("  --profile " + profile_error(name).line().replace(" profile:", ":") for name in FRAMEWORKS))
 
 
 def _pct(x: float) -> str:
-    return f"{x:+.0%}".replace("-", "−")
+    return "0%" if round(x * 100) == 0 else f"{x:+.0%}".replace("-", "−")
 
 
 def profile_error(profile: str = "accelerator", *, held_out: bool | None = None,

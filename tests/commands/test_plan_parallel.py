@@ -154,7 +154,7 @@ def test_every_plan_states_the_profiles_measured_error():
 
     table = run(QWEN, "--world-size", "2")
     assert table.exit_code == 0, table.output
-    assert f"accelerator profile: peak memory within" in table.stdout
+    assert "accelerator profile (generic accounting): peak memory within" in table.stdout
     assert "--profile megatron" in table.stdout and "--profile torchtitan" in table.stdout
     for extra in (["--check"], ["--explain", "dps2"]):
         assert "published runs" in run(QWEN, "--world-size", "2", *extra).stdout

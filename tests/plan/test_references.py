@@ -102,7 +102,8 @@ def test_non_gated_gelu_layer_is_korthikanti():
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1."""
     gpt = R.model_config(next(r for r in ROWS if r.key == "mg-gpt-tp1-pp4"))
     H, nh, S = gpt.hidden_size, gpt.num_attention_heads, gpt.seq_length
-    inv = activation_inventory(gpt, False, seq_per_rank=S, fused=False, selective=False, score_copies=2.5)
+    inv = activation_inventory(gpt, False, seq_per_rank=S, fused=False, selective=False,
+                               score_copies=preset("megatron").attention_score_copies)
     assert inv["MLP (fc1 out, act out)"] == 2 * 4 * H * 2               # fc1 out and gelu out, 4H each
     assert sum(inv.values()) == 34 * H + 5 * nh * S
 
