@@ -57,7 +57,7 @@ def attention_flops(cfg: Any, tokens: float) -> float:
     layer): it runs in the attention kernel, at its own rate."""
     from mftk.plan import flops as F
 
-    if F._is_mla(cfg) or F._v4.is_v4(cfg):
+    if F._is_mla(cfg) or F._v4.is_v4(cfg):  # DeepSeek-V4's sparse attention: counted with the matmuls (width 0)
         nh = cfg.num_attention_heads
         width = nh * ((cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) + cfg.v_head_dim) / 2 if F._is_mla(cfg) else 0
     else:
