@@ -6,7 +6,10 @@ Megatron's `theoretical_memory_usage` does (§4.2), activations from Korthikanti
 written as an explicit inventory of the tensors each of *our* layers keeps for backward (so GQA,
 qk-norm, SwiGLU, MLA and top-k MoE are counted as built, not as a GPT-2 block), and in-flight
 micro-batches per schedule (§4.4). Every number is a `Term` that can `explain()` its formula and
-inputs, because a memory estimate nobody can audit is not trusted.
+inputs, because a memory estimate nobody can audit is not trusted. Where frameworks keep different things
+(Megatron's distributed optimizer vs FSDP2's fp32 shards, per-module vs per-op selective recompute, the loss
+buffers, torch's allocator reserve) a named profile says so (`PRESETS`), measured on the published runs of
+`plan/references.py`.
 """
 from __future__ import annotations
 
