@@ -112,7 +112,9 @@ def test_megatron_states_follow_its_theoretical_memory():
     6 + 12/dp with it (bf16 weight, fp32 grad, fp32 master + Adam m, v sharded)."""
     ref = next(r for r in ROWS if r.key == "mg-gpt-tp1-pp4")
     model, asm = R.model_config(ref), preset("megatron")
-    n = lambda st: st.term("weights").inputs["dense_params"] + st.term("weights").inputs["embedding_output_params"]  # noqa: E731
+    def n(st):
+        return st.term("weights").inputs["dense_params"] + st.term("weights").inputs["embedding_output_params"]
+
     states = lambda st: sum(st.term(t).value for t in ("weights", "gradients", "optimizer"))  # noqa: E731
     ddp = estimate(Layout(world=8, dp_replicate=8), PlanInputs(model=model, local_batch_size=4, global_batch_size=32),
                    asm).stages[0]
@@ -163,7 +165,9 @@ def test_planner_counts_a_non_gated_mlp_with_two_matrices():
     gated, plain = llama8b(), llama8b(gated_linear_unit=False, hidden_act="gelu")
     assert dense_mlp_params(gated, 14336) == 3 * 4096 * 14336
     assert dense_mlp_params(plain, 14336) == 2 * 4096 * 14336
-    one = lambda m: estimate(Layout(world=1), PlanInputs(model=m, local_batch_size=1, global_batch_size=1)).stages[0]  # noqa: E731
+    def one(m):
+        return estimate(Layout(world=1), PlanInputs(model=m, local_batch_size=1, global_batch_size=1)).stages[0]
+
     # one bf16 matrix of 4096×14336 fewer per layer; its activations: fc1 out F instead of 2F
     assert one(gated).term("weights").value - one(plain).term("weights").value == pytest.approx(
         2 * 32 * 4096 * 14336)
