@@ -42,7 +42,8 @@ def table() -> None:
     for name in R.FRAMEWORKS:
         for held in (False, True):
             print(("held out" if held else "fitted  ") + ": " + R.profile_error(name, held_out=held).line())
-    print("all     : " + R.profile_error("accelerator").line() + " (the generic profile on every row)")
+    print("default : " + R.profile_error("accelerator").line())
+    print("all     : " + R.profile_error("generic").line() + " (the uncalibrated generic profile on every row)")
 
 
 def fit_reserve() -> float:

@@ -32,7 +32,7 @@ def plan_parallel(
     explain: Annotated[Optional[str], typer.Option("--explain", help="Explain one layout term by term, e.g. dps4.tp2.")] = None,
     device_tflops: Annotated[Optional[float], typer.Option("--device-tflops", help="Sustained TFLOP/s per device (step time).")] = None,
     link_gbps: Annotated[Optional[float], typer.Option("--link-gbps", help="Link bandwidth in Gbit/s (step time).")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="Memory profile: accelerator (generic Megatron/ZeRO + FSDP accounting), megatron or torchtitan (each measured on published runs), mftk-cpu (mftk's CPU engine).")] = "accelerator",
+    profile: Annotated[str, typer.Option("--profile", help="Memory profile: accelerator (default: Megatron-core's accounting, as megatron), megatron or torchtitan (each measured on published runs), generic (uncalibrated ZeRO/Korthikanti accounting), mftk-cpu (mftk's CPU engine).")] = "accelerator",
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset for the step time and tokens/s: h100-sxm, h200-sxm, a100-sxm, ascend-910 (published peaks).")] = None,
     overrides: SetOpt = None,
 ) -> None:

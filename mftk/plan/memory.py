@@ -93,10 +93,11 @@ class PlanInputs:
 class Assumptions:
     """Knobs of the model that are not in the YAML.
 
-    The defaults are the accelerator-style accounting of the published estimators (peers.md §4):
+    The defaults are the `generic` accounting of the published estimators (peers.md §4):
     fp32 main grads only, Adam m/v (+ fp32 master for low-precision params), one kept copy of the
-    fp32 logits plus its gradient, the Korthikanti tensor inventory. `MFTK_CPU` describes what
-    mftk's own CPU engine holds instead (measured, see `bench/plan_calibration.py`).
+    fp32 logits plus its gradient, the Korthikanti tensor inventory. The calibrated profiles (`MEGATRON`, the
+    default `ACCELERATOR`, `TORCHTITAN`) and `MFTK_CPU` (mftk's own CPU engine, `bench/plan_calibration.py`)
+    replace some of them with what each framework holds.
     """
 
     fused_attention: bool | None = None  # None: model.use_flash_attention (CPU runs: False)
@@ -129,7 +130,8 @@ class Assumptions:
     # (field, value) pairs that replace the above for a one-process layout (world 1): a process not started by
     # msrun runs without its workers' malloc settings (engine/launch.py MALLOC_ENV) and keeps more freed blocks
     one_process: tuple[tuple[str, float], ...] = ()
-    # accelerator frameworks (the named sub-profiles `megatron`, `torchtitan`; fitted on mftk/plan/references.py)
+    # accelerator frameworks (the named sub-profiles `megatron` = the default `accelerator`, `torchtitan`; fitted on
+    # mftk/plan/references.py)
     param_bytes: float | None = None     # bytes of a stored parameter; None: the compute dtype's (FSDP2 keeps fp32: 4)
     master_copy: bool | None = None      # an fp32 master beside the params; None: when params are below fp32
     zero1: bool = False                  # dp_shard·cp shards only the optimizer (Megatron's distributed optimizer)
@@ -144,7 +146,7 @@ class Assumptions:
     float8_speedup: float = 1.0          # matmul rate with Float8 linears over bf16 (the spec's peak ratio is 2)
     compile_speedup: float = 1.0         # torch.compile'd blocks over eager
     selective_factor: float = 1.03       # compute with selective recompute over none (full: 4/3)
-    name: str = "accelerator"
+    name: str = "generic"
 
     def for_layout(self, layout: Layout) -> "Assumptions":
         """These assumptions as they apply to ``layout`` (`one_process` for a world of 1)."""
@@ -231,7 +233,16 @@ MEGATRON = Assumptions(attention_score_copies=2.5, loss_bytes=6.0, param_bytes=2
 TORCHTITAN = Assumptions(fused_attention=True, param_bytes=4.0, master_copy=False, loss_bytes=12.0, op_sac=True,
                          tp_keeps_gathered=True, reserve_fraction=0.075, float8_speedup=2.0, compile_speedup=1.15,
                          selective_factor=7 / 6, name="torchtitan")
-PRESETS = {"accelerator": Assumptions(), "megatron": MEGATRON, "torchtitan": TORCHTITAN, "mftk-cpu": MFTK_CPU}
+# The default `accelerator` profile is Megatron-core's accounting (the calibrated `megatron` sub-profile under its own
+# name): MindSpore Transformers, the trainer mftk's users run on their clusters, keeps the same mixed-precision states
+# (bf16 weights, an fp32 `main_grad` buffer, fp32 masters + Adam m, v: mindformers-pynative.md §2.1 step 12, §2.5)
+# and Megatron's per-module selective recompute (`recompute.select_module`). It shards them differently: its
+# `data_parallel_shard` is FSDP (weights and grads sharded too, §2.2), where this accounting shards only the
+# optimizer, so for its FSDP layouts the states here are an upper bound. `generic` is the uncalibrated ZeRO/Korthikanti
+# accounting of peers.md §4 (the estimate's default Assumptions()), kept for comparison with those estimators.
+ACCELERATOR = attrs.evolve(MEGATRON, name="accelerator")
+PRESETS = {"accelerator": ACCELERATOR, "megatron": MEGATRON, "torchtitan": TORCHTITAN, "generic": Assumptions(),
+           "mftk-cpu": MFTK_CPU}
 
 
 def preset(name: str) -> Assumptions:
@@ -480,12 +491,20 @@ def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last
     return {"dense": dense + rep, "experts": experts, "embedding": embedding, "output": output, "largest": largest}
 
 
+def _expert_shards(lay: Layout, experts_tp: bool) -> int:
+    """Ranks that shard one expert's parameters: dp_shard·cp·tp/ep (mftk, MindSpore Transformers: the sparse mesh
+    `efsdp`); with experts split by TP as well (Megatron's ETP = TP) the tp ranks already hold different parts, so
+    dp_shard·cp/ep (megatron/core/parallel_state.py: expert data parallel = world / (ETP·EP·PP))."""
+    split = lay.ep * (lay.tp if experts_tp else 1)
+    return max(lay.dp_shard * lay.cp * lay.tp // split, 1)
+
+
 def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, ids: list[int], m: int,
            recompute: str) -> StageMemory:
     first, last = stage == 0, stage == lay.pp - 1
     n = _stage_param_counts(cfg, lay, ids, first, last, asm.experts_tp)
     p, e = _bytes(cfg.compute_dtype), _bytes(cfg.embedding_params_dtype)
-    fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    fsdp, efsdp = lay.dp_shard * lay.cp, _expert_shards(lay, asm.experts_tp)
     if asm.zero1 and lay.dp_shard == 1:
         fsdp = efsdp = 1  # data_parallel_shard 1: plain DDP, no distributed optimizer (CP ranks do not shard alone)
     if asm.fsdp_units:

@@ -1,9 +1,10 @@
 """Published training runs on real accelerators, and how far the planner's profiles are from each.
 
 Every row is a run whose peak memory per device (and, where published, its throughput) someone measured and
-published, with the mftk YAML that describes it (`yaml`). The `accelerator` profile is checked against them
-through its framework sub-profiles (`megatron`, `torchtitan`; memory.PRESETS), so a plan prints the measured
-error of the profile beside its estimate (`profile_error`) instead of asking to be trusted.
+published, with the mftk YAML that describes it (`yaml`). Each framework sub-profile (`megatron`, `torchtitan`;
+memory.PRESETS) is checked against its framework's rows, and the default `accelerator` profile, which is Megatron-core's
+accounting (memory.ACCELERATOR), against the Megatron-core rows; a plan prints the measured error of the profile it
+used beside its estimate (`profile_error`) instead of asking to be trusted.
 
 What each source measured, which the estimate models:
 - torchtitan's benchmark files: ``memory`` is torch's max *reserved* memory (the caching allocator's segments,
@@ -11,6 +12,9 @@ What each source measured, which the estimate models:
 - Megatron-LM's functional-test goldens: ``mem-max-allocated-bytes`` is torch's max *allocated* memory
   (``torch.cuda.memory_stats()['allocated_bytes.all.peak']``, megatron/training/training.py) written by the
   TensorBoard writer, the last rank (``args.rank == world_size - 1``): the last pipeline stage.
+- mbridge's memory-estimator README (ISEEKYAN/mbridge, Megatron-core, a third publisher): the author's measured
+  model states plus activations ("Real") of a 4-layer Mixtral-style MoE on one 8-GPU node; no PP, so every rank
+  holds the same.
 
 Rows marked ``fit`` set the profiles' fitted constants (the allocator reserve, Megatron's persistent overhead,
 the compute efficiencies); the others are held out and reported separately (`profile_error(held_out=True)`).
@@ -21,6 +25,12 @@ file, Tables 5 and 6: FSDP 8 · TP 8 · PP 8 over 126 layers, full AC, Float8). 
 unsharded across micro-batches, the schedule's stage buffers; the published 1F1B peak is above the interleaved
 one, the opposite of the warm-up arithmetic), while its tokens/s are 1.00-1.09 of the four CP runs' and
 1.27-1.63 of the 1F1B / interleaved ones'. Trainy's and torchtitan's async-TP table is an image (no numbers).
+NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-memory-tuning/SKILL.md ("Measured Results": Llama-3 70B SFT on
+32 H100, FP8 current scaling, seq 4096, MBS 1, GBS 32, interleaved PP, selective core_attn recompute; "Peak Mem (GB)"
+58.8 / 53.2 / 50.2 / 60.2 for TP4·PP4·VP5 / TP4·PP8·VP5 / TP8·PP4·VP5 / TP4·PP4·VP10): the megatron profile estimates
+1.31-1.37 of three and 1.07 of the TP 8 one. Left out: neither which quantity "Peak Mem" is (allocated or reserved,
+which rank) nor the FP8 recipe's buffers (TE-scoped CUDA graphs, FP8 weight copies, packed SFT sequences) are stated,
+so the rows cannot be written as an mftk YAML whose estimate means the same thing.
 """
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ from mftk.plan.memory import GiB, PlanInputs, estimate, preset
 _TT = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
 _TY = "pytorch/torchtitan benchmarks/llama3_8b_h200_2025-06_torchtitan.md (Trainy)"
 _MG = "NVIDIA/Megatron-LM tests/functional_tests/test_cases/"
+_MB = "ISEEKYAN/mbridge memory_estimator/README.md ('Some result comparison')"
 
 
 @attrs.frozen(kw_only=True)
@@ -44,7 +55,7 @@ class Reference:
     source: str                     # repository + file (+ table / row)
     kind: str                       # dense / MoE
     framework: str                  # the sub-profile that models it
-    hardware: str                   # a key of hardware.PRESETS
+    hardware: str | None            # a key of hardware.PRESETS; None: the source does not name the GPU (memory only)
     world: int
     yaml: dict[str, Any]            # model / training / parallelism / recompute sections, as mftk reads them
     measured_gib: float             # peak memory per device, GiB (what `measures` says)
@@ -82,6 +93,17 @@ def _gpt345m(vocab: int, *, moe: bool, flash: bool) -> dict[str, Any]:
     return dict(model_type="qwen3", intermediate_size=2048, add_bias_linear=True, **base)
 
 
+def _mixtral_small() -> dict[str, Any]:
+    """The "Mixtral-8x2B with reduced layers" of mbridge's memory-estimator README, read from the module tree it
+    prints (TP 1): 4 layers, hidden 2048, word embeddings 65,536,000 = 32000 × 2048 and an untied output layer,
+    linear_qkv 2048 → 4096 (16 query heads of 128, 8 KV heads), 8 experts whose linear_fc1 is 2048 × 2·5440
+    (SwiGLU), RMSNorm, TEDotProductAttention (fused); top-2 routing is Mixtral's (the tree does not print it)."""
+    return dict(model_type="qwen3_moe", vocab_size=32000, hidden_size=2048, num_hidden_layers=4, num_attention_heads=16,
+                num_key_value_heads=8, head_dim=128, seq_length=4096, num_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=5440, intermediate_size=5440, tie_word_embeddings=False, hidden_dropout=0.0,
+                compute_dtype="bfloat16", use_flash_attention=True)
+
+
 def _yaml(model: dict, *, lbs: int, gbs: int, recompute: str | None, **par: Any) -> dict[str, Any]:
     out = {"model": model, "training": {"local_batch_size": lbs, "global_batch_size": gbs},
            "parallelism": {"data_parallel_shard": -1, "tensor_parallel": 1, "context_parallel": 1,
@@ -95,6 +117,9 @@ def _yaml(model: dict, *, lbs: int, gbs: int, recompute: str | None, **par: Any)
     return out
 
 
+_MB_MEM = ("the author's measured 'Real' = 'Real Model' (weights + grads + optimizer) + 'Real act.', in the "
+           "estimator's GB (MiB/1024); the table's 'Allocated/GB' is not the peak (7.96 < Real 8.0 at TP 2, MBS 2)")
+_MB_NOTE = "8 GPUs of one node (model not stated); distributed optimizer (the README's 6 + 12/dp bytes per param)"
 _MG_SPEED = ("--deterministic-mode and --timing-log-level 2 on a 12-layer H512 model: the iteration time is "
              "launch- and sync-bound, not a throughput of the hardware")
 _TT_MEM = "torch max reserved, max over GPUs"
@@ -174,6 +199,14 @@ REFERENCES: tuple[Reference, ...] = (
                          expert_parallel=2, pipeline_parallel_schedule="1f1b"),
               measured_gib=1103012352 / GiB, resident_bytes=627718144, measures=_MG_MEM,
               stage="last", speed_note=_MG_SPEED, fit=True),
+    # mbridge's memory estimator (Megatron-core), a third publisher: 8 GPUs, seq 4096, no recompute, distributed
+    # optimizer over dp = 8/tp, EP 1 (the TP 1 tree holds all 8 experts); held out (nothing is fitted on them);
+    # the global batch is not stated (one micro-batch here: without PP it does not change the peak)
+    *(Reference(key=f"mb-mixtral-4l-tp{tp}-mbs{mbs}", source=f"{_MB} row TP {tp}, MBS {mbs}", kind="MoE",
+                framework="megatron", hardware=None, world=8,
+                yaml=_yaml(_mixtral_small(), lbs=mbs, gbs=mbs * 8 // tp, recompute=None, tensor_parallel=tp),
+                measured_gib=real, measures=_MB_MEM, speed_note=_MB_NOTE)
+      for tp, mbs, real in ((2, 1, 6.6), (2, 2, 8.0), (1, 1, 11.2), (1, 2, 13.8))),
 )
 
 
@@ -266,14 +299,15 @@ def evaluate(ref: Reference, profile: str | None = None) -> RowResult:
 
 
 FRAMEWORKS = ("megatron", "torchtitan")  # the sub-profiles the rows are measured with
+ALIASES = {"accelerator": "megatron"}    # the default profile is Megatron-core's accounting (memory.ACCELERATOR)
 
 
 def rows_for(profile: str) -> tuple[Reference, ...]:
-    """The rows a profile is measured on: a framework sub-profile its own runs, the generic `accelerator` every row
-    (each estimated under `accelerator` itself), the CPU profile none."""
-    if profile == "accelerator":
+    """The rows a profile is measured on: a framework sub-profile (or the default `accelerator`, Megatron-core's
+    accounting) its own framework's runs, `generic` every row, the CPU profile none."""
+    if profile == "generic":
         return REFERENCES
-    return tuple(r for r in REFERENCES if r.framework == profile)
+    return tuple(r for r in REFERENCES if r.framework == ALIASES.get(profile, profile))
 
 
 def results(profile: str | None = None) -> list[RowResult]:
@@ -294,15 +328,18 @@ class ProfileError:
     speed_runs: int
     speed_low: float | None
     speed_high: float | None
+    publishers: tuple[str, ...] = ()  # the repositories whose runs these are
 
     def line(self) -> str:
         if not self.runs:
             return (f"{self.profile} profile: not measured on published accelerator runs (mftk's CPU engine: "
                     "bench/plan_calibration.py)")
-        text = (f"{self.profile} profile: peak memory within {_pct(self.low)}…{_pct(self.high)} of {self.runs} "
-                "published runs")
+        text = (f"{self.profile} profile: peak memory within {_span(self.low, self.high)} of {self.runs} "
+                f"published runs ({', '.join(self.publishers)})")
         if self.speed_runs:
-            text += f"; tokens/s within {_pct(self.speed_low)}…{_pct(self.speed_high)} of {self.speed_runs}"
+            text += f"; tokens/s within {_span(self.speed_low, self.speed_high)} of {self.speed_runs}"
+        else:
+            text += "; tokens/s not measured (none of these runs published a usable throughput)"
         return text
 
     def to_dict(self) -> dict:
@@ -310,16 +347,22 @@ class ProfileError:
 
 
 def error_lines(profile: str) -> tuple[str, ...]:
-    """What a plan prints under its table: the profile's own measured error; for the generic `accelerator`,
-    the framework sub-profiles' too (the ones to pick for a Megatron or torchtitan cluster)."""
+    """What a plan prints under its table: the measured error of the profile it used, on the rows that profile
+    applies to; under the default `accelerator` (Megatron-core's accounting) also the torchtitan sub-profile's,
+    the one to pick for an FSDP2 cluster."""
     own = profile_error(profile)
     if not own.runs:
         return (own.line(),)
     if profile != "accelerator":
         return (own.line() + " (mftk/plan/references.py)",)
-    head = own.line().replace("accelerator profile:", "accelerator profile (generic accounting):")
-    return (head + " (mftk/plan/references.py); calibrated per framework:",
-            *("  --profile " + profile_error(name).line().replace(" profile:", ":") for name in FRAMEWORKS))
+    head = own.line().replace("accelerator profile:", "accelerator profile (Megatron-core accounting, = megatron):")
+    return (head + " (mftk/plan/references.py)",
+            "  an FSDP2 cluster: --profile " + profile_error("torchtitan").line().replace(" profile:", ":"))
+
+
+def _span(low: float, high: float) -> str:
+    """An error range, "−4% to +1%" (words, not an ellipsis: a narrow terminal's truncation mark is "…")."""
+    return f"{_pct(low)} to {_pct(high)}"
 
 
 def _pct(x: float) -> str:
@@ -328,13 +371,14 @@ def _pct(x: float) -> str:
 
 def profile_error(profile: str = "accelerator", *, held_out: bool | None = None,
                   rows: list[RowResult] | None = None) -> ProfileError:
-    """``profile``'s error range on its rows (computed, never stored): `accelerator` on every row under its own
-    framework sub-profile; held_out=False only the fitted rows, True only the held-out ones."""
+    """``profile``'s error range on the rows it applies to (`rows_for`; computed, never stored); held_out=False only
+    the fitted rows, True only the held-out ones."""
     if rows is None:
         rows = results(profile)
     if held_out is not None:
         rows = [r for r in rows if r.ref.fit != held_out]
     mem = [r.memory_ratio - 1 for r in rows]
     speed = [r.speed_ratio - 1 for r in rows if r.speed_ratio is not None]
+    publishers = tuple(dict.fromkeys(r.ref.source.split(" ")[0] for r in rows))
     return ProfileError(profile, len(mem), min(mem, default=0.0), max(mem, default=0.0), len(speed),
-                        min(speed) if speed else None, max(speed) if speed else None)
+                        min(speed) if speed else None, max(speed) if speed else None, publishers)

@@ -180,12 +180,13 @@ def _nodes_ok(world: int, nodes: int | None) -> None:
 
 def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None, device_memory: str = "64GiB",
                   check: bool = False, explain: str | None = None, device_tflops: float | None = None,
-                  link_gbps: float | None = None, assumptions: Assumptions | str = Assumptions(),
+                  link_gbps: float | None = None, assumptions: Assumptions | str = "accelerator",
                   overrides: Iterable[str] = (), hardware: str | None = None) -> PlanReport:
     """Search (or, with check, evaluate the YAML's own) layouts for `world_size` devices.
 
-    ``assumptions`` may name a profile: "accelerator" (generic accounting), a framework's ("megatron",
-    "torchtitan": measured on mftk/plan/references.py) or "mftk-cpu" (this engine on CPU); ``overrides`` are
+    ``assumptions`` may name a profile: "accelerator" (the default: Megatron-core's accounting, = "megatron"), a
+    framework's ("megatron", "torchtitan": measured on mftk/plan/references.py), "generic" (the uncalibrated
+    ZeRO/Korthikanti accounting) or "mftk-cpu" (this engine on CPU); ``overrides`` are
     ``section.key=value`` strings applied to the YAML first (``--set``); ``hardware`` a preset of plan/hardware.py
     whose published peaks give the step time (instead of ``device_tflops``/``link_gbps``).
     """

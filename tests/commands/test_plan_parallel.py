@@ -154,8 +154,15 @@ def test_every_plan_states_the_profiles_measured_error():
 
     table = run(QWEN, "--world-size", "2")
     assert table.exit_code == 0, table.output
-    assert "accelerator profile (generic accounting): peak memory within" in table.stdout
-    assert "--profile megatron" in table.stdout and "--profile torchtitan" in table.stdout
+    default = R.profile_error("accelerator")
+    assert default.runs == len(R.rows_for("megatron")) == sum(r.framework == "megatron" for r in R.REFERENCES)
+    assert (f"accelerator profile (Megatron-core accounting, = megatron): peak memory within {R._pct(default.low)} to "
+            f"{R._pct(default.high)} of {default.runs} published runs (NVIDIA/Megatron-LM, ISEEKYAN/mbridge)"
+            ) in table.stdout
+    assert "an FSDP2 cluster: --profile torchtitan: peak memory within" in table.stdout
+    assert -0.15 <= default.low <= default.high <= 0.15
+    out = json.loads(run(QWEN, "--world-size", "2", "--json").stdout)
+    assert out["profile"] == "accelerator" and out["profile_error"]["runs"] == default.runs
     for extra in (["--check"], ["--explain", "dps2"]):
         assert "published runs" in run(QWEN, "--world-size", "2", *extra).stdout
     out = json.loads(run(QWEN, "--world-size", "2", "--json", "--profile", "torchtitan").stdout)
