@@ -457,7 +457,7 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)
-    comm = _comm_terms(cfg, lay, inputs, out, m)
+    comm = _comm_terms(cfg, lay, inputs, out, m, assumptions)
     step = _step_time(flops, bubble, comm, lay, recompute, device_tflops, link_gbps)
     return LayoutEstimate(layout=lay, micro_batches=m, stages=out, flops=flops, bubble=bubble, comm=comm,
                           step_time=step)
@@ -773,19 +773,26 @@ def _bubble_term(schedule: str, lay: Layout, m: int) -> Term:
     return Term("bubble", value, "(pp − 1)/(v·m)", {"pp": lay.pp, "v": v, "m": m}, unit="of ideal time")
 
 
-def _comm_terms(cfg, lay: Layout, inputs: PlanInputs, stages, m: int) -> tuple[Term, ...]:
+def _comm_terms(cfg, lay: Layout, inputs: PlanInputs, stages, m: int,
+                asm: Assumptions = Assumptions()) -> tuple[Term, ...]:
     """Bytes sent per rank per step, by mesh dimension (ring collectives: (n−1)/n of the buffer)."""
     a, p = _bytes(cfg.compute_dtype), _bytes(cfg.compute_dtype)
     H, S, b = cfg.hidden_size, cfg.seq_length, inputs.local_batch_size
     peak = max(stages, key=lambda s: s.total)
     n = _stage_param_counts(cfg, lay, list(peak.layers), peak.stage == 0, peak.stage == lay.pp - 1)
     dense, experts = n["dense"] + n["embedding"] + n["output"], n["experts"]
-    fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    fsdp, efsdp = lay.dp_shard * lay.cp, _expert_shards(lay, asm.experts_tp)
     ring = lambda k: (k - 1) / k if k > 1 else 0.0  # noqa: E731
-    gathers = 1 if inputs.reshard_policy == "never" or (inputs.reshard_policy == "default" and lay.pp > 1) else 2
-    fs = m * (gathers * p + 4) * (dense * ring(fsdp) + experts * ring(efsdp))
-    out = [Term("comm fsdp", fs, "m·(gathers·p + 4)·(N_dense·(F−1)/F + N_exp·(Fe−1)/Fe)",
-                {"m": m, "gathers": gathers, "N_dense": int(dense), "N_exp": int(experts), "F": fsdp, "Fe": efsdp})]
+    if asm.zero1:  # the distributed optimizer: fp32 grads reduce-scattered and bf16 params all-gathered once a step
+        fsdp, efsdp = (1, 1) if lay.dp_shard == 1 else (fsdp, efsdp)
+        fs = (4 + p) * (dense * ring(fsdp) + experts * ring(efsdp))
+        out = [Term("comm fsdp", fs, "(4 + p)·(N_dense·(F−1)/F + N_exp·(Fe−1)/Fe)  [distributed optimizer: once a "
+                    "step, not per micro-batch]", {"N_dense": int(dense), "N_exp": int(experts), "F": fsdp, "Fe": efsdp})]
+    else:
+        gathers = 1 if inputs.reshard_policy == "never" or (inputs.reshard_policy == "default" and lay.pp > 1) else 2
+        fs = m * (gathers * p + 4) * (dense * ring(fsdp) + experts * ring(efsdp))
+        out = [Term("comm fsdp", fs, "m·(gathers·p + 4)·(N_dense·(F−1)/F + N_exp·(Fe−1)/Fe)",
+                    {"m": m, "gathers": gathers, "N_dense": int(dense), "N_exp": int(experts), "F": fsdp, "Fe": efsdp})]
     R = lay.dp_replicate
     out.append(Term("comm dp_replicate", 2 * ring(R) * 4 * (dense / fsdp + experts / efsdp),
                     "2·(R−1)/R·4·(N_dense/F + N_exp/Fe)  [all-reduce of fp32 grad shards]", {"R": R}))

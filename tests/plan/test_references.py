@@ -166,6 +166,21 @@ def test_megatron_states_follow_its_theoretical_memory():
     assert zero1.term("fsdp gathered").value == 0
 
 
+def test_distributed_optimizer_communicates_once_a_step():
+    """Megatron's distributed optimizer reduce-scatters the fp32 grads and all-gathers the bf16 params once a step
+    ((4 + 2)·N·(F−1)/F bytes per rank), however many micro-batches accumulate; FSDP gathers per micro-batch."""
+    asm = preset("accelerator")
+    def comm(gbs, a=asm):
+        est = estimate(Layout(world=8, dp_shard=8), PlanInputs(model=llama8b(), local_batch_size=1,
+                                                               global_batch_size=gbs), a)
+        w = est.stages[0].term("weights").inputs
+        return next(t.value for t in est.comm if t.name == "comm fsdp"), w["dense_params"] + w["embedding_output_params"]
+
+    (one, n), (four, _) = comm(8), comm(32)
+    assert one == four == pytest.approx(6 * n * 7 / 8)
+    assert comm(32, preset("torchtitan"))[0] == pytest.approx(4 * comm(8, preset("torchtitan"))[0])
+
+
 def test_torchtitan_states_and_reserve():
     """FSDP2 with fp32 parameters: 16 B/param over the shard group, no master; the allocator reserve is f × the rest."""
     asm = preset("torchtitan")
