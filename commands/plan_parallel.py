@@ -15,6 +15,7 @@ EPILOG = """[bold]Examples[/]
   mftk plan-parallel my.yaml --world-size 8 --set training.global_batch_size=64  [dim]# plan the YAML you will run[/]
   mftk plan-parallel my.yaml --world-size 8 --explain dps4.tp2 [dim]# formula and inputs of every term[/]
   mftk plan-parallel my.yaml --world-size 64 --device-tflops 300 --link-gbps 400 --json | jq '.layouts[0]'
+  mftk plan-parallel llama.yaml --world-size 256 --profile torchtitan --hardware h100-sxm [dim]# tokens/s per device[/]
 
 Exit codes: 0 plan found (with --check: valid and fits), 1 invalid config, no layout, or --check failed,
 2 usage error (bad --device-memory, --nodes, --explain)."""
@@ -31,7 +32,8 @@ def plan_parallel(
     explain: Annotated[Optional[str], typer.Option("--explain", help="Explain one layout term by term, e.g. dps4.tp2.")] = None,
     device_tflops: Annotated[Optional[float], typer.Option("--device-tflops", help="Sustained TFLOP/s per device (step time).")] = None,
     link_gbps: Annotated[Optional[float], typer.Option("--link-gbps", help="Link bandwidth in Gbit/s (step time).")] = None,
-    profile: Annotated[str, typer.Option("--profile", help="Memory profile: accelerator (Megatron/ZeRO accounting) or mftk-cpu (measured on mftk's CPU engine).")] = "accelerator",
+    profile: Annotated[str, typer.Option("--profile", help="Memory profile: accelerator (default: Megatron-core's accounting, as megatron), megatron or torchtitan (each measured on published runs), generic (uncalibrated ZeRO/Korthikanti accounting), mftk-cpu (mftk's CPU engine).")] = "accelerator",
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset for the step time and tokens/s: h100-sxm, h200-sxm, a100-sxm, ascend-910 (published peaks).")] = None,
     overrides: SetOpt = None,
 ) -> None:
     """Search every parallel layout for N devices, reject invalid ones with the rule, estimate memory per device."""
@@ -40,7 +42,7 @@ def plan_parallel(
 
     report = run_plan(config, world_size=world_size, nodes=nodes, device_memory=device_memory, check=check,
                       explain=explain, device_tflops=device_tflops, link_gbps=link_gbps, assumptions=profile,
-                      overrides=overrides or ())
+                      overrides=overrides or (), hardware=hardware)
     if json_out:
         print_json(report.to_dict(top=top))
     else:
@@ -62,15 +64,16 @@ def _render(report, top: int) -> None:
 
     from commands._render import add_row, column, print_table, say, styled, table
     from mftk.plan.memory import human
-    from mftk.plan.report import short_label
+    from mftk.plan.report import short_label, tokens_per_s
 
     say((report.model, "bold"), f" · world {report.world}" + (f" on {report.nodes} nodes" if report.nodes else "")
         + f" · {human(report.device_memory_bytes)}/device · {len(report.ranked)} valid of {report.candidates}")
     if report.explained:  # one layout, term by term: the ranking table is not repeated
         say(report.explained)
+        _accuracy(report)
         return
     t = table(*(column(c, justify="left" if c in ("layout", "fits") else "right")
-                for c in ("layout", "fits", "peak@st", "states", "acts", "logits", "bub", "comm", "step")),
+                for c in ("layout", "fits", "peak@st", "states", "acts", "logits", "bub", "comm", "step", "tok/s")),
               box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for r in report.ranked[:top]:
         e, st = r.estimate, r.estimate.peak
@@ -79,14 +82,15 @@ def _render(report, top: int) -> None:
         add_row(t, short_label(e.layout), styled("yes", "green") if r.fits else styled("no", "red"),
                 f"{_short(e.peak_bytes)}@{st.stage}", _short(states), _short(st.term("activations").value),
                 _short(logits), f"{e.bubble.value:.0%}", _short(e.comm_bytes),
-                f"{e.step_time.value:.3g}s" if e.step_time else "-")
+                f"{e.step_time.value:.3g}s" if e.step_time else "-", _rate(tokens_per_s(e)))
     print_table(t)
     say("layout = dp_replicate·dp_shard·cp·tp·pp·ep(·v); sizes K/M/G = KiB/MiB/GiB; "
-        "states = weights+grads+optimizer+FSDP gather", style="dim")
+        "states = weights+grads+optimizer+FSDP gather; tok/s per device", style="dim")
     if not report.check:
         say(report.ranking)
     for line in report.why_chosen:
         say(line)
+    _accuracy(report)
     if report.rejected:
         from collections import Counter
 
@@ -101,6 +105,18 @@ def _render(report, top: int) -> None:
         say("")
         say((f"{which}:", "bold"))
         say(report.yaml_block.rstrip("\n"))
+
+
+def _accuracy(report) -> None:
+    """The profile's measured error on published runs, under every plan (plan/references.py)."""
+    from commands._render import say
+
+    for line in report.accuracy:
+        say(line, style="dim" if line.startswith(" ") else None)
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
 
 
 def _short(n: float) -> str:

@@ -48,9 +48,10 @@ def load_config(path: str | os.PathLike, *, overrides: Iterable[str] = (), world
 
 def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config>",
               overrides: Iterable[str] = (), world_size: int = 1, check_files: bool = True,
-              base_dir: str | None = None) -> LoadedConfig:
+              base_dir: str | None = None, engine_support: bool = True) -> LoadedConfig:
     """Check a parsed YAML; ``base_dir`` (the YAML's directory) is where relative data paths are looked
-    for when they are not in the working directory (`config.paths`)."""
+    for when they are not in the working directory (`config.paths`); ``engine_support=False`` (plans for an
+    accelerator cluster) turns "not implemented by mftk's engine" errors into warnings."""
     lines = lines or LineMap()
     if not isinstance(data, dict):
         raise ConfigError(message=f"{source}: the top level must be a mapping of sections, got {type(data).__name__}",
@@ -83,6 +84,10 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
             p.message += f" (from --set {item})"
         elif p.line is None and p.path:
             p.line = lines.line(p.path)
+    if not engine_support:
+        from mftk.config.support import demote_for_plan
+
+        problems = demote_for_plan(problems)
     errors = [p for p in problems if p.severity == "error"]
     if errors or config is None:
         raise ConfigError(message=f"{len(errors)} problem(s) in {source}", source=source, problems=problems)

@@ -336,8 +336,11 @@ def _pipeline(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
                            f"layers after those of stage k−1; {s.layers_per_stage} does not",
                            "list the layers of each stage in pipeline order"))
     if getattr(m, "hidden_dropout", 0.0):
+        from mftk.config.support import NOT_IN_ENGINE
+
         out.append(Refusal("pp_dropout", "model.hidden_dropout", "pipeline parallel recomputes each stage's forward "
-                           "in its backward, so hidden_dropout must be 0 (the masks would differ)",
+                           "in its backward, so hidden_dropout must be 0 (the masks would differ): dropout under "
+                           f"pipeline parallel {NOT_IN_ENGINE}",
                            "set model.hidden_dropout: 0.0, or pipeline_parallel: 1"))
     if v > 1:
         if s.schedule == "gpipe":

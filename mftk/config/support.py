@@ -26,6 +26,23 @@ _FP32_ON_CPU = ("compute_dtype", "params_dtype", "embedding_params_dtype")
 _IMPLEMENTED_FOR = {"activation_func_clamp_value": ("deepseek_v4",)}  # rows a family's own layers do implement
 
 
+NOT_IN_ENGINE = "is not implemented by mftk's engine yet"  # the mark of these errors (demote_for_plan finds them)
+
+
+def demote_for_plan(problems: list[Problem]) -> list[Problem]:
+    """A plan for an accelerator cluster (where MindSpore Transformers may be the trainer) keeps a model the engine
+    does not implement: its errors become warnings that say so (``plan-parallel``; ``train`` still refuses).
+    New problems: the ones given may be shared (cached rule results)."""
+    out = []
+    for p in problems:
+        if p.severity == "error" and NOT_IN_ENGINE in p.message:
+            p = Problem(path=p.path, value=p.value, line=p.line, hint=p.hint, severity="warning",
+                        message=p.message + "; planned anyway (the accelerator profiles plan the cluster's run, "
+                        "e.g. with MindSpore Transformers), `mftk train` refuses it")
+        out.append(p)
+    return out
+
+
 def unsupported_model_settings(model: Any) -> list[Problem]:
     """Errors for settings the engine does not implement; notes for dtypes computed in fp32."""
     problems: list[Problem] = []
@@ -35,7 +52,7 @@ def unsupported_model_settings(model: Any) -> list[Problem]:
         value = getattr(model, name)
         if not accepted(value):
             problems.append(Problem(path=f"model.{name}", value=value,
-                                    message=f"{value!r} is not implemented by mftk's engine yet ({does})",
+                                    message=f"{value!r} {NOT_IN_ENGINE} ({does})",
                                     hint="change it, or train this model with MindSpore Transformers"))
     if getattr(model, "model_type", "") == "qwen3":
         if getattr(model, "rope_scaling", None) is not None or getattr(model, "position_embedding_type", "rope") != "rope":

@@ -26,6 +26,12 @@ def mtp_is_moe(cfg: Any) -> bool:
     return bool(pattern) and bool(pattern[-1])
 
 
+def has_qk_norm(cfg: Any) -> bool:
+    """Whether a GQA layer normalises q and k (Qwen3 always; a model config may say no: Llama, GPT)."""
+    q = getattr(cfg, "qk_layernorm", True)
+    return bool(q() if callable(q) else q)
+
+
 def attention_params(cfg: Any) -> int:
     """One self-attention block: GQA + qk-norm (Qwen3), MLA (DeepSeek-V3) or, for DeepSeek-V4, its largest layer's."""
     if _v4.is_v4(cfg):
@@ -38,7 +44,7 @@ def attention_params(cfg: Any) -> int:
         hd, ng = cfg.kv_channels(), cfg.num_query_groups()
         qkv_out = (nh + 2 * ng) * hd
         return (qkv_out * H + (qkv_out if bias else 0)      # linear_qkv
-                + 2 * _norm(hd)                              # q_layernorm, k_layernorm
+                + (2 * _norm(hd) if has_qk_norm(cfg) else 0)  # q_layernorm, k_layernorm
                 + H * nh * hd + proj_bias + buffers)         # linear_proj
     dq, rope, kv, v = cfg.q_head_dim(), cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.v_head_dim
     q_rank = cfg.q_lora_rank if cfg.q_lora_rank else nh * dq

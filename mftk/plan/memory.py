@@ -6,7 +6,10 @@ Megatron's `theoretical_memory_usage` does (§4.2), activations from Korthikanti
 written as an explicit inventory of the tensors each of *our* layers keeps for backward (so GQA,
 qk-norm, SwiGLU, MLA and top-k MoE are counted as built, not as a GPT-2 block), and in-flight
 micro-batches per schedule (§4.4). Every number is a `Term` that can `explain()` its formula and
-inputs, because a memory estimate nobody can audit is not trusted.
+inputs, because a memory estimate nobody can audit is not trusted. Where frameworks keep different things
+(Megatron's distributed optimizer vs FSDP2's fp32 shards, per-module vs per-op selective recompute, the loss
+buffers, torch's allocator reserve) a named profile says so (`PRESETS`), measured on the published runs of
+`plan/references.py`.
 """
 from __future__ import annotations
 
@@ -90,10 +93,11 @@ class PlanInputs:
 class Assumptions:
     """Knobs of the model that are not in the YAML.
 
-    The defaults are the accelerator-style accounting of the published estimators (peers.md §4):
+    The defaults are the `generic` accounting of the published estimators (peers.md §4):
     fp32 main grads only, Adam m/v (+ fp32 master for low-precision params), one kept copy of the
-    fp32 logits plus its gradient, the Korthikanti tensor inventory. `MFTK_CPU` describes what
-    mftk's own CPU engine holds instead (measured, see `bench/plan_calibration.py`).
+    fp32 logits plus its gradient, the Korthikanti tensor inventory. The calibrated profiles (`MEGATRON`, the
+    default `ACCELERATOR`, `TORCHTITAN`) and `MFTK_CPU` (mftk's own CPU engine, `bench/plan_calibration.py`)
+    replace some of them with what each framework holds.
     """
 
     fused_attention: bool | None = None  # None: model.use_flash_attention (CPU runs: False)
@@ -126,7 +130,23 @@ class Assumptions:
     # (field, value) pairs that replace the above for a one-process layout (world 1): a process not started by
     # msrun runs without its workers' malloc settings (engine/launch.py MALLOC_ENV) and keeps more freed blocks
     one_process: tuple[tuple[str, float], ...] = ()
-    name: str = "accelerator"
+    # accelerator frameworks (the named sub-profiles `megatron` = the default `accelerator`, `torchtitan`; fitted on
+    # mftk/plan/references.py)
+    param_bytes: float | None = None     # bytes of a stored parameter; None: the compute dtype's (FSDP2 keeps fp32: 4)
+    master_copy: bool | None = None      # an fp32 master beside the params; None: when params are below fp32
+    zero1: bool = False                  # dp_shard·cp shards only the optimizer (Megatron's distributed optimizer)
+    loss_bytes: float | None = None      # bytes per token and vocab entry live at the loss; None: 4·logits_copies
+    op_sac: bool = False                 # selective recompute is torchtitan's per-op SAC (every other matmul kept)
+    tp_keeps_gathered: bool = False      # TP saves the all-gathered input of its column-parallel matmuls (DTensor)
+    experts_tp: bool = False             # routed experts are split by TP as well as EP (Megatron's default ETP = TP)
+    reserve_fraction: float = 0.0        # the allocator's reserve over the allocated peak (torch: reserved/allocated − 1)
+    # step time with a hardware preset (plan/hardware.py): sustained fractions of the preset's bf16 peak
+    matmul_efficiency: float = 0.44      # model FLOPs outside attention, bf16 (torchtitan's fit; see TORCHTITAN)
+    attention_efficiency: float = 0.14   # the attention core (S² part: flash/ring attention)
+    float8_speedup: float = 1.0          # matmul rate with Float8 linears over bf16 (the spec's peak ratio is 2)
+    compile_speedup: float = 1.0         # torch.compile'd blocks over eager
+    selective_factor: float = 1.03       # compute with selective recompute over none (full: 4/3)
+    name: str = "generic"
 
     def for_layout(self, layout: Layout) -> "Assumptions":
         """These assumptions as they apply to ``layout`` (`one_process` for a world of 1)."""
@@ -189,7 +209,40 @@ MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=1.85, overh
                                     ("logits_copies", 1.95)),
                        compiled_overhead_bytes=57 * 2 ** 20, compiled_layer_bytes=27.4 * 2 ** 20,
                        compiled_param_bytes=0.6, compiled_activation_factor=1.23, name="mftk-cpu")
-PRESETS = {"accelerator": Assumptions(), "mftk-cpu": MFTK_CPU}
+# Frameworks on accelerators, fitted on the published runs of mftk/plan/references.py (rows marked fit):
+# - megatron (Megatron-LM / Megatron-Core; MindSpore Transformers keeps the same states): bf16 weights, an fp32
+#   main-grad buffer, fp32 master + Adam m, v (distributed optimizer: data_parallel_shard shards only these,
+#   megatron/core/optimizer/distrib_optimizer.py); unfused attention keeps Korthikanti's 5·a·s² bytes per layer
+#   (softmax out, dropout mask, dropout out: 2.5 score copies); the vocab-parallel CE keeps the fp32 logits and
+#   writes their gradient in place (megatron/core/tensor_parallel/cross_entropy.py: 4 B + the bf16 grad 2 B);
+#   experts are split by TP too (expert_tensor_parallel_size defaults to tensor_model_parallel_size);
+#   overhead: mem-allocated-bytes after the step minus the states of the fitted goldens (128 MB: cuBLAS
+#   workspaces, RNG trackers, the data iterator's pinned buffers).
+# - torchtitan (FSDP2): fp32 parameters sharded (4 B), fp32 grads sharded, Adam m, v sharded, no separate master;
+#   bf16 gathered units; selective recompute is per-op SAC (memory.op_sac_bytes); DTensor TP keeps its gathered
+#   inputs; the loss `cross_entropy(pred.float())` holds the bf16 logits' fp32 copy, log_softmax's output and
+#   its gradient (12 B per token and vocab entry at the peak); memory is torch's max *reserved*: the caching
+#   allocator's reserve over the allocated peak is fitted (reserve_fraction: 0.075);
+#   step time (plan/hardware.py): least squares of log(estimate/published) over the four fitted rows gives 0.44 of
+#   the bf16 peak for matmuls, 0.14 for the attention core (ring attention at 32k-256k included), Float8 linears 2.0×
+#   (the bound: the datasheets' fp8/bf16 ratio), torch.compile 1.15× (bench/plan_references.py --fit); per-op SAC
+#   replays about half the forward matmuls: 7/6 of the step's FLOPs. Megatron has no throughput row that is not
+#   launch-bound (references.py): it uses these values.
+MEGATRON = Assumptions(attention_score_copies=2.5, loss_bytes=6.0, param_bytes=2.0, master_copy=True, zero1=True,
+                       experts_tp=True, overhead_bytes=128e6, name="megatron")
+TORCHTITAN = Assumptions(fused_attention=True, param_bytes=4.0, master_copy=False, loss_bytes=12.0, op_sac=True,
+                         tp_keeps_gathered=True, reserve_fraction=0.075, float8_speedup=2.0, compile_speedup=1.15,
+                         selective_factor=7 / 6, name="torchtitan")
+# The default `accelerator` profile is Megatron-core's accounting (the calibrated `megatron` sub-profile under its own
+# name): MindSpore Transformers, the trainer mftk's users run on their clusters, keeps the same mixed-precision states
+# (bf16 weights, an fp32 `main_grad` buffer, fp32 masters + Adam m, v: mindformers-pynative.md §2.1 step 12, §2.5)
+# and Megatron's per-module selective recompute (`recompute.select_module`). It shards them differently: its
+# `data_parallel_shard` is FSDP (weights and grads sharded too, §2.2), where this accounting shards only the
+# optimizer, so for its FSDP layouts the states here are an upper bound. `generic` is the uncalibrated ZeRO/Korthikanti
+# accounting of peers.md §4 (the estimate's default Assumptions()), kept for comparison with those estimators.
+ACCELERATOR = attrs.evolve(MEGATRON, name="accelerator")
+PRESETS = {"accelerator": ACCELERATOR, "megatron": MEGATRON, "torchtitan": TORCHTITAN, "generic": Assumptions(),
+           "mftk-cpu": MFTK_CPU}
 
 
 def preset(name: str) -> Assumptions:
@@ -281,7 +334,7 @@ def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
         down = (q_rank if q_rank else cfg.num_attention_heads * cfg.q_head_dim()) + cfg.kv_lora_rank + cfg.qk_rope_head_dim
         attn_rep = down * H + ((q_rank if q_rank else 0) + cfg.kv_lora_rank if cfg.qk_layernorm else 0)
     else:
-        attn_rep = 2 * cfg.kv_channels()
+        attn_rep = 2 * cfg.kv_channels() if F.has_qk_norm(cfg) else 0
     rep = attn_rep + 2 * H
     split = attn - attn_rep
     if not moe:
@@ -337,7 +390,8 @@ def activation_inventory(cfg: Any, moe: bool, *, seq_per_rank: int, fused: bool,
     else:
         hd, ng = cfg.kv_channels(), cfg.num_query_groups()
         q, kv = nh * hd, ng * hd
-        inv["q/k-norm inputs"] = (q + kv) * a
+        if F.has_qk_norm(cfg):
+            inv["q/k-norm inputs"] = (q + kv) * a
         inv["q, k, v for attention"] = (q + 2 * kv) * a
         out_dim = q
     if fused:
@@ -346,18 +400,30 @@ def activation_inventory(cfg: Any, moe: bool, *, seq_per_rank: int, fused: bool,
         inv["attention output"] = out_dim * a
         if not selective:
             inv[_SCORES] = score_copies * nh * seq_per_rank * a
+    g = 3 if cfg.gated_linear_unit else 2   # fc1 out (2F gated, F plain) + act out (F)
     if moe:
         E, K, Fm = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
         Fs = cfg.moe_shared_expert_intermediate_size_resolved()
         inv["router logits + scores (fp32)"] = 2 * E * 4
-        inv["routed experts (K tokens: in, fc1, act, out)"] = imbalance * K * (2 * H + 3 * Fm) * a
+        inv["routed experts (K tokens: in, fc1, act, out)"] = imbalance * K * (2 * H + g * Fm) * a
         if Fs:
-            inv["shared expert (fc1, act)"] = 3 * Fs * a
+            inv["shared expert (fc1, act)"] = g * Fs * a
     else:
-        inv["MLP (fc1 out, act out)"] = 3 * cfg.ffn_hidden_size() * a
+        inv["MLP (fc1 out, act out)"] = g * cfg.ffn_hidden_size() * a
     if cfg.hidden_dropout > 0:
         inv["dropout masks"] = 2 * H
     return inv
+
+
+def op_sac_bytes(cfg: Any) -> float:
+    """Bytes per token one dense layer keeps under torchtitan's per-op selective AC (`_apply_op_sac`,
+    pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py): the layer's input, the attention
+    kernel's output and logsumexp, and the output of every other matmul in call order (q, k, v, o, w1, [w3,] w2:
+    the 1st, 3rd, ... are saved, the rest recomputed with the norms and activations)."""
+    a, H, nh = _bytes(cfg.compute_dtype), cfg.hidden_size, cfg.num_attention_heads
+    hd, ng, Fw = cfg.kv_channels(), cfg.num_query_groups(), cfg.ffn_hidden_size()
+    outs = [nh * hd, ng * hd, ng * hd, H, Fw] + ([Fw] if cfg.gated_linear_unit else []) + [H]
+    return (H + nh * hd + sum(outs[0::2])) * a + nh * 4
 
 
 # ----------------------------------------------------------------------------- the estimate
@@ -391,15 +457,16 @@ def estimate(layout: Layout, inputs: PlanInputs, assumptions: Assumptions = Assu
     out = tuple(_stage(cfg, lay, inputs, assumptions, i, ids, m, recompute) for i, ids in enumerate(stages))
     flops = _flops_term(cfg, inputs)
     bubble = _bubble_term(inputs.schedule, lay, m)
-    comm = _comm_terms(cfg, lay, inputs, out, m)
+    comm = _comm_terms(cfg, lay, inputs, out, m, assumptions)
     step = _step_time(flops, bubble, comm, lay, recompute, device_tflops, link_gbps)
     return LayoutEstimate(layout=lay, micro_batches=m, stages=out, flops=flops, bubble=bubble, comm=comm,
                           step_time=step)
 
 
-def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last: bool) -> dict[str, float]:
+def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last: bool,
+                        experts_tp: bool = False) -> dict[str, float]:
     pattern = cfg.moe_layer_pattern()
-    tp, ep = lay.tp, lay.ep
+    tp, ep = lay.tp, lay.ep * (lay.tp if experts_tp else 1)  # experts_tp: each expert is split by TP as well
     dense = rep = experts = 0.0
     largest = 0.0
     for i in ids:
@@ -424,12 +491,22 @@ def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last
     return {"dense": dense + rep, "experts": experts, "embedding": embedding, "output": output, "largest": largest}
 
 
+def _expert_shards(lay: Layout, experts_tp: bool) -> int:
+    """Ranks that shard one expert's parameters: dp_shard·cp·tp/ep (mftk, MindSpore Transformers: the sparse mesh
+    `efsdp`); with experts split by TP as well (Megatron's ETP = TP) the tp ranks already hold different parts, so
+    dp_shard·cp/ep (megatron/core/parallel_state.py: expert data parallel = world / (ETP·EP·PP))."""
+    split = lay.ep * (lay.tp if experts_tp else 1)
+    return max(lay.dp_shard * lay.cp * lay.tp // split, 1)
+
+
 def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, ids: list[int], m: int,
            recompute: str) -> StageMemory:
     first, last = stage == 0, stage == lay.pp - 1
-    n = _stage_param_counts(cfg, lay, ids, first, last)
+    n = _stage_param_counts(cfg, lay, ids, first, last, asm.experts_tp)
     p, e = _bytes(cfg.compute_dtype), _bytes(cfg.embedding_params_dtype)
-    fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    fsdp, efsdp = lay.dp_shard * lay.cp, _expert_shards(lay, asm.experts_tp)
+    if asm.zero1 and lay.dp_shard == 1:
+        fsdp = efsdp = 1  # data_parallel_shard 1: plain DDP, no distributed optimizer (CP ranks do not shard alone)
     if asm.fsdp_units:
         efsdp = 1  # mftk's FSDP leaves expert weights whole on their EP rank
     body, experts = n["dense"], n["experts"]
@@ -438,14 +515,16 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
            "fsdp = dp_shard·cp": fsdp, "efsdp = dp_shard·cp·tp/ep": efsdp}
     shard = (body + table) / fsdp + experts / efsdp                      # params of this rank's shard
     local = body + table + experts                                       # after TP/EP, before FSDP
-    full = asm.fsdp_keeps_full and shard < local
+    full = (asm.fsdp_keeps_full or asm.zero1) and shard < local
+    pw, ew = (asm.param_bytes, asm.param_bytes) if asm.param_bytes else (p, e)  # stored parameter bytes
     if full:
-        terms = [Term("weights", body * p + table * e + experts * p,
-                      "dense·p + emb·p_emb + experts·p  [FSDP shards only the optimizer: full weights kept]",
-                      {**ins, "p": p, "p_emb": e})]
+        why = "distributed optimizer" if asm.zero1 else "FSDP"
+        terms = [Term("weights", body * pw + table * ew + experts * pw,
+                      f"dense·p + emb·p_emb + experts·p  [{why} shards only the optimizer: full weights kept]",
+                      {**ins, "p": pw, "p_emb": ew})]
     else:
-        terms = [Term("weights", (body * p + table * e) / fsdp + experts * p / efsdp,
-                      "(dense·p + emb·p_emb)/fsdp + experts·p/efsdp", {**ins, "p": p, "p_emb": e})]
+        terms = [Term("weights", (body * pw + table * ew) / fsdp + experts * pw / efsdp,
+                      "(dense·p + emb·p_emb)/fsdp + experts·p/efsdp", {**ins, "p": pw, "p_emb": ew})]
     g = asm.framework_grad_bytes
     if full:
         terms.append(Term("gradients", (4 + g) * local,
@@ -460,10 +539,12 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
         terms.append(Term("gradients", (4 + g) * shard,
                           "(4 + g_fw)·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered"
                           + (" + the framework's own grads]" if g else "]"), {**ins, "g_fw": g}))
-    master = 4 if p < 4 or asm.always_master else 0
+    master = 4 if pw < 4 or asm.always_master else 0
     if asm.dist_master_shared and lay.world > 1 and p == 4 and e == 4:
         master = 0  # the model's fp32 parameters are the masters (engine/state.py share_masters)
-    low = body + table * (e < 4 or asm.always_master)
+    if asm.master_copy is not None:
+        master = 4 if asm.master_copy else 0
+    low = body + table * (ew < 4 or asm.always_master or bool(asm.master_copy))
     scratch = asm.optimizer_scratch_bytes
     terms.append(Term("optimizer", (8 + scratch) * shard + master * (low / fsdp + experts / efsdp),
                       "(Adam m,v 8 + scratch)·N/shard + fp32 master 4·N_master/shard"
@@ -485,7 +566,9 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
                           "s·min(N/shard, 2^22)  [one block of grads copied for the norm]",
                           {"s": asm.norm_scratch_bytes, "N/shard": int(shard)}))
     terms += _multiprocess_terms(cfg, lay, asm, local, (ids, first, last), shard if asm.fsdp_units else local)
-    if full:
+    if full and asm.zero1:
+        terms.append(Term("fsdp gathered", 0.0, "0 (the distributed optimizer all-gathers into the param buffer)", {}))
+    elif full:
         terms.append(Term("fsdp gathered", 4 * local * (fsdp - 1) / fsdp,
                           "4·N·(F−1)/F  [the post-step all-gather's rows from the other shards]",
                           {"N": int(local), "F": fsdp}))
@@ -499,6 +582,11 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
     if asm.overhead_bytes:
         terms.append(Term("overhead", asm.overhead_bytes, "constant per process (measured runtime baseline)",
                           {"profile": asm.name}))
+    if asm.reserve_fraction:
+        held = sum(t.value for t in terms)
+        terms.append(Term("allocator reserve", asm.reserve_fraction * held,
+                          "f·(sum of the terms above)  [cached blocks the allocator reserves beyond the allocated peak]",
+                          {"f": asm.reserve_fraction, "profile": asm.name}))
     return StageMemory(stage=stage, layers=tuple(ids), terms=tuple(terms))
 
 
@@ -605,17 +693,23 @@ def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, st
     pattern = cfg.moe_layer_pattern()
     k = in_flight(inputs.schedule, lay.pp, stage, m, lay.interleave)
     per_layer = {}
+    gathered = 2 * cfg.hidden_size * a * sp if asm.tp_keeps_gathered and lay.tp > 1 else 0.0  # ×sp: not split
     for moe in {bool(pattern[i]) for i in ids}:
         inv = activation_inventory(cfg, moe, seq_per_rank=S // lay.cp, fused=fused,
                                    selective=recompute == "selective", score_copies=asm.attention_score_copies,
                                    imbalance=asm.moe_imbalance)
         scores = inv.get(_SCORES, 0.0)
-        per_layer[moe] = _act_factor(cfg, asm) * (sum(inv.values()) - scores) + scores
+        per_layer[moe] = _act_factor(cfg, asm) * (sum(inv.values()) - scores) + scores + gathered
+        if recompute == "selective" and asm.op_sac and not moe and not F._is_mla(cfg):
+            per_layer[moe] = op_sac_bytes(cfg) + gathered
     n_moe = sum(1 for i in ids if pattern[i])
     n_dense = len(ids) - n_moe
     ins = {"tokens = b·S/cp": tokens, "sp_div": sp, "activation_factor": _act_factor(cfg, asm),
            "in_flight": round(k, 3), "layers": len(ids),
-           "moe_layers": n_moe, "recompute": recompute, "fused_attention": fused}
+           "moe_layers": n_moe, "recompute": recompute + (" (per-op SAC)" if asm.op_sac and recompute == "selective"
+                                                         else ""), "fused_attention": fused}
+    if gathered:
+        ins["tp_gathered_inputs (2H·a·tp)"] = gathered
     terms = []
     if recompute == "full":
         keep = len(ids) * cfg.hidden_size * a
@@ -641,7 +735,8 @@ def _logits_term(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, tokens:
                  fused: bool, recompute: str) -> Term:
     a, H, V = _bytes(cfg.compute_dtype), cfg.hidden_size, cfg.vocab_size
     heads = 1 + cfg.mtp_num_layers()
-    kept = asm.logits_copies - 1                            # fp32 logits kept by the CE (1 on accelerators)
+    live = asm.loss_bytes if asm.loss_bytes is not None else 4 * asm.logits_copies  # bytes per token·vocab entry
+    kept = (live - 4) / 4                                   # fp32 logits kept by the CE (1 on accelerators)
     per_token = heads * (2 * H * a / sp + kept * V * 4 / lay.tp)   # final-norm in/out; kept logits
     grad = V * 4 / lay.tp
     value = tokens * (k_last(inputs, lay, k) * per_token + grad)
@@ -655,8 +750,8 @@ def _logits_term(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, tokens:
         extra = tokens / sp * cfg.mtp_num_layers() * layer
         value += k_last(inputs, lay, k) * extra
     return Term("logits + loss", value,
-                "tokens·(in_flight·heads·(2H·a/sp + (copies−1)·4V/tp) + 4V/tp [logit grad]) + MTP layer acts",
-                {"tokens": tokens, "copies": asm.logits_copies, "heads (1+MTP)": heads, "H": H, "V": V, "a": a,
+                "tokens·(in_flight·heads·(2H·a/sp + (L−4)·V/tp) + 4V/tp [logit grad]) + MTP layer acts",
+                {"tokens": tokens, "L (bytes per token·V at the loss)": live, "heads (1+MTP)": heads, "H": H, "V": V, "a": a,
                  "tp": lay.tp,
                  "mtp_layer_bytes": round(extra)})
 
@@ -678,19 +773,26 @@ def _bubble_term(schedule: str, lay: Layout, m: int) -> Term:
     return Term("bubble", value, "(pp − 1)/(v·m)", {"pp": lay.pp, "v": v, "m": m}, unit="of ideal time")
 
 
-def _comm_terms(cfg, lay: Layout, inputs: PlanInputs, stages, m: int) -> tuple[Term, ...]:
+def _comm_terms(cfg, lay: Layout, inputs: PlanInputs, stages, m: int,
+                asm: Assumptions = Assumptions()) -> tuple[Term, ...]:
     """Bytes sent per rank per step, by mesh dimension (ring collectives: (n−1)/n of the buffer)."""
     a, p = _bytes(cfg.compute_dtype), _bytes(cfg.compute_dtype)
     H, S, b = cfg.hidden_size, cfg.seq_length, inputs.local_batch_size
     peak = max(stages, key=lambda s: s.total)
     n = _stage_param_counts(cfg, lay, list(peak.layers), peak.stage == 0, peak.stage == lay.pp - 1)
     dense, experts = n["dense"] + n["embedding"] + n["output"], n["experts"]
-    fsdp, efsdp = lay.dp_shard * lay.cp, max(lay.dp_shard * lay.cp * lay.tp // lay.ep, 1)
+    fsdp, efsdp = lay.dp_shard * lay.cp, _expert_shards(lay, asm.experts_tp)
     ring = lambda k: (k - 1) / k if k > 1 else 0.0  # noqa: E731
-    gathers = 1 if inputs.reshard_policy == "never" or (inputs.reshard_policy == "default" and lay.pp > 1) else 2
-    fs = m * (gathers * p + 4) * (dense * ring(fsdp) + experts * ring(efsdp))
-    out = [Term("comm fsdp", fs, "m·(gathers·p + 4)·(N_dense·(F−1)/F + N_exp·(Fe−1)/Fe)",
-                {"m": m, "gathers": gathers, "N_dense": int(dense), "N_exp": int(experts), "F": fsdp, "Fe": efsdp})]
+    if asm.zero1:  # the distributed optimizer: fp32 grads reduce-scattered and bf16 params all-gathered once a step
+        fsdp, efsdp = (1, 1) if lay.dp_shard == 1 else (fsdp, efsdp)
+        fs = (4 + p) * (dense * ring(fsdp) + experts * ring(efsdp))
+        out = [Term("comm fsdp", fs, "(4 + p)·(N_dense·(F−1)/F + N_exp·(Fe−1)/Fe)  [distributed optimizer: once a "
+                    "step, not per micro-batch]", {"N_dense": int(dense), "N_exp": int(experts), "F": fsdp, "Fe": efsdp})]
+    else:
+        gathers = 1 if inputs.reshard_policy == "never" or (inputs.reshard_policy == "default" and lay.pp > 1) else 2
+        fs = m * (gathers * p + 4) * (dense * ring(fsdp) + experts * ring(efsdp))
+        out = [Term("comm fsdp", fs, "m·(gathers·p + 4)·(N_dense·(F−1)/F + N_exp·(Fe−1)/Fe)",
+                    {"m": m, "gathers": gathers, "N_dense": int(dense), "N_exp": int(experts), "F": fsdp, "Fe": efsdp})]
     R = lay.dp_replicate
     out.append(Term("comm dp_replicate", 2 * ring(R) * 4 * (dense / fsdp + experts / efsdp),
                     "2·(R−1)/R·4·(N_dense/F + N_exp/Fe)  [all-reduce of fp32 grad shards]", {"R": R}))

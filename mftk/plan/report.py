@@ -52,6 +52,10 @@ class PlanReport:
     ranking: str = ""  # how the layouts are ordered
     why_chosen: tuple[str, ...] = ()  # why the first one is the recommendation
     check_failures: tuple[str, ...] = ()  # with --check: which memory term does not fit, by how much
+    profile: str = "accelerator"
+    hardware: str | None = None
+    accuracy: tuple[str, ...] = ()  # the profile's measured error on published runs (references.py)
+    accuracy_data: dict = attrs.field(factory=dict)
 
     @property
     def best(self) -> Ranked | None:
@@ -69,6 +73,8 @@ class PlanReport:
                          for c in self.rejected],
             "yaml": self.yaml_block, "explain": self.explained, "notes": list(self.notes),
             "ranking": self.ranking, "why_chosen": list(self.why_chosen), "check_failures": list(self.check_failures),
+            "profile": self.profile, "hardware": self.hardware, "profile_error": self.accuracy_data,
+            "profile_error_text": list(self.accuracy),
         }
 
 
@@ -82,7 +88,15 @@ def _ranked_dict(r: Ranked) -> dict:
         "flops_per_step": e.flops.value, "bubble": e.bubble.value,
         "comm_bytes": {t.name.removeprefix("comm "): round(t.value) for t in e.comm},
         "step_time_s": e.step_time.value if e.step_time else None,
+        "tokens_per_s_per_device": tokens_per_s(e),
     }
+
+
+def tokens_per_s(e: LayoutEstimate) -> float | None:
+    """Tokens per second per device of the estimated step (None without a step time)."""
+    if not e.step_time or e.step_time.value <= 0:
+        return None
+    return e.flops.inputs["global_batch_size"] * e.flops.inputs["seq_length"] / e.layout.world / e.step_time.value
 
 
 def label(lay: Layout) -> str:
@@ -93,10 +107,11 @@ def label(lay: Layout) -> str:
 
 # ----------------------------------------------------------------------------- loading
 
-def load_for_plan(path: str | Path, *, world: int, check: bool,
-                  overrides: Iterable[str] = ()) -> tuple[LoadedConfig, Any]:
+def load_for_plan(path: str | Path, *, world: int, check: bool, overrides: Iterable[str] = (),
+                  engine_support: bool = True) -> tuple[LoadedConfig, Any]:
     """The validated config (degrees reset for a search) and the YAML's own parallelism section, both with the
-    ``--set`` overrides applied (as `validate-config` and `train` apply them)."""
+    ``--set`` overrides applied (as `validate-config` and `train` apply them). ``engine_support=False``: a model
+    mftk's engine does not implement (GeLU, a non-gated MLP, biases) is planned with a warning."""
     source = str(path)
     data, lines = parse_yaml(read_config_file(path), source)
     if not isinstance(data, dict):
@@ -107,7 +122,8 @@ def load_for_plan(path: str | Path, *, world: int, check: bool,
                           problems=problems)
     original, _ = build_config(copy.deepcopy(data), lines)
     if check:
-        loaded = load_data(data, lines=lines, source=source, world_size=world, check_files=False)
+        loaded = load_data(data, lines=lines, source=source, world_size=world, check_files=False,
+                           engine_support=engine_support)
     else:
         reset = copy.deepcopy(data)
         par = dict(reset.get("parallelism") or {})
@@ -117,7 +133,8 @@ def load_for_plan(path: str | Path, *, world: int, check: bool,
         if str(par.get("context_parallel_method", "")).lower() in ("ulysses", "hybrid"):
             par["context_parallel_method"] = "colossal"
         reset["parallelism"] = par
-        loaded = load_data(reset, lines=lines, source=source, world_size=1, check_files=False)
+        loaded = load_data(reset, lines=lines, source=source, world_size=1, check_files=False,
+                           engine_support=engine_support)
     missing = [k for k in SHAPE_KEYS if k not in (data.get("model") or {})]
     if missing:
         raise PlanError(message=f"{source}: model section is missing {', '.join(missing)}",
@@ -163,15 +180,25 @@ def _nodes_ok(world: int, nodes: int | None) -> None:
 
 def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None, device_memory: str = "64GiB",
                   check: bool = False, explain: str | None = None, device_tflops: float | None = None,
-                  link_gbps: float | None = None, assumptions: Assumptions | str = Assumptions(),
-                  overrides: Iterable[str] = ()) -> PlanReport:
+                  link_gbps: float | None = None, assumptions: Assumptions | str = "accelerator",
+                  overrides: Iterable[str] = (), hardware: str | None = None) -> PlanReport:
     """Search (or, with check, evaluate the YAML's own) layouts for `world_size` devices.
 
-    ``assumptions`` may name a profile: "accelerator" (default accounting) or "mftk-cpu" (this engine on CPU);
-    ``overrides`` are ``section.key=value`` strings applied to the YAML first (``--set``).
+    ``assumptions`` may name a profile: "accelerator" (the default: Megatron-core's accounting, = "megatron"), a
+    framework's ("megatron", "torchtitan": measured on mftk/plan/references.py), "generic" (the uncalibrated
+    ZeRO/Korthikanti accounting) or "mftk-cpu" (this engine on CPU); ``overrides`` are
+    ``section.key=value`` strings applied to the YAML first (``--set``); ``hardware`` a preset of plan/hardware.py
+    whose published peaks give the step time (instead of ``device_tflops``/``link_gbps``).
     """
+    from mftk.plan import hardware as HW
+    from mftk.plan.references import error_lines, profile_error
+
     if isinstance(assumptions, str):
         assumptions = preset(assumptions)
+    hw = HW.preset(hardware) if hardware else None
+    if hw and (device_tflops or link_gbps):
+        raise InputError(message="--hardware and --device-tflops/--link-gbps both give the step time's rates",
+                         hint="pass one: a preset (e.g. --hardware h100-sxm) or your own sustained rates")
     if world_size < 1:
         raise PlanError(message=f"world size must be ≥ 1, got {world_size}", rule="world_size",
                         values={"world_size": world_size}, hint="pass --world-size N with N devices")
@@ -179,7 +206,9 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
     _nodes_ok(world_size, nodes)
     _rate_ok("--device-tflops", device_tflops, "sustained TFLOP/s of one device, e.g. 300")
     _rate_ok("--link-gbps", link_gbps, "link bandwidth in Gbit/s, e.g. 400")
-    loaded, parallelism = load_for_plan(path, world=world_size, check=check, overrides=overrides)
+    on_cpu = assumptions.name == "mftk-cpu"
+    loaded, parallelism = load_for_plan(path, world=world_size, check=check, overrides=overrides,
+                                        engine_support=on_cpu)
     inputs = plan_inputs(loaded.config, parallelism)
     if not check:  # the plan's YAML block turns sequence_parallel on wherever tp > 1
         inputs = attrs.evolve(inputs, sequence_parallel=True)
@@ -189,24 +218,30 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
     elif inputs.recompute != "none" and isinstance(loaded.config.recompute.exclude_op, dict):
         notes.append("recompute.exclude_op: the activations and outputs the excluded cells keep are not in the "
                      "activation estimate (it counts their layers as recomputed)")
-    kw = dict(device_tflops=device_tflops, link_gbps=link_gbps)
+    kw = dict(device_tflops=device_tflops, link_gbps=link_gbps, hardware=hw)
     if check:
         lay = layout_from_config(loaded.config.parallelism, world_size)
-        candidates = [S.Candidate(lay, tuple(S.check_layout(lay, inputs, nodes=nodes)))]
+        candidates = [S.Candidate(lay, tuple(S.check_layout(lay, inputs, nodes=nodes, engine=on_cpu)))]
     else:
         inter = 1 if inputs.schedule == "gpipe" else max(2, parallelism.pipeline_parallel_interleave_num)
-        candidates = S.search(world_size, inputs, nodes=nodes, max_interleave=inter)
+        candidates = S.search(world_size, inputs, nodes=nodes, max_interleave=inter, engine=on_cpu)
     valid = [c for c in candidates if c.valid]
     rejected = tuple(c for c in candidates if not c.valid)
     ranked = tuple(sorted((Ranked(e, e.peak_bytes <= memory) for e in
-                           (estimate(c.layout, inputs, assumptions, **kw) for c in valid)), key=_rank_key))
+                           (_estimate(c.layout, inputs, assumptions, **kw) for c in valid)), key=_rank_key))
     if not ranked and not check:
         raise PlanError(message=f"no valid layout for world size {world_size} "
                         f"({len(candidates)} candidates, all rejected):\n  " + "\n  ".join(S.why_none(candidates)),
                         rule="no_layout", values={"world_size": world_size},
                         hint="change the world size, or the batch/sequence/heads that the rules above name")
-    explained = _explain(explain, world_size, inputs, nodes, assumptions, kw) if explain else None
+    explained = _explain(explain, world_size, inputs, nodes, assumptions, kw, on_cpu) if explain else None
     chosen = next((r for r in ranked if r.fits), ranked[0] if ranked else None)
+    if chosen and not on_cpu:
+        from mftk.config.support import NOT_IN_ENGINE
+
+        notes += [f"{label(chosen.estimate.layout)}: {r.message}; planned anyway for the cluster's trainer (e.g. "
+                  "MindSpore Transformers), `mftk train` refuses it"
+                  for r in S.check_layout(chosen.estimate.layout, inputs, nodes=nodes) if NOT_IN_ENGINE in r.message]
     timed = bool(ranked) and ranked[0].estimate.step_time is not None
     return PlanReport(source=str(path), world=world_size, nodes=nodes, device_memory_bytes=memory,
                       model=_model_summary(loaded.config.model), candidates=len(candidates), ranked=ranked,
@@ -216,7 +251,19 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
                       explained=explained, notes=tuple(notes), ranking=ranking_text(timed),
                       why_chosen=() if check else why_chosen(ranked, memory),
                       check_failures=check_failures(ranked[0], memory) if check and ranked and not ranked[0].fits
-                      else ())
+                      else (), profile=assumptions.name, hardware=hardware, accuracy=error_lines(assumptions.name),
+                      accuracy_data=profile_error(assumptions.name).to_dict())
+
+
+def _estimate(lay: Layout, inputs: PlanInputs, assumptions: Assumptions, *, device_tflops=None, link_gbps=None,
+              hardware=None) -> LayoutEstimate:
+    """`memory.estimate`, with the step time of a hardware preset when one is given."""
+    est = estimate(lay, inputs, assumptions, device_tflops=device_tflops, link_gbps=link_gbps)
+    if hardware is None:
+        return est
+    from mftk.plan import hardware as HW
+
+    return attrs.evolve(est, step_time=HW.step_term(est, inputs, hardware, assumptions))
 
 
 # The order of `_rank_key`, in words (one place for both).
@@ -235,8 +282,8 @@ def ranking_text(timed: bool) -> str:
     if timed:
         return "ranked by: " + ", then ".join(RANK_ORDER)
     order = [RANK_ORDER[0]] + list(RANK_ORDER[2:])
-    return ("ranked by: " + ", then ".join(order) + " (no step time without --device-tflops and --link-gbps: "
-            "less bubble and less traffic stand in for a faster step)")
+    return ("ranked by: " + ", then ".join(order) + " (no step time without --hardware or --device-tflops and "
+            "--link-gbps: less bubble and less traffic stand in for a faster step)")
 
 
 def why_chosen(ranked: tuple[Ranked, ...], memory: float) -> tuple[str, ...]:
@@ -341,9 +388,9 @@ def parse_layout(text: str, world: int) -> Layout:
     return Layout(world=world, **degrees)
 
 
-def _explain(text: str, world: int, inputs: PlanInputs, nodes, assumptions, kw) -> str:
+def _explain(text: str, world: int, inputs: PlanInputs, nodes, assumptions, kw, engine: bool = True) -> str:
     lay = parse_layout(text, world)
-    bad = S.check_layout(lay, inputs, nodes=nodes)
+    bad = S.check_layout(lay, inputs, nodes=nodes, engine=engine)
     if bad:
         return f"layout {label(lay)} is invalid:\n" + "\n".join(f"  {r.rule}: {r.message}" for r in bad)
-    return estimate(lay, inputs, assumptions, **kw).explain()
+    return _estimate(lay, inputs, assumptions, **kw).explain()

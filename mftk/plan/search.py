@@ -167,9 +167,11 @@ def candidate_layouts(world: int, *, moe: bool, max_interleave: int = 1) -> Iter
                 yield Layout(world=world, dp_replicate=rep, dp_shard=shard, cp=cp, tp=tp, pp=pp, ep=ep, interleave=v)
 
 
-def check_layout(layout: Layout, inputs: PlanInputs, *, nodes: int | None = None) -> list[Rejection]:
+def check_layout(layout: Layout, inputs: PlanInputs, *, nodes: int | None = None,
+                 engine: bool = True) -> list[Rejection]:
     """Every rule the layout breaks for this model and batch (empty: valid and runnable): the node topology,
-    then `config.runnable.layout_refusals` — the same function `validate-config` and `train` apply."""
+    then `config.runnable.layout_refusals` — the same function `validate-config` and `train` apply.
+    ``engine=False`` (plans for an accelerator cluster) leaves out what only mftk's engine does not implement."""
     out = []
     if nodes:
         per_node = layout.world // nodes
@@ -182,11 +184,15 @@ def check_layout(layout: Layout, inputs: PlanInputs, *, nodes: int | None = None
                               global_batch_size=inputs.global_batch_size, local_batch_size=inputs.local_batch_size,
                               rampup=inputs.rampup, track_max_logits=inputs.track_max_logits,
                               muon=inputs.muon, qk_clip=inputs.qk_clip, update_on_device=inputs.update_on_device)
-    out += [Rejection(r.rule, r.message) for r in layout_refusals(inputs.model, layout, settings)]
+    from mftk.config.support import NOT_IN_ENGINE
+
+    out += [Rejection(r.rule, r.message) for r in layout_refusals(inputs.model, layout, settings)
+            if engine or NOT_IN_ENGINE not in r.message]
     return out
 
 
-def search(world: int, inputs: PlanInputs, *, nodes: int | None = None, max_interleave: int = 1) -> list[Candidate]:
+def search(world: int, inputs: PlanInputs, *, nodes: int | None = None, max_interleave: int = 1,
+           engine: bool = True) -> list[Candidate]:
     """All candidate layouts for `world` ranks with their rejections (valid ones have none)."""
     moe = inputs.model.is_moe()
     count = count_layouts(world, moe=moe, max_interleave=max_interleave)
@@ -196,7 +202,7 @@ def search(world: int, inputs: PlanInputs, *, nodes: int | None = None, max_inte
         raise PlanError(message=f"world size {world} has {count:,} candidate layouts, more than the "
                         f"{MAX_CANDIDATES:,} a search checks", rule="search_size", values={"world_size": world},
                         hint="check one layout instead: --check (the YAML's own) or --explain dps4.tp2")
-    return [Candidate(lay, tuple(check_layout(lay, inputs, nodes=nodes)))
+    return [Candidate(lay, tuple(check_layout(lay, inputs, nodes=nodes, engine=engine)))
             for lay in candidate_layouts(world, moe=moe, max_interleave=max_interleave)]
 
 

@@ -147,3 +147,81 @@ def test_profile_option_changes_the_estimate_and_rejects_unknown_names():
     assert _json.loads(acc.stdout) != _json.loads(cpu.stdout)
     bad = runner.invoke(app, args + ["--profile", "gpu-ish"])
     assert bad.exit_code == 2
+
+
+def test_every_plan_states_the_profiles_measured_error():
+    from mftk.plan import references as R
+
+    table = run(QWEN, "--world-size", "2")
+    assert table.exit_code == 0, table.output
+    default = R.profile_error("accelerator")
+    assert default.runs == len(R.rows_for("megatron")) == sum(r.framework == "megatron" for r in R.REFERENCES)
+    assert (f"accelerator profile (Megatron-core accounting, = megatron): peak memory within {R._pct(default.low)} to "
+            f"{R._pct(default.high)} of {default.runs} published runs (NVIDIA/Megatron-LM, ISEEKYAN/mbridge)"
+            ) in table.stdout
+    assert "an FSDP2 cluster: --profile torchtitan: peak memory within" in table.stdout
+    assert -0.15 <= default.low <= default.high <= 0.15
+    out = json.loads(run(QWEN, "--world-size", "2", "--json").stdout)
+    assert out["profile"] == "accelerator" and out["profile_error"]["runs"] == default.runs
+    for extra in (["--check"], ["--explain", "dps2"]):
+        assert "published runs" in run(QWEN, "--world-size", "2", *extra).stdout
+    out = json.loads(run(QWEN, "--world-size", "2", "--json", "--profile", "torchtitan").stdout)
+    err = out["profile_error"]
+    assert out["profile"] == "torchtitan" and err["runs"] == len(R.rows_for("torchtitan"))
+    expected = R.profile_error("torchtitan")
+    assert (err["low"], err["high"]) == (expected.low, expected.high)
+    assert out["profile_error_text"][0].startswith("torchtitan profile: peak memory within")
+    cpu = json.loads(run(QWEN, "--world-size", "2", "--json", "--profile", "mftk-cpu").stdout)
+    assert cpu["profile_error"]["runs"] == 0 and "not measured on published" in cpu["profile_error_text"][0]
+
+
+def test_hardware_preset_gives_tokens_per_second_and_ranks_by_it():
+    r = run(QWEN, "--world-size", "4", "--json", "--hardware", "h100-sxm", "--profile", "torchtitan")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    rows = out["layouts"]
+    assert out["hardware"] == "h100-sxm" and out["ranking"].startswith("ranked by: fits in device memory, then estimated")
+    tokens = 8 * 128  # global_batch_size · seq_length of qwen3_tiny
+    for row in rows:
+        assert row["tokens_per_s_per_device"] == pytest.approx(tokens / 4 / row["step_time_s"])
+    fitting = [row["step_time_s"] for row in rows if row["fits"]]
+    assert fitting == sorted(fitting)
+    table = run(QWEN, "--world-size", "4", "--hardware", "h100-sxm")
+    assert "tok/s" in table.stdout and table.exit_code == 0
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--hardware", "h100"], "unknown hardware preset 'h100'"),
+    (["--hardware", "h100-sxm", "--device-tflops", "300"], "--hardware and --device-tflops/--link-gbps"),
+])
+def test_bad_hardware_arguments(args, text):
+    r = run(QWEN, "--world-size", "2", *args)
+    assert r.exit_code == 2 and text in r.output and "Traceback" not in r.output
+
+
+def test_explain_shows_the_accelerator_terms():
+    r = run(QWEN, "--world-size", "4", "--explain", "dps4", "--profile", "torchtitan", "--hardware", "a100-sxm",
+            "--set", "recompute.mode=select", "--set", 'recompute.select_module={"*core_attention": ["0-1"]}')
+    assert r.exit_code == 0, r.output
+    for text in ("allocator reserve = f·(sum of the terms above)", "per-op SAC", "L (bytes per token·V at the loss)=12",
+                 "step time = recompute·(F_mm/(P·e_mm)", "A100 datasheet"):
+        assert text in r.stdout, text
+
+
+def test_a_model_the_engine_does_not_train_is_planned_with_a_warning(tmp_path):
+    """GeLU, a non-gated MLP, linear biases and dropout under PP: the accelerator profiles plan the cluster's run
+    (MindSpore Transformers may train it); the CPU profile, which is mftk's engine, refuses it."""
+    cfg = variant(tmp_path, QWEN, model={"hidden_act": "gelu", "gated_linear_unit": False, "add_bias_linear": True,
+                                         "hidden_dropout": 0.1})
+    r = run(cfg, "--world-size", "2", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert any("gated_linear_unit" in n and "planned anyway" in n for n in out["notes"])
+    assert any(row["layout"]["pp"] == 2 for row in out["layouts"])      # PP with dropout: the engine's limit only
+    (tmp_path / "gated").mkdir()
+    gated = json.loads(run(variant(tmp_path / "gated", QWEN, model={"hidden_dropout": 0.1}), "--world-size", "2",
+                           "--json").stdout)
+    weights = lambda o: o["layouts"][0]["stages"][0]["terms"]["weights"]  # noqa: E731
+    assert weights(out) < weights(gated)                                  # two MLP matrices instead of three
+    cpu = run(cfg, "--world-size", "2", "--profile", "mftk-cpu")
+    assert cpu.exit_code == 1 and "not implemented by mftk's engine" in cpu.output

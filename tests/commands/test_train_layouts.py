@@ -12,6 +12,7 @@ in `test_plan_parallels_best_layout_trains`. The single-process references run i
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -209,7 +210,8 @@ def test_plan_parallels_best_layout_trains(tmp_path):
     r = runner.invoke(app, ["plan-parallel", template, "--world-size", "4", "--json"])
     assert r.exit_code == 0, r.output
     best = yaml.safe_load(json.loads(r.stdout)["yaml"])["parallelism"]
-    assert best["tensor_parallel"] * best["expert_parallel"] > 1  # a model-parallel layout, not plain DP
+    model_parallel = ("tensor_parallel", "expert_parallel", "context_parallel", "pipeline_parallel")
+    assert math.prod(best[k] for k in model_parallel) > 1  # a model-parallel layout, not plain DP
     sets = [x for k, v in best.items() for x in ("--set", f"parallelism.{k}={str(v).lower()}")]
     r = runner.invoke(app, ["validate-config", template, "--world-size", "4", *sets])
     assert r.exit_code == 0, r.output

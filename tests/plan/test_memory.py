@@ -200,7 +200,9 @@ def test_presets():
     from mftk.plan.memory import MFTK_CPU, preset
 
     assert preset("mftk-cpu") is MFTK_CPU
-    assert preset("accelerator") == Assumptions()
+    assert preset("generic") == Assumptions()
+    # the default accelerator profile is Megatron-core's calibrated accounting under its own name
+    assert attrs.evolve(preset("accelerator"), name="megatron") == preset("megatron")
     with pytest.raises(InputError, match="unknown memory profile 'gpu'"):
         preset("gpu")
 
