@@ -67,6 +67,19 @@ def dense_mlp_params(cfg: Any, width: int) -> int:
     return fc1_out * H + H * width + bias
 
 
+def router_buffers(cfg: Any) -> int:
+    """The router's non-trainable tensors in one MoE layer (counted in `moe_params`, as `compute_parameters`
+    counts them, but given no gradient or optimizer state): tokens_per_expert, [expert_bias], and with the global
+    aux loss global_tokens_per_expert and ga_steps."""
+    if _v4.is_v4(cfg) or not hasattr(cfg, "n_routed_experts"):
+        return 0
+    E = cfg.n_routed_experts
+    n = 2 * E if cfg.moe_router_enable_expert_bias else E
+    if getattr(cfg, "moe_router_load_balancing_type", "") == "global_aux_loss" and cfg.moe_aux_loss_coeff > 0:
+        n += E + 1
+    return n
+
+
 def moe_params(cfg: Any) -> tuple[int, int]:
     """One MoE layer's MLP part: (total, active per token)."""
     if _v4.is_v4(cfg):

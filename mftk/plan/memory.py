@@ -322,6 +322,7 @@ class _LayerParams:
     tp_split: int      # divided by TP (attention heads, MLP, shared experts)
     replicated: int    # same on every TP rank (norms, router, MLA down-projection)
     experts: int       # all routed experts of the layer (divided by EP)
+    buffers: int = 0   # of `replicated`: non-trainable tensors (router counts, expert bias): no grads or states
 
 
 def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
@@ -344,7 +345,7 @@ def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
     experts = cfg.n_routed_experts * ((2 * Fm if cfg.gated_linear_unit else Fm) * H + Fm * H)
     Fs = cfg.moe_shared_expert_intermediate_size_resolved()
     shared = F.dense_mlp_params(cfg, Fs) if Fs else 0
-    return _LayerParams(split + shared, rep + total - experts - shared, experts)
+    return _LayerParams(split + shared, rep + total - experts - shared, experts, F.router_buffers(cfg))
 
 
 def _bytes(dtype: str) -> int:
@@ -467,12 +468,13 @@ def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last
                         experts_tp: bool = False) -> dict[str, float]:
     pattern = cfg.moe_layer_pattern()
     tp, ep = lay.tp, lay.ep * (lay.tp if experts_tp else 1)  # experts_tp: each expert is split by TP as well
-    dense = rep = experts = 0.0
+    dense = rep = experts = buffers = 0.0
     largest = 0.0
     for i in ids:
         lp = _layer_params(cfg, pattern[i])
         dense += lp.tp_split / tp
         rep += lp.replicated
+        buffers += lp.buffers
         experts += lp.experts / ep
         largest = max(largest, lp.tp_split / tp + lp.replicated + lp.experts / ep)
     emb = cfg.vocab_size * cfg.hidden_size / tp
@@ -486,9 +488,11 @@ def _stage_param_counts(cfg: Any, lay: Layout, ids: list[int], first: bool, last
             mtp = _layer_params(cfg, F.mtp_is_moe(cfg))
             dense += D * (mtp.tp_split / tp + 2 * cfg.hidden_size * cfg.hidden_size / tp)
             rep += D * (mtp.replicated + 3 * cfg.hidden_size)
+            buffers += D * mtp.buffers
             experts += D * mtp.experts / ep
     largest = max(largest, embedding, output)
-    return {"dense": dense + rep, "experts": experts, "embedding": embedding, "output": output, "largest": largest}
+    return {"dense": dense + rep, "experts": experts, "embedding": embedding, "output": output, "largest": largest,
+            "buffers": buffers}
 
 
 def _expert_shards(lay: Layout, experts_tp: bool) -> int:
@@ -526,31 +530,35 @@ def _stage(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, stage: int, i
         terms = [Term("weights", (body * pw + table * ew) / fsdp + experts * pw / efsdp,
                       "(dense·p + emb·p_emb)/fsdp + experts·p/efsdp", {**ins, "p": pw, "p_emb": ew})]
     g = asm.framework_grad_bytes
+    # gradients and optimizer states: trainable parameters only (the router's buffers get neither)
+    t_body = body - n["buffers"]
+    t_ins = {**ins, "dense_params": int(t_body), "buffers (not trained)": int(n["buffers"])}
+    t_shard, t_local = (t_body + table) / fsdp + experts / efsdp, t_body + table + experts
     if full:
-        terms.append(Term("gradients", (4 + g) * local,
+        terms.append(Term("gradients", (4 + g) * t_local,
                           "(4 + g_fw)·(dense + emb + experts)  [full framework grads + full fp32 flat buffer]",
-                          {**ins, "g_fw": g}))
+                          {**t_ins, "g_fw": g}))
     elif asm.fsdp_units and fsdp > 1:
-        terms.append(Term("gradients", 4 * shard + g * experts / efsdp,
+        terms.append(Term("gradients", 4 * t_shard + g * experts / efsdp,
                           "4·((dense + emb)/fsdp + experts/efsdp) + g_fw·experts/efsdp  [fp32 main grads, "
                           "reduce-scattered; the units put theirs in the buffer, the framework returns views of it]",
-                          {**ins, "g_fw": g}))
+                          {**t_ins, "g_fw": g}))
     else:
-        terms.append(Term("gradients", (4 + g) * shard,
+        terms.append(Term("gradients", (4 + g) * t_shard,
                           "(4 + g_fw)·((dense + emb)/fsdp + experts/efsdp)  [fp32 main grads, reduce-scattered"
-                          + (" + the framework's own grads]" if g else "]"), {**ins, "g_fw": g}))
+                          + (" + the framework's own grads]" if g else "]"), {**t_ins, "g_fw": g}))
     master = 4 if pw < 4 or asm.always_master else 0
     if asm.dist_master_shared and lay.world > 1 and p == 4 and e == 4:
         master = 0  # the model's fp32 parameters are the masters (engine/state.py share_masters)
     if asm.master_copy is not None:
         master = 4 if asm.master_copy else 0
-    low = body + table * (ew < 4 or asm.always_master or bool(asm.master_copy))
+    low = t_body + table * (ew < 4 or asm.always_master or bool(asm.master_copy))
     scratch = asm.optimizer_scratch_bytes
-    terms.append(Term("optimizer", (8 + scratch) * shard + master * (low / fsdp + experts / efsdp),
+    terms.append(Term("optimizer", (8 + scratch) * t_shard + master * (low / fsdp + experts / efsdp),
                       "(Adam m,v 8 + scratch)·N/shard + fp32 master 4·N_master/shard"
                       + (" (a separate master for every param)" if asm.always_master else
                          " (only when params are not fp32)"),
-                      {**ins, "master_bytes": master, "scratch": scratch}))
+                      {**t_ins, "master_bytes": master, "scratch": scratch}))
     if asm.retained_bytes_per_param:
         kept = local if full else shard                                  # FSDP here builds the full model
         terms.append(Term("allocator retained", asm.retained_bytes_per_param * kept,
