@@ -20,7 +20,7 @@ from mftk.config import sections as S
 from mftk.config.compat import normalize_raw
 from mftk.config.converter import structure
 from mftk.config.numbers import number_problems
-from mftk.config.paths import resolve_data_paths
+from mftk.config.paths import expand_config_paths, resolve_data_paths
 from mftk.config.static import STATIC_TOP_LEVEL, is_static_config, static_config_message, static_markers
 from mftk.config.yamlio import LineMap, parse_value, parse_yaml, read_config_file
 from mftk.errors import ConfigError, InputError, Problem
@@ -66,6 +66,7 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     for item in overrides:
         problems += apply_override(raw, item)
     problems += normalize_raw(raw, lines)
+    problems += expand_config_paths(raw)
     problems += resolve_data_paths(raw, base_dir)
     config, found = build_config(raw, lines)
     problems += found
