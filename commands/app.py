@@ -136,7 +136,7 @@ def _expand_paths(param) -> None:  # type: ignore[no-untyped-def]
 
     def expanded(value, p, ctx):  # type: ignore[no-untyped-def]
         if isinstance(value, str):
-            from mftk.config.paths import cli_path
+            from mftk.files import cli_path
 
             value = cli_path(value, name if name.startswith("-") else name.upper())
         return convert(value, p, ctx)

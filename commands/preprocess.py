@@ -77,7 +77,7 @@ def preprocess(
     json_out: bool,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
-    from mftk.config.paths import cli_path
+    from mftk.files import cli_path
 
     input = [cli_path(item, "--input") for item in input]
     output_prefix = cli_path(output_prefix, "--output-prefix")

@@ -1,7 +1,7 @@
 """Paths in a YAML and on the command line: one rule for ``~`` and environment variables, and where relative data
 paths are found.
 
-Expansion (`expand_path`): every path setting (a field declared with ``path=True`` in `config.sections`) and every
+Expansion (`mftk.files.expand_path`, the one rule): every path setting (a field declared with ``path=True`` in `config.sections`) and every
 path a command takes expands ``~``, ``~user``, ``$VAR`` and ``${VAR}`` as a shell would, so ``save_path: ~/ck`` is
 the home folder's ``ck`` and not a folder named ``~`` in the working directory (MindSpore Transformers 2.1.0 reads
 YAML paths as written, so there ``~/ck`` creates ``./~/ck`` while reading as the home folder: an ``rm -rf`` trap).
@@ -16,53 +16,14 @@ each with a note naming both; everything else is left as written, so a YAML keep
 from __future__ import annotations
 
 import os
-import re
 import typing
 from pathlib import Path
 from typing import Any, Callable
 
 import attrs
 
-from mftk.errors import InputError, Problem
-
-_VARIABLE = re.compile(r"\$(?:(\w+)|\{([^}]*)\})")
-EXPANSION_HINT = "write the path out in full, or define what it names first (export NAME=... for a variable)"
-
-
-class UnexpandablePath(ValueError):
-    """A path that names an unset environment variable or an unknown user (the message says which)."""
-
-
-def expand_path(text: str) -> str:
-    """``~``, ``~user``, ``$VAR`` and ``${VAR}`` expanded as a shell would; `UnexpandablePath` when one cannot be."""
-    out = text
-    if out.startswith("~"):
-        out = os.path.expanduser(out)
-        if out.startswith("~"):
-            raise UnexpandablePath(f"{text!r} starts with {text.split('/')[0]!r}, which is no user's home folder")
-    for match in _VARIABLE.finditer(out):
-        name = match.group(1) if match.group(1) is not None else match.group(2)
-        if not name or name not in os.environ:
-            raise UnexpandablePath(f"{text!r} names the environment variable {match.group(0)}, which is not set")
-    return os.path.expandvars(out)
-
-
-def cli_path(text: str, option: str) -> str:
-    """A path given on the command line, expanded by `expand_path` (for ``--opt=~/x``, which no shell expands);
-    an `InputError` (exit 2) naming the option otherwise."""
-    try:
-        return expand_path(text)
-    except UnexpandablePath as exc:
-        raise InputError(message=f"{option}: {exc}", hint=EXPANSION_HINT) from None
-
-
-def home_relative(path: str) -> str:
-    """``path`` with the home folder written ``~`` (for display: mftk never prints an absolute home path)."""
-    home = os.path.expanduser("~")
-    if home not in ("~", "/") and (path == home or path.startswith(home.rstrip("/") + "/")):
-        return "~" + path[len(home.rstrip("/")):]
-    return path
-
+from mftk.errors import Problem
+from mftk.files import EXPANSION_HINT, UnexpandablePath, expand_path
 
 def expand_config_paths(raw: dict) -> list[Problem]:
     """Expand (in ``raw``) every path setting of the YAML; a note for each one changed, an error for each that

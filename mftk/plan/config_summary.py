@@ -12,7 +12,7 @@ import attrs
 from mftk import derive as L
 from mftk import units
 from mftk.config.load import LoadedConfig
-from mftk.config.paths import home_relative
+from mftk.files import home_relative
 from mftk.config.sections import Config
 from mftk.plan.flops import flops_per_step, param_counts
 from mftk.units import count_exact
