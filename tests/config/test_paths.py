@@ -119,3 +119,16 @@ def test_a_path_argument_that_cannot_be_expanded_is_a_usage_error(tmp_path, args
     r = _mftk(*args, cwd=tmp_path, home=tmp_path)
     assert_clean_failure(r, 2, named)
     assert not os.listdir(tmp_path)
+
+
+def test_train_saves_under_the_home_folder_and_says_so_as_written(tmp_path):
+    """The issue's instance: ``save_path: ~/ck`` made a literal ``./~/ck`` while the summary read ``~/ck/…``."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    r = _mftk("train", str(TEMPLATE), "--set", "checkpoint.save_path=~/ck", "--set", "training.steps=1",
+              "--output-dir", "out", cwd=work, home=home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (home / "ck" / "iteration_00000001").is_dir()
+    assert not (work / "~").exists()
+    assert "checkpoint: ~/ck/iteration_00000001" in r.stdout
