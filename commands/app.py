@@ -118,8 +118,30 @@ def _build(module_name: str, cli_name: str, panel: str):  # type: ignore[no-unty
     info = CommandInfo(name=cli_name, cls=MftkCommand, rich_help_panel=panel, callback=getattr(module, module_name),
                        epilog=getattr(module, "EPILOG", None),
                        context_settings=getattr(module, "CONTEXT_SETTINGS", None))
-    return get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
-                                 rich_markup_mode=app.rich_markup_mode)
+    command = get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
+                                    rich_markup_mode=app.rich_markup_mode)
+    for param in command.params:
+        _expand_paths(param)
+    return command
+
+
+def _expand_paths(param) -> None:  # type: ignore[no-untyped-def]
+    """A path parameter expands ``~`` and ``$VAR`` by mftk's one rule (`mftk.config.paths.cli_path`): a shell
+    leaves ``--output-dir=~/x`` and quoted values alone."""
+    import click
+
+    if not isinstance(param.type, click.Path):
+        return
+    convert, name = param.type.convert, (param.opts or [param.name])[0]
+
+    def expanded(value, p, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, str):
+            from mftk.files import cli_path
+
+            value = cli_path(value, name if name.startswith("-") else name.upper())
+        return convert(value, p, ctx)
+
+    param.type.convert = expanded
 
 
 main = entry_main  # the console entry point lives in `commands.entry` (no Typer import before it is needed)

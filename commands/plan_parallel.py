@@ -25,7 +25,7 @@ def plan_parallel(
     config: ConfigArg,
     world_size: Annotated[int, typer.Option("--world-size", "-n", min=1, help="Devices to plan for.")],
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes the devices span (keeps TP inside a node).")] = None,
-    device_memory: Annotated[str, typer.Option("--device-memory", help="Memory per device, e.g. 64GiB, 80GB.")] = "64GiB",
+    device_memory: Annotated[str, typer.Option("--device-memory", help="Memory per device, e.g. 64GiB or 80G (G, GB and GiB all mean GiB, as printed).")] = "64GiB",
     top: Annotated[int, typer.Option("--top", min=1, help="Layouts shown in the table.")] = 10,
     json_out: JsonOpt = False,
     check: Annotated[bool, typer.Option("--check", help="Evaluate only the YAML's own layout; exit 1 if invalid or too big.")] = False,

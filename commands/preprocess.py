@@ -77,6 +77,11 @@ def preprocess(
     json_out: bool,
 ) -> None:
     """Tokenize JSON/JSONL corpora into Megatron .bin/.idx files (byte-identical to the reference tools) or MindRecord."""
+    from mftk.files import cli_path
+
+    input = [cli_path(item, "--input") for item in input]
+    output_prefix = cli_path(output_prefix, "--output-prefix")
+    tokenizer = None if tokenizer is None else Path(cli_path(str(tokenizer), "--tokenizer"))
     with _gc_paused_while_importing() as imported:
         from mftk.data.preload import TokenizerPreload, no_blas_threads, use_threads
 

@@ -172,14 +172,17 @@ def render(result: Any, config: Any = None) -> None:
 
 
 def _near(path: str) -> str:
-    """``path`` relative to the working directory when it lies below it (what the user typed), else as is."""
+    """``path`` relative to the working directory when it lies below it (what the user typed), else as is with
+    the home folder written ``~`` (a ``save_path: ~/ck`` reads back as written)."""
     import os
+
+    from mftk.files import home_relative
 
     try:
         rel = os.path.relpath(path)
     except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
+        return home_relative(path)
+    return home_relative(path) if rel.startswith("..") else rel
 
 
 def run_summary(result: Any, config: Any) -> str:

@@ -46,6 +46,8 @@ def validate_config(
     world = world_size or 1
     try:
         loaded = load_config(config, overrides=overrides or (), world_size=world, check_files=not no_check_files)
+        if not no_check_files:
+            loaded = _with_data_checks(loaded)
     except ConfigError as exc:
         if json_out:  # the JSON on stdout, the same problems on stderr, exit 1
             problems = exc.problems or [Problem(path="", message=exc.message, hint=exc.hint)]  # e.g. a static config
@@ -68,6 +70,22 @@ def validate_config(
         console.print(resolved_yaml(loaded), markup=False, highlight=False, soft_wrap=True)  # YAML: never wrapped
         return
     _render_summary(str(config), summary)
+
+
+def _with_data_checks(loaded):  # type: ignore[no-untyped-def]
+    """The data files against the model (`mftk.data.loader.vocabulary_problems`): errors fail the config as
+    the loader's do, warnings join its notes."""
+    import attrs
+
+    from mftk.data.loader import vocabulary_problems
+    from mftk.errors import ConfigError
+
+    found = vocabulary_problems(loaded.config)
+    errors = [p for p in found if p.severity == "error"]
+    if errors:
+        raise ConfigError(message=f"{len(errors)} problem(s) in {loaded.source}", source=loaded.source,
+                          problems=loaded.notes + found)
+    return attrs.evolve(loaded, notes=loaded.notes + found)
 
 
 def _show_samples(config, world: int, rank: int, n: int, start: int, tokenizer, json_out: bool) -> None:

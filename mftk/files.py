@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -223,3 +224,46 @@ def regular_file_or_error(path: str | os.PathLike, *, error: type[MftkError] = I
 
 def _size(n: int) -> str:
     return f"{n / MiB:.0f} MiB" if n >= MiB else f"{n / KiB:.0f} KiB" if n >= KiB else f"{n} bytes"
+
+
+# ---------------------------------------------------------------------------- paths the user writes
+# One rule for every path in a YAML and on the command line (`mftk.config.paths` applies it to the config):
+# ``~``, ``~user``, ``$VAR`` and ``${VAR}`` expand as a shell would; what cannot be expanded is refused.
+
+_VARIABLE = re.compile(r"\$(?:(\w+)|\{([^}]*)\})")
+EXPANSION_HINT = "write the path out in full, or define what it names first (export NAME=... for a variable)"
+
+
+class UnexpandablePath(ValueError):
+    """A path that names an unset environment variable or an unknown user (the message says which)."""
+
+
+def expand_path(text: str) -> str:
+    """``~``, ``~user``, ``$VAR`` and ``${VAR}`` expanded as a shell would; `UnexpandablePath` when one cannot be."""
+    out = text
+    if out.startswith("~"):
+        out = os.path.expanduser(out)
+        if out.startswith("~"):
+            raise UnexpandablePath(f"{text!r} starts with {text.split('/')[0]!r}, which is no user's home folder")
+    for match in _VARIABLE.finditer(out):
+        name = match.group(1) if match.group(1) is not None else match.group(2)
+        if not name or name not in os.environ:
+            raise UnexpandablePath(f"{text!r} names the environment variable {match.group(0)}, which is not set")
+    return os.path.expandvars(out)
+
+
+def cli_path(text: str, option: str) -> str:
+    """A path given on the command line, expanded by `expand_path` (for ``--opt=~/x``, which no shell expands);
+    an `InputError` (exit 2) naming the option otherwise."""
+    try:
+        return expand_path(text)
+    except UnexpandablePath as exc:
+        raise InputError(message=f"{option}: {exc}", hint=EXPANSION_HINT) from None
+
+
+def home_relative(path: str) -> str:
+    """``path`` with the home folder written ``~`` (for display: mftk never prints an absolute home path)."""
+    home = os.path.expanduser("~")
+    if home not in ("~", "/") and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")):]
+    return path

@@ -7,6 +7,9 @@ the exact count stays available wherever it matters (``623K (622,976)``).
 from __future__ import annotations
 
 import math
+import re
+
+from mftk.errors import InputError
 
 _COUNT = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))  # parameter counts: B for billion, as models are named
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
@@ -72,3 +75,21 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 def every_steps(n: int) -> str:
     """'step' for 1 (so "every step", never "every 1 steps"), else 'N steps'."""
     return "step" if n == 1 else f"{n} steps"
+
+
+# Sizes: one convention on input and output. Every suffix is binary, as mftk prints sizes (GiB) and as
+# MindSpore reads its own sizes ("58GB" in context.max_device_memory is 58·2^30 bytes: kGBToByte = 1024 << 20 in
+# mindspore-ai/mindspore, mindspore/ccsrc/backend/common/mem_reuse/mem_dynamic_allocator.cc). So 80G, 80GB and
+# 80GiB are all 80 GiB, the figure the output then shows.
+_BINARY = {"": 1, "b": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*$")
+
+
+def parse_bytes(text: str, what: str = "device memory") -> int:
+    """'64GiB' / '80G' / '80GB' / '24576 MiB' / '1000' -> bytes (binary units throughout); InputError otherwise."""
+    match = _SIZE.match(str(text))
+    if match is None or (match.group(3) or "").lower() == "ib" and not match.group(2) or float(match.group(1)) <= 0:
+        raise InputError(message=f"cannot read {what} {text!r}",
+                         hint="write a positive size with a unit, e.g. 64GiB or 24576MiB (G, GB and GiB all mean "
+                              "GiB, 2^30 bytes, as mftk prints them and MindSpore reads them)")
+    return int(float(match.group(1)) * _BINARY[match.group(2).lower()])

@@ -152,7 +152,7 @@ LAYERS = {
     "mftk/derive.py": set(),                                     # pure helpers: nothing of mftk's
     "mftk/errors.py": set(),
     "mftk/progress.py": set(),
-    "mftk/units.py": set(),                                      # counts and rates for people
+    "mftk/units.py": {"mftk.errors"},                            # counts, rates and sizes for people
     "mftk/files.py": {"mftk.errors"},
     "mftk/config/": {"mftk.config"} | BASE,
     "mftk/plan/": {"mftk.plan", "mftk.config"} | BASE,

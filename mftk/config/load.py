@@ -20,7 +20,7 @@ from mftk.config import sections as S
 from mftk.config.compat import normalize_raw
 from mftk.config.converter import structure
 from mftk.config.numbers import number_problems
-from mftk.config.paths import resolve_data_paths
+from mftk.config.paths import expand_config_paths, resolve_data_paths
 from mftk.config.static import STATIC_TOP_LEVEL, is_static_config, static_config_message, static_markers
 from mftk.config.yamlio import LineMap, parse_value, parse_yaml, read_config_file
 from mftk.errors import ConfigError, InputError, Problem
@@ -48,10 +48,12 @@ def load_config(path: str | os.PathLike, *, overrides: Iterable[str] = (), world
 
 def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config>",
               overrides: Iterable[str] = (), world_size: int = 1, check_files: bool = True,
-              base_dir: str | None = None, engine_support: bool = True) -> LoadedConfig:
+              base_dir: str | None = None, engine_support: bool = True,
+              applied: Iterable[str] = ()) -> LoadedConfig:
     """Check a parsed YAML; ``base_dir`` (the YAML's directory) is where relative data paths are looked
     for when they are not in the working directory (`config.paths`); ``engine_support=False`` (plans for an
-    accelerator cluster) turns "not implemented by mftk's engine" errors into warnings."""
+    accelerator cluster) turns "not implemented by mftk's engine" errors into warnings. ``applied`` are
+    ``--set`` items the caller already applied to ``data`` (problems are still attributed to them)."""
     lines = lines or LineMap()
     if not isinstance(data, dict):
         raise ConfigError(message=f"{source}: the top level must be a mapping of sections, got {type(data).__name__}",
@@ -60,15 +62,17 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     if is_static_config(data):
         raise ConfigError(message=static_config_message(source, static_markers(data)), source=source)
     overrides = list(overrides)
-    set_keys = {item: parse_override(item)[0] for item in overrides}  # a malformed --set is a usage error
+    set_keys = {item: parse_override(item)[0] for item in [*applied, *overrides]}  # malformed: a usage error
     raw = copy.deepcopy(data)
     problems: list[Problem] = []
     for item in overrides:
         problems += apply_override(raw, item)
     problems += normalize_raw(raw, lines)
+    problems += expand_config_paths(raw)
     problems += resolve_data_paths(raw, base_dir)
     config, found = build_config(raw, lines)
     problems += found
+    _refuse_unknown_overrides(problems, set_keys)
     if config is not None:
         numbers = number_problems(config, _model_key(raw.get("model")))
         problems += numbers
@@ -77,13 +81,7 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
 
             problems += check(config, world_size=world_size, check_files=check_files,
                               reported=frozenset(p.path for p in problems if p.severity == "error"))
-    for p in problems:
-        item = _set_by(p.path, set_keys)
-        if item is not None:  # the value came from --set, not from the YAML line it replaced
-            p.line = None
-            p.message += f" (from --set {item})"
-        elif p.line is None and p.path:
-            p.line = lines.line(p.path)
+    locate(problems, lines, set_keys)
     if not engine_support:
         from mftk.config.support import demote_for_plan
 
@@ -272,6 +270,33 @@ def parse_override(item: str) -> tuple[str, str]:
     return dotted, text
 
 
+# Messages of the problems that say a key names no setting (the schema walk's and the model normaliser's).
+UNKNOWN_KEY_MESSAGES = ("unknown key", "unknown section", "unknown top-level key", "unknown model key")
+
+
+def _refuse_unknown_overrides(problems: list[Problem], set_keys: dict[str, str]) -> None:
+    """A ``--set`` that names no setting is a usage error (exit 2), never a warning: the run would use the
+    YAML's value while the user believes the override took effect."""
+    for item, key in set_keys.items():
+        for p in problems:
+            if p.message.startswith(UNKNOWN_KEY_MESSAGES) and p.path and (key == p.path
+                                                                            or key.startswith(p.path + ".")):
+                raise InputError(message=f"--set {item}: {p.path!r} names no setting, so the override would be "
+                                         "ignored", hint=p.hint or "check the key against the config reference")
+
+
+def locate(problems: list[Problem], lines: LineMap, set_keys: dict[str, str]) -> None:
+    """Give each problem its YAML line, or say which ``--set`` item supplied the value (``set_keys``: item ->
+    dotted key, as `parse_override` splits it)."""
+    for p in problems:
+        item = _set_by(p.path, set_keys)
+        if item is not None:  # the value came from --set, not from the YAML line it replaced
+            p.line = None
+            p.message += f" (from --set {item})"
+        elif p.line is None and p.path:
+            p.line = lines.line(p.path)
+
+
 def _set_by(path: str, set_keys: dict[str, str]) -> str | None:
     """The ``--set`` item that supplied the value at ``path`` (or a section above it), if any."""
     for item, key in set_keys.items():
@@ -302,8 +327,20 @@ def apply_override(raw: dict, item: str) -> list[Problem]:
                                                 "set a key inside it",
                             hint=f"give {where} a mapping first, or drop the --set that replaced it")]
         node = node[key]
-    node[keys[-1]] = value
+    if isinstance(value, dict) and isinstance(node.get(keys[-1]), dict):
+        _merge(node[keys[-1]], value)  # --set 'training={steps: 5}' keeps the section's other keys
+    else:
+        node[keys[-1]] = value
     return []
+
+
+def _merge(into: dict, update: dict) -> None:
+    """Deep-merge ``update`` into ``into``: a mapping value changes the keys it names and no others."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def _kind(value: Any) -> str:

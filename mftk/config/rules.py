@@ -126,19 +126,29 @@ def _check_rampup(c: Config, r: _Rules) -> None:
                 ramp)
 
 
-def _check_parallel(c: Config, world: int, r: _Rules) -> L.Layout | None:
-    p = c.parallelism
-    bad = False
-    for name in ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
-                 "pipeline_parallel_interleave_num"):
+DEGREES = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
+           "pipeline_parallel_interleave_num")
+
+
+def degree_problems(p: Any) -> list[Problem]:
+    """Parallel degrees that are not positive (data_parallel_shard: -1 or ≥ 1): the one rule, used by every
+    command that reads a layout (`plan-parallel` checks it before it searches, with or without --check)."""
+    r = _Rules()
+    for name in DEGREES:
         value = getattr(p, name)
         if value < 1:
-            r.error(f"parallelism.{name}", f"must be ≥ 1, got {value}", value)
-            bad = True
+            r.error(f"parallelism.{name}", f"must be ≥ 1, got {value}", value, "a degree counts devices: 1 or more")
     if p.data_parallel_shard == 0 or p.data_parallel_shard < -1:
         r.error("parallelism.data_parallel_shard", f"must be -1 (all of DP) or ≥ 1, got {p.data_parallel_shard}",
                 p.data_parallel_shard)
-        bad = True
+    return r.problems
+
+
+def _check_parallel(c: Config, world: int, r: _Rules) -> L.Layout | None:
+    p = c.parallelism
+    degrees = degree_problems(p)
+    r.problems += degrees
+    bad = bool(degrees)
     _check_choices(r, "parallelism.pipeline_parallel_schedule", p.pipeline_parallel_schedule.lower() or "1f1b",
                    {"1f1b", "interleaved_1f1b", "gpipe"})
     if p.pipeline_parallel_schedule.lower() == "interleaved_1f1b" and p.pipeline_parallel_interleave_num <= 1:
@@ -307,6 +317,34 @@ def _check_lr(c: Config, r: _Rules) -> None:
             r.error("lr_scheduler.lr_end", f"must be < learning_rate ({end} ≥ {s.learning_rate})", end)
     if s.total_steps is not None and s.total_steps != total:
         r.warn("lr_scheduler.total_steps", f"ignored: total_steps is always training.steps ({total})", s.total_steps)
+    _check_schedule_fits(s, total, r)
+
+
+def _check_schedule_fits(s: Any, total: int, r: _Rules) -> None:
+    """A warm-up or decay longer than the run: the LR never reaches its peak (or its end value). A warning, not
+    an error: MindSpore Transformers 2.1.0 accepts it (mindformers/core/lr/lr_schedule.py computes the curve for
+    any warmup_steps), and a short trial run of a long schedule is a fair thing to want."""
+    if total <= 0 or any(v is not None and v < 0 for v in (s.warmup_steps, s.decay_steps, s.decay_start_steps)):
+        return
+    if s.warmup_steps is not None and s.warmup_steps >= total:
+        r.warn("lr_scheduler.warmup_steps", f"the warm-up ({s.warmup_steps} steps) does not complete within "
+               f"training.steps ({total}): the LR never reaches learning_rate {s.learning_rate:g}", s.warmup_steps,
+               f"lower warmup_steps below {total} or raise training.steps")
+        return
+    warm = s.warmup_steps if s.warmup_steps is not None else int(total * (s.warmup_ratio or 0))
+    if s.type == "ConstantWithCoolDownLR" and s.decay_steps is not None \
+            and warm + s.keep_steps + s.decay_steps > total:
+        r.warn("lr_scheduler.decay_steps", f"the cool-down ends at step {warm + s.keep_steps + s.decay_steps} "
+               f"(warm-up {warm} + keep_steps {s.keep_steps} + decay_steps {s.decay_steps}), after training.steps "
+               f"({total}): the LR never reaches lr_end1", s.decay_steps, "shorten the schedule or raise training.steps")
+    elif s.type == "PolynomialWithWarmUpLR" and s.decay_steps is not None and warm + s.decay_steps > total:
+        r.warn("lr_scheduler.decay_steps", f"the decay ends at step {warm + s.decay_steps} (warm-up {warm} + "
+               f"decay_steps {s.decay_steps}), after training.steps ({total}): the LR never reaches lr_end",
+               s.decay_steps, "shorten the schedule or raise training.steps")
+    elif s.type == "WarmUpStableDecayLR" and s.decay_start_steps is not None and s.decay_start_steps >= total:
+        r.warn("lr_scheduler.decay_start_steps", f"the decay starts at step {s.decay_start_steps}, not before "
+               f"training.steps ({total}): the LR never decays", s.decay_start_steps,
+               "lower decay_start_steps or raise training.steps")
 
 
 # ------------------------------------------------------------------ data

@@ -37,14 +37,14 @@ def section(cls=None, *, allow_extra: bool = False):
 @section
 class CheckpointConfig:
     enable_save: bool = field(True, "Save checkpoints during training (needs save_path).")
-    save_path: str = field("", "Root directory of the checkpoint tree (iteration_XXXXXXXX/ dirs).")
+    save_path: str = field("", "Root directory of the checkpoint tree (iteration_XXXXXXXX/ dirs).", path=True)
     save_max: int = field(5, "Keep at most this many of the iteration dirs this run saved; older ones are removed.")
     save_interleaved_steps: int = field(1000, "Save every N steps counted from the start (or resume) step, and at the end.")
     no_save_optim: bool = field(False, "Do not write the optimizer (*-opt-*) files.")
     async_save: bool = field(False, "Write checkpoints from a background thread.")
     prefix: Optional[str] = field("checkpoint", "File name prefix of the safetensors files (null: none).")
     remove_redundancy: bool = field(False, "Balanced, de-duplicated save across replicas.")
-    load_path: str = field("", "Checkpoint to load: save root (latest via tracker), iteration dir, or HF dir.")
+    load_path: str = field("", "Checkpoint to load: save root (latest via tracker), iteration dir, or HF dir.", path=True)
     load_balanced: bool = field(False, "Read each shard once and broadcast it to its replicas.")
     no_load_optim: bool = field(False, "Load weights only (fresh optimizer, step 0).")
     load_worker_number: int = field(1, "Accepted for compatibility; has no effect.")
@@ -53,7 +53,7 @@ class CheckpointConfig:
     save_trainable_only: bool = field(False, "LoRA: save the adapter weights only, plus the manifest "
                                       "mindformers_adapter_config.json (needs base_load_path).")
     base_load_path: str = field("", "LoRA: the frozen base (an HF dir or a checkpoint), loaded when load_path is "
-                                "empty or an adapter-only checkpoint.")
+                                "empty or an adapter-only checkpoint.", path=True)
 
 
 @section
@@ -168,10 +168,10 @@ class DatasetConfig:
     seed: int = field(1234, "Seed of the dataset's document/sample shuffles.")
     seq_length: Optional[int] = field(None, "Tokens per sample; must equal model.seq_length.")
     data_path: Optional[list[str]] = field(None, "Prefixes, or weight/prefix pairs: [0.3, a_text_document, ...] "
-                                           "(weights quoted or not).")
-    train_data_path: Optional[list[str]] = field(None, "Per-split blend for training (instead of data_path).")
-    valid_data_path: Optional[list[str]] = field(None, "Per-split blend for validation.")
-    test_data_path: Optional[list[str]] = field(None, "Per-split blend for test.")
+                                           "(weights quoted or not).", path=True)
+    train_data_path: Optional[list[str]] = field(None, "Per-split blend for training (instead of data_path).", path=True)
+    valid_data_path: Optional[list[str]] = field(None, "Per-split blend for validation.", path=True)
+    test_data_path: Optional[list[str]] = field(None, "Per-split blend for test.", path=True)
     split: Optional[str] = field(None, "Train/valid/test proportions, e.g. '1, 0, 0' (needed with data_path).")
     eod: int = field(-1, "End-of-document token id (must match the tokenizer used by preprocess).")
     pad: int = field(-1, "Padding token id.")
@@ -186,7 +186,7 @@ class DatasetConfig:
     add_extra_token_to_sequence: bool = field(True, "Read seq_length + 1 tokens per sample (labels shift).")
     drop_last_partial_validation_sequence: bool = field(True, "Drop the partial last validation sample.")
     num_dataset_builder_threads: int = field(1, "Threads for building indices.")
-    path_to_cache: Optional[str] = field(None, "Directory for the index cache (default: next to the data).")
+    path_to_cache: Optional[str] = field(None, "Directory for the index cache (default: next to the data).", path=True)
     mmap_bin_files: Optional[bool] = field(None, "Memory-map .bin files.")
     mock: bool = field(False, "Train on random tokens (mftk: only when set explicitly).")
     s3_cache_path: Optional[str] = field(None, "Unused.")
@@ -203,8 +203,8 @@ class DataloaderConfig:
     python_multiprocessing: bool = field(False, "Use worker processes.")
     config: Optional[DatasetConfig] = field(None, "GPTDataset settings.")
     dataset_files: Optional[list[str]] = field(None, "MindDataset: MindRecord files or directories (one string "
-                                               "is one entry; directories are searched in sorted order).")
-    dataset_dir: Optional[str] = field(None, "MindDataset: directory of MindRecord files.")
+                                               "is one entry; directories are searched in sorted order).", path=True)
+    dataset_dir: Optional[str] = field(None, "MindDataset: directory of MindRecord files.", path=True)
 
 
 @section
@@ -236,7 +236,7 @@ class TrainStateConfig:
 
 @section
 class TensorboardConfig:
-    output_dir: str = field("", "Non-empty enables TensorBoard scalars in this directory.")
+    output_dir: str = field("", "Non-empty enables TensorBoard scalars in this directory.", path=True)
     log_interval: int = field(1, "Write scalars every N steps.")
     queue_size: int = field(1000, "Writer queue size.")
 
@@ -275,7 +275,7 @@ class ProfilerConfig:
     enable_profiling: bool = field(False, "Run MindSpore's profiler over start_step..end_step.")
     start_step: int = field(1, "First profiled step (>= 1).")
     end_step: int = field(1, "Last profiled step (>= start_step).")
-    output_path: Optional[str] = field(None, "Output root (default ./profile); rank_<id> below it.")
+    output_path: Optional[str] = field(None, "Output root (default ./profile); rank_<id> below it.", path=True)
     profiler_rank: Optional[list[int]] = field(None, "Ranks to profile (null: all).")
     profiler_level: int = field(0, "0 / 1 / 2.")
     mstx: bool = field(False, "Ascend MSTX markers.")
@@ -345,7 +345,7 @@ class LoraConfig:
 class InferenceConfig:
     max_new_tokens: int = field(50, "Tokens generated per prompt (> 0).")
     batch_size: int = field(8, "Prompts per batch (> 0).")
-    output: str = field("inference_result.jsonl", "Result file: .jsonl, .json, .txt or no suffix.")
+    output: str = field("inference_result.jsonl", "Result file: .jsonl, .json, .txt or no suffix.", path=True)
     input_data: Any = field(None, "A prompt, a .jsonl/text file, a record or a list of them.")
 
 

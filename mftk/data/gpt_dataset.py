@@ -286,6 +286,7 @@ class GPTDataset:
         self.options = options
         self.name = name
         self.split_range = split_range
+        self.vocab_size: int | None = None  # the model's: every sample read is checked against it
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -294,7 +295,16 @@ class GPTDataset:
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} out of range for {len(self)} samples of {self.name or 'dataset'}")
         o = self.options
-        return read_text(self.dataset, self.indices, i, o.seq_length, o.extra, o.pad)
+        text = read_text(self.dataset, self.indices, i, o.seq_length, o.extra, o.pad)
+        if self.vocab_size is not None and len(text) and int(text.max()) >= self.vocab_size:
+            bad = int(text.max())
+            raise DataFormatError(
+                message=f"{self.name or 'dataset'}.bin: sample {i} holds token id {bad}, but model.vocab_size is "
+                        f"{self.vocab_size} (the embedding table has no row {bad})",
+                path=f"{self.name}.bin", expected=f"< {self.vocab_size}", found=str(bad),
+                hint="set model.vocab_size to the tokenizer's vocabulary size, or preprocess the data with the "
+                     "model's tokenizer")
+        return text
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return make_sample(self.text(i), self.options)

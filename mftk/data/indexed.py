@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from mftk.data import sidecar
 from mftk.errors import DataFormatError, InputError
 from mftk.files import regular_file_or_error
 
@@ -103,6 +104,10 @@ class IndexedDataset:
         # tokens are read with pread, not through the map: a `.bin` truncated under the run then gives a short
         # read (an error naming it), where a read through the map would be a SIGBUS killing the process
         self._bin_file = open(self.bin_path, "rb", buffering=0) if len(self._bin) else None
+        meta = sidecar.read_checked(self.path_prefix, self._idx, self._bin) or {}
+        # The tokenizer's vocabulary size and the largest id, when mftk wrote the pair (`mftk.data.sidecar`).
+        self.vocab_size: int | None = meta.get("vocab_size")
+        self.max_id: int | None = meta.get("max_id")
 
     def check_unchanged(self) -> None:
         """DataFormatError when the `.bin` or `.idx` is no longer the file that was opened (size, modification
@@ -347,8 +352,10 @@ class IndexedDatasetBuilder:
     """
 
     def __init__(self, path_prefix: str | os.PathLike, dtype: np.dtype | type, *,
-                 resume: dict | None = None) -> None:
+                 resume: dict | None = None, vocab_size: int | None = None) -> None:
         self.path_prefix = os.fspath(path_prefix)
+        self.vocab_size = vocab_size  # the tokenizer's, recorded in the sidecar (`mftk.data.sidecar`)
+        self.max_id = -1  # the largest token id written
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODE_FOR_DTYPE:
             raise ValueError(f"dtype {self.dtype} has no Megatron dtype code")
@@ -400,6 +407,7 @@ class IndexedDatasetBuilder:
             self._files.append(f)
         self.token_count, self.sequence_count, self.document_count = (
             state["tokens"], state["sequences"], state["documents"])
+        self.max_id = state["max_id"] if "max_id" in state else _max_token(self.tmp_bin, self.dtype)
 
     def __enter__(self) -> IndexedDatasetBuilder:
         return self
@@ -432,6 +440,7 @@ class IndexedDatasetBuilder:
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < self._range[0] or hi > self._range[1]:
                 raise ValueError(f"token id {hi if hi > self._range[1] else lo} does not fit in {self.dtype.name}")
+            self.max_id = max(self.max_id, hi)
         with self._writing():
             data = np.ascontiguousarray(tokens, dtype=self._le).data
             self._bin.write(data)
@@ -452,6 +461,9 @@ class IndexedDatasetBuilder:
                 hint="merge only prefixes written with the same --compat and tokenizer vocabulary size")
         self._check_open()
         data = src._bin
+        if src.total_tokens:
+            self.max_id = max(self.max_id, src.max_id if src.max_id is not None else _max_token(src.bin_path,
+                                                                                                 src.dtype))
         with self._writing():
             for start in range(0, len(data), chunk_bytes):
                 part = data[start:start + chunk_bytes]
@@ -468,7 +480,7 @@ class IndexedDatasetBuilder:
         """Flush everything to disk and return the state ``IndexedDatasetBuilder(resume=...)`` takes."""
         self._flush(durable=self._files)
         return {"dtype": self.dtype.name, "tokens": self.token_count, "sequences": self.sequence_count,
-                "documents": self.document_count, "run": self.run_id}
+                "documents": self.document_count, "run": self.run_id, "max_id": self.max_id}
 
     def _flush(self, durable: list) -> None:
         """Hand every file's buffer to the OS, and have ``durable`` ones on disk (``fsync``)."""
@@ -494,13 +506,16 @@ class IndexedDatasetBuilder:
                 f.write(encode_index(self.dtype, lengths, docs))
                 f.flush()
                 os.fsync(f.fileno())
-            # Remove a stale .idx first so an old index never pairs with the new .bin.
+            # Remove a stale .idx (and its sidecar) first so an old index never pairs with the new .bin.
+            sidecar.remove(self.path_prefix)
             self.idx_path.unlink(missing_ok=True)
             os.replace(self.tmp_bin, self.bin_path)
             os.replace(self.tmp_idx, self.idx_path)
+            sidecar.write(self.path_prefix, vocab_size=self.vocab_size,
+                          max_id=self.max_id if self.token_count else None)
         except OSError as exc:
             self.abort()
-            raise write_error(exc, self.tmp_idx) from None
+            raise write_error(exc, self._user_path(exc)) from None
         except BaseException:
             self.abort()
             raise
@@ -525,7 +540,17 @@ class IndexedDatasetBuilder:
             yield
         except OSError as exc:
             self.abort()
-            raise write_error(exc, self.tmp_bin) from None
+            raise write_error(exc, self._user_path(exc)) from None
+
+    def _user_path(self, exc: OSError) -> Path:
+        """The file a failed write concerns, by the name the user gave (never a temporary ``.partial`` name):
+        a rename's target, else the final name of the temporary file that failed, else the ``.bin``."""
+        finals = {str(self.tmp_bin): self.bin_path, str(self.tmp_idx): self.idx_path}
+        for name in (exc.filename2, exc.filename):
+            if name is not None:
+                name = os.fspath(name)
+                return finals.get(name) or (self.bin_path if name.endswith(".partial") else Path(name))
+        return self.bin_path
 
     def _close_files(self) -> None:
         """Close every file; a close that fails (its last flush hits a full disk) still closes it."""
@@ -556,8 +581,16 @@ def merge(prefixes: Iterable[str | os.PathLike], output_prefix: str | os.PathLik
     if not prefixes:
         raise InputError(message="nothing to merge: give at least one input prefix")
     first = IndexedDataset(prefixes[0])
-    with IndexedDatasetBuilder(output_prefix, first.dtype) as builder:
+    vocabs = {IndexedDataset(p).vocab_size for p in prefixes}
+    with IndexedDatasetBuilder(output_prefix, first.dtype,
+                               vocab_size=vocabs.pop() if len(vocabs) == 1 else None) as builder:
         for prefix in prefixes:
             builder.add_index(prefix)
         builder.finalize()
     return IndexedDataset(output_prefix)
+
+
+def _max_token(path: Path, dtype: np.dtype, chunk: int = 1 << 24) -> int:
+    """The largest token id in a `.bin` (read in chunks): for pairs and partial files without a record."""
+    data = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r") if path.stat().st_size else []
+    return max((int(data[i:i + chunk].max()) for i in range(0, len(data), chunk)), default=-1)

@@ -1,4 +1,8 @@
-"""The inputs of `mftk preprocess` before any is parsed: groups, files, gzip or JSON array, a sample.
+"""The inputs of `mftk preprocess` before any is parsed: groups, files, compressed or JSON array, a sample.
+
+Compression is told by the file's first bytes, never by its name: gzip, xz and bzip2 are read through the
+standard library; zstd (no reader in the standard library, and `zstandard` is not a dependency) is refused
+naming the file and the command that decompresses it, rather than read as invalid UTF-8.
 
 Only the standard library is imported here (`mftk.errors` where an error is raised), because the
 command starts the HF helper process (`mftk.data.hf_reference`) with the input files before the
@@ -15,6 +19,9 @@ from typing import BinaryIO, NamedTuple
 
 BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"
+# First bytes of each compressed format (RFC 1952; the .xz file format §2.1.1.1; bzip2; RFC 8878 §3.1.1).
+MAGIC = {"gzip": GZIP_MAGIC, "xz": b"\xfd7zXZ\x00", "bzip2": b"BZh", "zstd": b"\x28\xb5\x2f\xfd"}
+COMPRESSED_SUFFIXES = (".gz", ".xz", ".bz2", ".zst")
 _NAMED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)=(.+)$")
 SAMPLE_TEXTS = 128  # input texts the tokenizer backend check encodes with both tokenizers (cut to SAMPLE_CHARS)
 SAMPLE_CHARS = 1024
@@ -79,36 +86,77 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     return unique
 
 
+def compression(path: Path) -> str | None:
+    """'gzip', 'xz', 'bzip2' or 'zstd' from the file's first bytes; None for a plain file."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return next((name for name, magic in MAGIC.items() if head.startswith(magic)), None)
+
+
 def open_input(path: Path) -> BinaryIO:
-    """Open for binary reading, through gzip when the file starts with the gzip magic bytes."""
+    """Open for binary reading, through the decompressor its first bytes name (the raw file as ``.fileobj``)."""
     try:
         f = open(path, "rb")
     except OSError as exc:
         from mftk.errors import InputError
 
         raise InputError(message=f"{path}: cannot read ({exc.strerror or exc})", path=str(path)) from None
-    if f.read(2) == GZIP_MAGIC:
+    head = f.read(6)
+    f.seek(0)
+    kind = next((name for name, magic in MAGIC.items() if head.startswith(magic)), None)
+    if kind is None:
+        return f
+    if kind == "gzip":
         import gzip
 
-        f.seek(0)
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
-    f.seek(0)
-    return f
+    if kind == "zstd":
+        f.close()
+        from mftk.errors import DataFormatError
+
+        raise DataFormatError(message=f"{path}: zstd-compressed, which mftk does not read", path=str(path),
+                              hint=f"decompress it first (zstd -d {path}) or recompress it as .gz or .xz")
+    if kind == "xz":
+        import lzma
+
+        stream = lzma.LZMAFile(f, mode="rb")
+    else:
+        import bz2
+
+        stream = bz2.BZ2File(f, mode="rb")  # type: ignore[assignment]
+    stream.fileobj = f  # type: ignore[attr-defined]  # what progress counts (compressed bytes), as for gzip
+    return stream  # type: ignore[return-value]
+
+
+def is_read_error(exc: BaseException) -> bool:
+    """An error of reading a (compressed) input: OSError (gzip.BadGzipFile, bz2's), EOFError (truncated), or
+    lzma.LZMAError (not an OSError; told by name so that lzma is imported only for .xz inputs)."""
+    return isinstance(exc, (OSError, EOFError)) or type(exc).__name__ == "LZMAError"
 
 
 def is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == GZIP_MAGIC
+    """Compressed in any format (the name is kept for its callers): such a file is read whole, from its start."""
+    return compression(path) is not None
+
+
+def plain_name(name: str) -> str:
+    """A file name without its compression suffix: ``a.json.xz`` -> ``a.json``."""
+    for suffix in COMPRESSED_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def is_json_array(path: Path) -> bool:
     """A ``.json`` file whose first character is ``[``: one array of objects, not JSON Lines."""
-    if not path.name.removesuffix(".gz").endswith(".json"):
+    if not plain_name(path.name).endswith(".json"):
         return False
     stream = open_input(path)
     try:
         data = stream.read(4096).removeprefix(BOM).lstrip()
-    except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+    except Exception as exc:  # noqa: BLE001 (only read errors are expected; others propagate)
+        if not is_read_error(exc):
+            raise
         return False
     finally:
         stream.close()
@@ -129,7 +177,9 @@ def sample_texts(paths: list[Path], keys: list[str], count: int = 256, max_chars
         want = max(1, round(count * size / total))
         try:
             lines = _sample_lines(path, want)
-        except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+        except Exception as exc:  # noqa: BLE001 (only read errors are expected; others propagate)
+            if not is_read_error(exc):
+                raise
             continue
         for raw in lines:
             try:

@@ -36,7 +36,7 @@ from typing import Callable, Iterator, Union
 import msgspec
 import numpy as np
 
-from mftk.data.inputs import BOM, is_json_array, open_input
+from mftk.data.inputs import BOM, is_json_array, is_read_error, open_input
 from mftk.errors import DataFormatError
 
 # Input is read, parsed and encoded in chunks of about CHUNK_BYTES: 1 MB encodes faster than 4 MB (the texts
@@ -176,9 +176,11 @@ class CorpusReader:
                     left -= len(chunk)
                 yield chunk
                 size = self.chunk_bytes
-        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        except Exception as exc:  # gzip.BadGzipFile is an OSError, lzma.LZMAError is not
+            if not is_read_error(exc):
+                raise
             raise DataFormatError(message=f"{self.path}: cannot read compressed data ({exc})", path=str(self.path),
-                                  hint="the gzip file is truncated or corrupt") from None
+                                  hint="the compressed file is truncated or corrupt") from None
 
     def _blocks(self) -> Iterator[tuple[bytes, int]]:
         """(data, end): ``data[:end]`` is a run of whole lines, about a chunk or `MIN_LINES` lines (the

@@ -177,7 +177,7 @@ def _sample_options(cfg: Any) -> SampleOptions:
 def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_size: int, dp_size: int = 1,
                         dp_rank: int = 0, drop_remainder: bool = True, cache_dir: str | None = None,
                         max_epochs: int | None = None, use_cache: bool = True, open_dataset: Any = None,
-                        seq_length: int | None = None, balance_accum: int = 0,
+                        seq_length: int | None = None, balance_accum: int = 0, vocab_size: int | None = None,
                         progress: Progress = NULL_PROGRESS) -> TrainData:
     """Build the training samples MindSpore Transformers would build, and this rank's loader.
 
@@ -198,6 +198,10 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
 
     ``balance_accum`` (``train_dataset.balance_enabled``, the step's accumulation count): each step's
     micro-batches of all data ranks are redistributed to balance attention work (`mftk.data.balance`).
+
+    ``vocab_size`` (the model's): a prefix whose recorded largest token id does not fit is a ConfigError
+    (`vocabulary_problems`), and every sample read is checked too (`GPTDataset.vocab_size`), so an id past
+    the embedding table is an error naming the file and the sample, never a kernel error in the first step.
     """
     for name, value in (("global_batch_size", global_batch_size), ("local_batch_size", local_batch_size),
                         ("dp_size", dp_size)):
@@ -216,7 +220,7 @@ def build_train_dataset(dataloader: Any, *, global_batch_size: int, local_batch_
 
     dataset, sources = _build_blend(cfg, train, options, cfg.seed, warnings, notes, cache_dir=cache_dir,
                                     max_epochs=max_epochs, use_cache=use_cache, open_dataset=open_dataset,
-                                    progress=progress)
+                                    progress=progress, vocab_size=vocab_size)
     used = min(train // global_batch_size * global_batch_size, len(dataset))
     if used < train // global_batch_size * global_batch_size:
         warnings.append(f"only {len(dataset)} samples available, fewer than sizes[0]={train}; "
@@ -272,7 +276,7 @@ def _build_mindrecord(dataloader: Any, *, local_batch_size: int, dp_size: int, d
 
 def _build_blend(cfg: Any, train: int, options: SampleOptions, seed: int, warnings: list[str],
                  notes: list[str], *, cache_dir: str | None, max_epochs: int | None, use_cache: bool,
-                 open_dataset: Any, progress: Progress) -> tuple[Any, list[SourceInfo]]:
+                 open_dataset: Any, progress: Progress, vocab_size: int | None = None) -> tuple[Any, list[SourceInfo]]:
     """The blended train dataset (reference §4.4 cases A, B, C, D)."""
     if cfg.mock:
         low = mock_dataset(options.seq_length, seed, eod=options.eod)
@@ -307,6 +311,9 @@ def _build_blend(cfg: Any, train: int, options: SampleOptions, seed: int, warnin
     datasets, sources = [], []
     for prefix, count in zip(prefixes, counts):
         low = open_dataset(prefix)
+        errors = [p for p in _vocabulary_problems(low, prefix, vocab_size, _blend_key(cfg)) if p.severity == "error"]
+        if errors:
+            raise ConfigError(message=errors[0].message, problems=errors)
         rng = blend.split_ranges(shares, len(low.sequence_lengths))[0]
         if rng is None or rng[1] <= rng[0]:
             raise _error(f"{_CFG}.split", f"gives {prefix} an empty training range ({len(low)} sequences)",
@@ -318,6 +325,7 @@ def _build_blend(cfg: Any, train: int, options: SampleOptions, seed: int, warnin
                 prefix, count, "train", seed, options.seq_length, split_str if split_str is not None else "1,0,0",
                 matrix, extra=options.extra))
         gpt = build_gpt_dataset(low, rng, count, options, seed, name=prefix, cache=cache, progress=progress)
+        gpt.vocab_size = vocab_size
         if cache is not None:
             notes.extend(cache.notes)
             warnings.extend(n for n in cache.notes if n.endswith("rebuilt") or "cannot write" in n)
@@ -344,6 +352,53 @@ def _build_blend(cfg: Any, train: int, options: SampleOptions, seed: int, warnin
             raise _error(f"{_LOADER}.sizes", f"the blend needs {used} samples of {src.prefix}, which has "
                          f"only {len(gpt)}", train)
     return dataset, sources
+
+
+def vocabulary_problems(config: Any) -> list[Problem]:
+    """Each training prefix's recorded vocabulary (`mftk.data.sidecar`) against ``model.vocab_size``: an error
+    when its token ids reach past the model's embedding table, a warning when only the tokenizer's vocabulary
+    is larger. Opening each pair also checks that its `.bin` belongs with its `.idx`."""
+    dataloader = config.train_dataset.dataloader
+    if config.model is None or dataloader.type == MINDRECORD_TYPE or dataloader.config.mock:
+        return []
+    cfg = dataloader.config
+    blend_list = cfg.data_path if cfg.data_path is not None else cfg.train_data_path
+    if not blend_list:
+        return []
+    from mftk.data.indexed import IndexedDataset
+    from mftk.errors import DataFormatError
+
+    problems: list[Problem] = []
+    for prefix in parse_data_path(blend_list).prefixes:
+        try:
+            low = IndexedDataset(prefix)
+        except (DataFormatError, InputError) as exc:
+            problems.append(Problem(path=_blend_key(cfg), message=exc.message, hint=exc.hint))
+            continue
+        problems += _vocabulary_problems(low, prefix, config.model.vocab_size, _blend_key(cfg))
+    return problems
+
+
+def _blend_key(cfg: Any) -> str:
+    return f"{_CFG}.{'data_path' if cfg.data_path is not None else 'train_data_path'}"
+
+
+def _vocabulary_problems(low: Any, prefix: str, vocab_size: int | None, where: str) -> list[Problem]:
+    max_id, tokenizer = getattr(low, "max_id", None), getattr(low, "vocab_size", None)
+    if vocab_size is None:
+        return []
+    if max_id is not None and max_id >= vocab_size:
+        return [Problem(path=where, value=vocab_size,
+                        message=f"{prefix}.bin holds token ids up to {max_id}, but model.vocab_size is {vocab_size}"
+                                + (f" (the data was tokenized with a vocabulary of {tokenizer})" if tokenizer else ""),
+                        hint=f"set model.vocab_size to at least {max_id + 1} (the tokenizer's vocabulary size), or "
+                             "preprocess the data with the model's tokenizer")]
+    if tokenizer is not None and tokenizer > vocab_size:
+        return [Problem(path=where, severity="warning", value=vocab_size,
+                        message=f"{prefix} was tokenized with a vocabulary of {tokenizer}, larger than "
+                                f"model.vocab_size {vocab_size} (its ids reach {max_id}, which fits)",
+                        hint="use the model's tokenizer, or set model.vocab_size to the tokenizer's")]
+    return []
 
 
 def _check_epochs(gpt: Any, prefix: str, count: int | None, options: SampleOptions, max_epochs: int | None,

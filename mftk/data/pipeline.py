@@ -261,7 +261,8 @@ class SourceRun:
             out = f"{self.prefix}_{key}_document"
             saved = state["builders"][key] if state else None
             remove_partials(out, keep_run=saved.get("run") if saved else None)
-            self.builders[key] = IndexedDatasetBuilder(out, self.opt.dtype, resume=saved)
+            self.builders[key] = IndexedDatasetBuilder(out, self.opt.dtype, resume=saved,
+                                                       vocab_size=self.tok.vocab_size)
 
     # -- run -----------------------------------------------------------------------------
     def run(self, resume: bool) -> SourceSummary:

@@ -159,8 +159,9 @@ def preprocess(
     pieces = [shard_pieces(paths, *shard) if shard else [Piece(p) for p in paths] for paths in files]
     if format == "mindrecord":
         output_prefix = re.sub(r"\.mindrecord$", "", output_prefix)
-    _check_writable(Path(output_prefix))
+    _check_writable(output_prefix)
     prefixes = [_group_prefix(output_prefix, s.name, shard) for s in sources]
+    _check_output_names([out for prefix in prefixes for out in _outputs(prefix, keys, format)], format)
     with contextlib.ExitStack() as locks:
         for path in prefixes + [out for prefix in prefixes for out in _outputs(prefix, keys, format)]:
             locks.enter_context(exclusive_output(path, LOCK_WHAT))  # the group's state and each output pair
@@ -250,6 +251,8 @@ def _check_format(format: str, seq_length: int | None, *, merge_only: bool, resu
 
 def _merge(inputs: list[str], output_prefix: str, started: float) -> PreprocessSummary:
     prefixes = _merge_inputs(inputs)
+    _check_writable(output_prefix)
+    _check_output_names([output_prefix], "megatron")
     with exclusive_output(output_prefix, LOCK_WHAT):
         merged = merge(prefixes, output_prefix)
     idx, bin_ = data_paths(output_prefix)
@@ -276,8 +279,14 @@ def _merge_inputs(inputs: list[str]) -> list[str]:
     return prefixes
 
 
-def _check_writable(prefix: Path) -> None:
-    """Fail before any work if the output directory cannot be created or written."""
+def _check_writable(text: str) -> None:
+    """Fail before any work if the prefix names a directory (``-o .``, ``-o out/``: the prefix starts file names),
+    or if the output directory cannot be created or written."""
+    prefix = Path(text)
+    if text.endswith(("/", os.sep)) or prefix.name in ("", ".", "..") or prefix.is_dir():
+        raise InputError(message=f"--output-prefix {text!r} is a directory; the prefix starts the output file names",
+                         path=text, hint=f"name the files inside it, e.g. --output-prefix "
+                                         f"{os.path.join(text, 'corpus')} (writes corpus_text_document.bin/.idx)")
     probe = prefix.parent / f".{prefix.name}.mftk-write-test-{os.getpid()}"
     try:
         prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +297,16 @@ def _check_writable(prefix: Path) -> None:
             probe.unlink()
         raise InputError(message=f"{prefix.parent}: cannot write output ({exc.strerror or exc})",
                          path=str(prefix.parent), hint="choose a writable --output-prefix directory") from None
+
+
+def _check_output_names(outputs: list[str], format: str) -> None:
+    """An output file name already taken by a directory is refused by that name, before any work."""
+    suffixes = ("",) if format == "mindrecord" else (".bin", ".idx")
+    for out in outputs:
+        for suffix in suffixes:
+            if os.path.isdir(out + suffix):
+                raise InputError(message=f"{out}{suffix} is a directory, so the output cannot be written there",
+                                 path=out + suffix, hint="move that directory away, or choose another --output-prefix")
 
 
 class TokenizerDigest:

@@ -27,7 +27,8 @@ def preview_samples(config: Config, *, world_size: int = 1, rank: int = 0, n: in
                                local_batch_size=config.training.local_batch_size,
                                dp_size=layout.dp, dp_rank=layout.dp_rank(rank),
                                drop_remainder=config.train_dataset.drop_remainder,
-                               seq_length=config.model.seq_length, progress=progress)
+                               seq_length=config.model.seq_length, vocab_size=config.model.vocab_size,
+                               progress=progress)
     records = [r.to_json() | {"position": r.position, "blended_index": r.blended_index, "prefix": r.prefix}
                for r in show_samples(data, n, start=start)]
     if tokenizer is not None:

@@ -91,7 +91,7 @@ def build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     data = build_train_dataset(config.train_dataset.dataloader, global_batch_size=tr.global_batch_size,
                                local_batch_size=tr.local_batch_size, dp_size=dp, dp_rank=dp_rank,
                                drop_remainder=config.train_dataset.drop_remainder,
-                               seq_length=config.model.seq_length,
+                               seq_length=config.model.seq_length, vocab_size=config.model.vocab_size,
                                balance_accum=accumulation_steps(tr.global_batch_size, tr.local_batch_size, dp)[0]
                                if balance else 0)
     for w in data.warnings:

@@ -12,6 +12,7 @@ import attrs
 from mftk import derive as L
 from mftk import units
 from mftk.config.load import LoadedConfig
+from mftk.files import home_relative
 from mftk.config.sections import Config
 from mftk.plan.flops import flops_per_step, param_counts
 from mftk.units import count_exact
@@ -126,9 +127,9 @@ def _checkpoint_rows(c: Config) -> list[tuple[str, str, str]]:
     if not ck.enable_save:
         rows = [("save", "off", "enable_save: false")]
     else:
-        rows = [("save", ck.save_path, f"every {units.every_steps(ck.save_interleaved_steps)} and at the end; "
+        rows = [("save", home_relative(ck.save_path), f"every {units.every_steps(ck.save_interleaved_steps)} and at the end; "
                  f"keep {ck.save_max}"),
                 ("optimizer state", "no" if ck.no_save_optim else "yes", "")]
     if ck.load_path:
-        rows.append(("load", ck.load_path, "weights only" if ck.no_load_optim else "weights + optimizer + step"))
+        rows.append(("load", home_relative(ck.load_path), "weights only" if ck.no_load_optim else "weights + optimizer + step"))
     return rows

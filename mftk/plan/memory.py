@@ -13,30 +13,17 @@ buffers, torch's allocator reserve) a named profile says so (`PRESETS`), measure
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import attrs
 
 from mftk.errors import InputError
+from mftk.units import parse_bytes  # noqa: F401 (the size convention's owner; re-exported for the planner)
 from mftk.plan import flops as F
 from mftk.derive import Layout, compiles_blocks, stage_layers
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 GiB = 1024 ** 3
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
-          "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 1024, "mib": 1024 ** 2, "gib": GiB, "tib": 1024 ** 4}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(text: str) -> int:
-    """'64GiB' / '80GB' / '65536 MiB' / '1e9'-free plain byte counts -> bytes; InputError otherwise."""
-    match = _SIZE.match(str(text))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise InputError(message=f"cannot read device memory {text!r}",
-                         hint="write a positive size with a unit, e.g. 64GiB, 80GB, 24576MiB")
-    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def gib(n: float) -> str:

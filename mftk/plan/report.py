@@ -14,7 +14,8 @@ from typing import Any, Iterable
 
 import attrs
 
-from mftk.config.load import LoadedConfig, apply_override, build_config, load_data
+from mftk.config.load import LoadedConfig, apply_override, build_config, load_data, locate, parse_override
+from mftk.config.rules import DEGREES, degree_problems
 from mftk.config.yamlio import parse_yaml, read_config_file
 from mftk.errors import ConfigError, InputError, PlanError
 from mftk.plan import search as S
@@ -112,7 +113,7 @@ def load_for_plan(path: str | Path, *, world: int, check: bool, overrides: Itera
     """The validated config (degrees reset for a search) and the YAML's own parallelism section, both with the
     ``--set`` overrides applied (as `validate-config` and `train` apply them). ``engine_support=False``: a model
     mftk's engine does not implement (GeLU, a non-gated MLP, biases) is planned with a warning."""
-    source = str(path)
+    source, overrides = str(path), list(overrides)
     data, lines = parse_yaml(read_config_file(path), source)
     if not isinstance(data, dict):
         load_data(data, lines=lines, source=source)  # raises the loader's own error
@@ -121,9 +122,13 @@ def load_for_plan(path: str | Path, *, world: int, check: bool, overrides: Itera
         raise ConfigError(message=f"{len(problems)} problem(s) in the --set overrides", source=source,
                           problems=problems)
     original, _ = build_config(copy.deepcopy(data), lines)
+    degrees = degree_problems(original.parallelism) if original is not None and not check else []
+    if degrees:  # the search resets the degrees below: a 0 or -2 in the YAML would pass unseen
+        locate(degrees, lines, {item: parse_override(item)[0] for item in overrides})
+        raise ConfigError(message=f"{len(degrees)} problem(s) in {source}", source=source, problems=degrees)
     if check:
         loaded = load_data(data, lines=lines, source=source, world_size=world, check_files=False,
-                           engine_support=engine_support)
+                           engine_support=engine_support, applied=overrides)
     else:
         reset = copy.deepcopy(data)
         par = dict(reset.get("parallelism") or {})
@@ -134,7 +139,7 @@ def load_for_plan(path: str | Path, *, world: int, check: bool, overrides: Itera
             par["context_parallel_method"] = "colossal"
         reset["parallelism"] = par
         loaded = load_data(reset, lines=lines, source=source, world_size=1, check_files=False,
-                           engine_support=engine_support)
+                           engine_support=engine_support, applied=overrides)
     missing = [k for k in SHAPE_KEYS if k not in (data.get("model") or {})]
     if missing:
         raise PlanError(message=f"{source}: model section is missing {', '.join(missing)}",
@@ -142,6 +147,13 @@ def load_for_plan(path: str | Path, *, world: int, check: bool, overrides: Itera
                         hint="a plan from the family defaults would describe a different model; "
                              "write these keys in model: (see templates/)")
     return loaded, (original.parallelism if original is not None else loaded.config.parallelism)
+
+
+def yaml_layout(parallelism: Any) -> str:
+    """The degrees a YAML sets away from the search's starting point (`_RESET`), e.g. 'tensor_parallel 2';
+    '' when it sets none."""
+    return ", ".join(f"{k} {getattr(parallelism, k)}" for k, v in _RESET.items()
+                     if k in DEGREES + ("data_parallel_shard",) and getattr(parallelism, k) != v)
 
 
 def plan_inputs(config, parallelism) -> PlanInputs:
@@ -213,6 +225,10 @@ def plan_parallel(path: str | Path, *, world_size: int, nodes: int | None = None
     if not check:  # the plan's YAML block turns sequence_parallel on wherever tp > 1
         inputs = attrs.evolve(inputs, sequence_parallel=True)
     notes = [p.render() for p in loaded.notes if p.severity == "warning"]
+    ignored = yaml_layout(parallelism) if not check else ""
+    if ignored:
+        notes.append(f"the YAML's layout ({ignored}) is not used: plan-parallel ranks every layout for "
+                     f"{world_size} device(s); pass --check to evaluate the YAML's own")
     if inputs.recompute != "none" and world_size == 1:
         notes.append("recompute is ignored at world size 1 (the reference applies it only when world > 1)")
     elif inputs.recompute != "none" and isinstance(loaded.config.recompute.exclude_op, dict):

@@ -100,8 +100,8 @@ def test_finished_run_ends_without_teardown_and_keeps_its_output(tmp_path):
     assert inproc.exit_code == 0, inproc.output
     for ext in ("bin", "idx"):
         assert (d / f"sub_text_document.{ext}").read_bytes() == (d / f"cli_text_document.{ext}").read_bytes()
-    assert sorted(p.name for p in d.iterdir() if p.name.startswith("sub")) == ["sub_text_document.bin",
-                                                                              "sub_text_document.idx"]
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith("sub")) == [
+        "sub_text_document.bin", "sub_text_document.idx", "sub_text_document.mftk.json"]
     bad = run("-i", str(d / "b.jsonl"), "-o", str(d / "bad"))
     assert bad.returncode == 1 and "TEARDOWN" in bad.stderr and "b.jsonl:2" in flat(bad.stderr)
 

@@ -229,5 +229,6 @@ def test_a_failed_background_sync_is_a_write_error(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="the disk is full") as e:
         for _ in range(10):
             b.add_batch(np.arange(200, dtype=np.uint16), np.array([200], np.int32), np.array([1]))
-    assert ".bin." in e.value.message and "free space" in e.value.hint
+    assert e.value.message.startswith(f"{tmp_path / 'x.bin'}: cannot write") and "free space" in e.value.hint
+    assert ".partial" not in e.value.message  # the name the user gave, never a temporary one (issue 35)
     assert list(tmp_path.iterdir()) == []

@@ -129,7 +129,7 @@ def test_temporary_names_are_unique_per_writer(tmp_path):
     b.finalize()  # the later rename wins whole: never a mix of both
     ds = IndexedDataset(tmp_path / "x")
     assert [ds[i].tolist() for i in range(len(ds))] == [[4]]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin", "x.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin", "x.idx", "x.mftk.json"]
 
 
 def test_leftovers_of_a_killed_run_are_cleaned(tmp_path):
@@ -188,7 +188,8 @@ def test_full_disk_while_writing_tokens(tmp_path, monkeypatch, room):
                                  "--append-eod"])
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     msg = flat(r.stderr)
-    assert "out_text_document.bin." in msg and ".partial: cannot write (the disk is full)" in msg
+    # the user's name for the file, never the temporary one (issue 35)
+    assert f"{tmp_path / 'out_text_document.bin'}: cannot write (the disk is full)" in msg and ".partial" not in msg
     assert "free space on that filesystem" in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
 

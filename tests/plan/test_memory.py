@@ -128,13 +128,16 @@ def test_step_time_needs_tflops():
     assert timed.step_time.value == pytest.approx(est.flops.value / 1e12)
 
 
-@pytest.mark.parametrize("text,value", [("64GiB", 64 * 2**30), ("80GB", 80 * 10**9), ("24576 MiB", 24576 * 2**20),
-                                        ("1.5TiB", int(1.5 * 2**40)), ("1000", 1000)])
+# Issue 35: "80G" was read as 80·10^9 bytes while the output calls its unit GiB. Every suffix is binary now
+# (as the output prints sizes, and as MindSpore reads "58GB": 1024 << 20 bytes per GB).
+@pytest.mark.parametrize("text,value", [("64GiB", 64 * 2**30), ("80GB", 80 * 2**30), ("80G", 80 * 2**30),
+                                        ("24576 MiB", 24576 * 2**20), ("512K", 512 * 1024),
+                                        ("1.5TiB", int(1.5 * 2**40)), ("1000", 1000), ("1000B", 1000)])
 def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "lots", "64 GiBs", "-1GB", "0GiB", "GiB"])
+@pytest.mark.parametrize("text", ["", "lots", "64 GiBs", "-1GB", "0GiB", "GiB", "64iB", "64Gb/s", "8PB"])
 def test_parse_bytes_rejects(text):
     with pytest.raises(InputError, match="cannot read device memory"):
         parse_bytes(text)
