@@ -39,7 +39,8 @@ def test_tiny_run_reports_nonzero_rates_and_a_parameter_count_with_a_unit(tmp_pa
     cfg = _cfg(tmp_path, corpus)
     r = runner.invoke(app, ["train", str(cfg), "--output-dir", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
-    m = re.search(r"^model (\d+(?:\.\d+)?)([KMB]) parameters; ([\d,]+) tokens/s, ([\d.]+) ([kMGT])FLOP/s per device",
+    m = re.search(r"^model (\d+(?:\.\d+)?)([KMB]) parameters; ([\d,]+(?:\.\d+)?) tokens/s, ([\d.]+) ([kMGT]?)FLOP/s "
+                  r"per device",
                   r.stdout, flags=re.M)
     assert m, r.stdout
     from mftk.plan.flops import param_counts
@@ -51,7 +52,8 @@ def test_tiny_run_reports_nonzero_rates_and_a_parameter_count_with_a_unit(tmp_pa
     metrics = [json.loads(line) for line in (tmp_path / "out/log/rank_0/metrics.jsonl").read_text().splitlines()]
     steady = metrics[1:]  # after the first (warm-up) step, as the summary says
     by_hand = sum(2 * 32 for _ in steady) / (sum(x["per_step_time"] for x in steady) / 1000)  # gbs·seq / s
-    assert tokens_s > 0 and math.isclose(tokens_s, by_hand, rel_tol=0.01)
+    # as printed: 3 significant digits or a whole number (a busy machine runs slower, so fewer digits show)
+    assert tokens_s > 0 and math.isclose(tokens_s, by_hand, rel_tol=0.01, abs_tol=0.5)
     assert float(m.group(4)) > 0
     assert r.stdout.count("Weight decay:") == 1 and "param_name:" not in r.stdout  # one summary line
     # parse-log of the exact metrics: a non-zero rate in a unit that shows it; of the step lines: said why not
@@ -59,7 +61,7 @@ def test_tiny_run_reports_nonzero_rates_and_a_parameter_count_with_a_unit(tmp_pa
     assert exact.exit_code == 0, exact.output
     rate = re.search(r"throughput per device\s*│\s*([\d.]+) ([kMGT]?)FLOP/s", exact.stdout)
     assert rate and float(rate.group(1)) > 0 and "0.00" not in rate.group(1)
-    assert re.search(r"tokens/s\s*│\s*[1-9][\d,]*", exact.stdout)
+    assert re.search(r"tokens/s\s*│\s*(?:[1-9][\d,]*|0\.\d*[1-9])", exact.stdout)
     logged = runner.invoke(app, ["parse-log", str(tmp_path / "out/log/rank_0/info.log")], env={"COLUMNS": "80"})
     assert logged.exit_code == 0 and "too coarse" in logged.stderr
     assert "lr_jump" not in logged.stdout
