@@ -51,7 +51,7 @@ def parse_log(
     x: Annotated[str, typer.Option("--x", help="Plot x axis: step | samples | tokens.")] = "step",
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="Exit 3 if any of these anomalies is found: "
                                                    "all, nan, spike, grad_spike, straggler, lr_jump, divergence, "
-                                                   "resume.")] = None,
+                                                   "resume, skipped, zero_loss, unread, stopped.")] = None,
     spike: Annotated[Optional[float], typer.Option("--spike-threshold", help="Loss spike: loss > this x rolling "
                                                    "median (default 1.25).")] = None,
     grad_spike: Annotated[Optional[float], typer.Option("--grad-spike-threshold", help="grad_norm > this x "

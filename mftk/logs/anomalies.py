@@ -15,7 +15,8 @@ import attrs
 
 from mftk.logs.parse import Run
 
-KINDS = ("nan", "spike", "grad_spike", "straggler", "lr_jump", "divergence", "resume")
+KINDS = ("nan", "spike", "grad_spike", "straggler", "lr_jump", "divergence", "resume", "skipped", "zero_loss",
+         "unread", "stopped")
 
 
 @attrs.define
@@ -81,12 +82,48 @@ def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[An
     series = {rank: run.series(rank) for rank in run.ranks}
     for rank, recs in series.items():
         found += _non_finite(rank, recs)
+        found += _flagged(rank, recs)
         found += _spikes(rank, recs, "loss", "spike", t.spike, t)
         found += _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t)
         found += _slow_steps(rank, recs, t)
         found += _lr_jumps(rank, recs, t)
     found += _rank_checks(series, t)
+    found += _stops(run)
     return _merge(found)
+
+
+def _flagged(rank: int, recs: list[dict[str, Any]]) -> list[Anomaly]:
+    """What a step line says outright: a skipped step (MF's skip-data `is_skip: [ True]`), a loss of exactly 0
+    (no real language-model loss is; a masked-out batch or a broken label pipeline is), and a field whose text
+    held no single number (`global_norm: [1 31049]`), left out rather than guessed."""
+    out = []
+    for r in recs:
+        if r.get("is_skip"):
+            out.append(Anomaly(kind="skipped", step=r["step"], field="is_skip", ranks=[rank], value=None,
+                               message="step skipped (is_skip: the global norm was over the skip threshold; "
+                                       "its data was not trained on)"))
+        loss = r.get("loss")
+        if isinstance(loss, (int, float)) and loss == 0:
+            out.append(Anomaly(kind="zero_loss", step=r["step"], field="loss", ranks=[rank], value=0.0,
+                               message="loss is exactly 0 (check the labels/loss mask of this batch)"))
+        if r.get("unread"):
+            names = ", ".join(part.split(":")[0] for part in r["unread"].split("; "))
+            out.append(Anomaly(kind="unread", step=r["step"], field=names, ranks=[rank], value=None,
+                               message=f"could not read {names}: not one number (e.g. {r['unread']}); left out, "
+                                       "not guessed"))
+    return out
+
+
+def _stops(run: Run) -> list[Anomaly]:
+    """An exception or `stop training` message after a file's last step line: the run did not end normally."""
+    out = []
+    for f in run.files:
+        if f.stop is None:
+            continue
+        steps = [r["step"] for r in run.series(f.rank)] or [0]
+        out.append(Anomaly(kind="stopped", step=steps[-1], field="log", ranks=[f.rank], value=None,
+                           message=f"training stopped after this step: {f.stop}"))
+    return out
 
 
 def _resumes(run: Run) -> list[Anomaly]:
@@ -230,20 +267,22 @@ def _merge(found: Iterable[Anomaly]) -> list[Anomaly]:
     """Collapse consecutive steps per (kind, field, rank); then join ranks with the same finding."""
     groups: dict[tuple, list[Anomaly]] = defaultdict(list)
     for a in found:
-        groups[(a.kind, a.field, a.message if a.kind == "resume" else "", tuple(a.ranks))].append(a)
+        groups[(a.kind, a.field, a.message if a.kind in ("resume", "stopped") else "",
+                tuple(a.ranks))].append(a)
     runs: list[Anomaly] = []
     for items in groups.values():
         items.sort(key=lambda a: a.step)
         current = None
         for a in items:
-            if current is not None and a.kind != "resume" and a.step == (current.last_step or current.step) + 1:
+            if current is not None and a.kind not in ("resume", "stopped") and a.step == (current.last_step or current.step) + 1:
                 current.last_step, current.count = a.step, current.count + 1
                 continue
             current = attrs.evolve(a)
             runs.append(current)
     joined: dict[tuple, Anomaly] = {}
     for a in runs:
-        key = (a.kind, a.field, a.step, a.last_step, a.count, a.message if a.kind in ("nan", "resume") else "")
+        key = (a.kind, a.field, a.step, a.last_step, a.count,
+               a.message if a.kind in ("nan", "resume", "stopped") else "")
         if key in joined:
             joined[key].ranks = sorted(set(joined[key].ranks) | set(a.ranks))
         else:

@@ -31,21 +31,29 @@ _MAX_EXAMPLES = 5
 
 # ---------------------------------------------------------------- line grammars
 
-_STATIC_HEAD = re.compile(r"\{ Epoch:\[\s*(\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\],")
-_STATIC_RENAME = {"global_norm": "grad_norm", "train_throughput_per_npu": "throughput"}
+# Static-graph MFLossMonitor lines, every shape since 2023 (mindformers/core/callback/callback.py,
+# `print_output_info`): r0.6-r1.x `Epoch:[%3d/%3d], step:[%5d/%5d], loss:[%5.3f/%5.3f], time:%5.3f ms,
+# lr:%s, overflow cond: %s, loss_scale: %s` (no braces; behind the file logger's `print_output_info: ` or the
+# console's `- mindformers - INFO - `); r1.3-2.1.0 `{ Epoch:[%3d/%3d], step:[%5d/%5d], loss: %5.6f, ...
+# per_step_time: %dms, lr: %s, overflow cond: %s, loss_scale: %s, global_norm: %s[, train_throughput_per_npu:
+# %.3fT]` (non-sink mode: `loss:[%5.6f/%5.6f]`); and the form MF's monitor tests print, `{Epoch:[  1],
+# step:[  10/ 100], loss: 2.5, ...}` (an epoch without a total).
+_STATIC_HEAD = re.compile(r"\{?\s*Epoch:\[\s*(\d+)(?:/\s*(\d+))?\],\s*step:\[\s*(\d+)/\s*(\d+)\],?")
+_STATIC_RENAME = {"global_norm": "grad_norm", "train_throughput_per_npu": "throughput", "time": "per_step_time"}
 
 
 def parse_static_line(line: str) -> dict[str, Any] | None:
-    """The older static-graph MFLossMonitor line; `step` is made global from epoch and step."""
-    start = line.find("{ Epoch:[")
+    """The static-graph MFLossMonitor line; `step` is made global from epoch and step."""
+    start = line.find("Epoch:[")
     if start < 0:
         return None
-    m = _STATIC_HEAD.match(line, start)
+    m = _STATIC_HEAD.search(line, max(start - 8, 0))
     if m is None:
         raise ValueError("epoch/step counters are not `[n/N]`")
-    epoch, epochs, step, per_epoch = (int(g) for g in m.groups())
-    record: dict[str, Any] = {"step": (epoch - 1) * per_epoch + step, "total_steps": epochs * per_epoch,
-                              "epoch": epoch}
+    epoch, epochs, step, per_epoch = (None if g is None else int(g) for g in m.groups())
+    record: dict[str, Any] = {"step": (epoch - 1) * per_epoch + step, "epoch": epoch}
+    if epochs is not None:
+        record["total_steps"] = epochs * per_epoch
     body = line[m.end():].rstrip().removesuffix("}").replace("global_norm [", "global_norm: [")
     read_fields(body, record)
     for old, new in _STATIC_RENAME.items():
@@ -86,7 +94,7 @@ def parse_megatron_line(line: str) -> dict[str, Any] | None:
 def _parse_mindformers(line: str) -> dict[str, Any] | None:
     if "{ step:[" in line:
         return parse_step_line(line)
-    if "{ Epoch:[" in line:
+    if "Epoch:[" in line:
         return parse_static_line(line)
     return None
 
@@ -121,6 +129,9 @@ class FileSummary:
     long_lines: int = 0  # lines over MAX_LINE_BYTES, skipped
     interleaved: int = 0  # > 1: this many ranks' step lines were interleaved in the file
     truncations: int = 0  # times the file shrank while followed (its earlier lines were dropped)
+    rotations: int = 0  # times the path was replaced by a new file while followed (old file read to its end)
+    concatenated: list[str] = attrs.field(factory=list)  # "line N: ..." where another log was appended
+    stop: str | None = None  # "line N: ..." an exception or stop message after the last step line
 
 
 _RANK_IN_PATH = (re.compile(r"worker_(\d+)\.log"), re.compile(r"rank_(\d+)"))
@@ -133,6 +144,15 @@ _HOLE = rb"\x00{512,}|(?:^|(?<=\n))\x00+(?=\n|\Z)"
 _NUL_RUN = re.compile(_HOLE + rb"|\x00+\Z")
 _NUL_RUN_INSIDE = re.compile(_HOLE.replace(rb"|\Z", rb""))  # for a window that is not the end of the data
 _INTERLEAVE_LAG = 2  # ranks of one job log a step at most this many steps apart
+# Terminal escapes (colour, cursor) that a coloured logger or `script`/`tee` of a console leaves in a log:
+# CSI `ESC [ ... final`, OSC `ESC ] ... BEL|ST`, and two-byte escapes.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# The logger prefix's time (Python logging's `YYYY-MM-DD HH:MM:SS,mmm`; ISO `T` and `.` accepted).
+_STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
+# The last line of a Python traceback, or MF's own "…, stop training..." (callback.py, skip-data and
+# global-norm checks): after the last step line, it is why the run stopped.
+_STOP = re.compile(r"(?:^|[\s:])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)): (.*)|(.*stop training.*)")
+_MAX_BACK_STEPS = 1000  # step-went-back points remembered per file (a resume or two, or another log appended)
 
 
 def rank_from_path(path: Path) -> int | None:
@@ -150,8 +170,10 @@ class LogReader:
 
     The file is read in chunks (bounded memory); runs of NUL bytes where a line would start are
     skipped and counted (a crashed writer leaves a zero-filled tail, which is not a binary file);
-    a file that shrank since the last read was truncated or rotated: it is read again from the start
-    and `restarted` tells the caller to drop what it kept from the earlier content.
+    terminal escapes are stripped. The file stays open between calls (as `tail -F` does): a file that
+    shrank was truncated, and is read again from the start (`restarted` tells the caller to drop what
+    it kept from the earlier content); a path that now names another file (inode) was rotated
+    (`mv f.log f.log.1`, a new f.log): the old file is read to its end, then the new one from its start.
     """
 
     def __init__(self, path: Path, *, fmt: str = "auto", rank: int = 0) -> None:
@@ -160,38 +182,75 @@ class LogReader:
         self._offset = 0
         self._pending = b""
         self._skipping = False  # inside a line longer than MAX_LINE_BYTES
+        self._file: Any = None
+        self._last: dict[str, Any] | None = None  # the last step record read (an `is_skip` line follows it)
+        self._last_line = ""
+        self.back_steps: list[tuple[int, bool]] = []  # (record index, timestamps went back) where step went back
         self.restarted = False
 
     def read_new(self, *, final: bool = True) -> list[dict[str, Any]]:
-        """Parse new complete lines; with `final`, a last line without newline counts too."""
+        """Parse new complete lines; with `final`, a last line without newline counts too (and the file
+        is closed)."""
         self.restarted = False
         out: list[dict[str, Any]] = []
         try:
-            with open_regular(self.path, what="log file", hint="pass the training log file or its directory") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self._offset:  # truncated or rotated: start over
-                    self._start_over()
-                f.seek(self._offset)
-                while chunk := f.read(READ_CHUNK):
-                    if self._offset == 0:
-                        _reject_binary(self.path, chunk)
-                    self._offset += len(chunk)
-                    out += self._feed(chunk, last=False)
+            if self._file is None:
+                self._file = self._open()
+            out += self._drain()
+            if self._replaced():  # rotated: the old file was read to its end above
+                self._file.close()
+                out += self._feed(b"", last=True)
+                self._file, self._offset = self._open(), 0
+                self.summary.rotations += 1
+                out += self._drain()
         except FileNotFoundError:
+            self.close()
             raise InputError(message=f"cannot read log {self.path}: it no longer exists", path=str(self.path),
                              hint="check the path") from None
         except OSError as exc:
+            self.close()
             raise InputError(message=f"cannot read log {self.path}: {exc.strerror or exc}", path=str(self.path),
                              hint="check the path and its permissions") from None
         if final:
             out += self._feed(b"", last=True)
+            self.close()
+        return out
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _open(self) -> Any:
+        return open_regular(self.path, what="log file", hint="pass the training log file or its directory")
+
+    def _replaced(self) -> bool:
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:  # moved away, the new file not created yet: keep the old one
+            return False
+        was = os.fstat(self._file.fileno())
+        return (now.st_ino, now.st_dev) != (was.st_ino, was.st_dev)
+
+    def _drain(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        f = self._file
+        if os.fstat(f.fileno()).st_size < self._offset:  # truncated: start over
+            self._start_over()
+        f.seek(self._offset)
+        while chunk := f.read(READ_CHUNK):
+            if self._offset == 0:
+                _reject_binary(self.path, chunk)
+            self._offset += len(chunk)
+            out += self._feed(chunk, last=False)
         return out
 
     def _start_over(self) -> None:
         fmt = self.summary.format if self.summary.format in PARSERS else "auto"
         self.summary = FileSummary(path=self.summary.path, format=fmt, rank=self.summary.rank,
-                                   truncations=self.summary.truncations + 1)
+                                   truncations=self.summary.truncations + 1, rotations=self.summary.rotations)
         self._offset, self._pending, self._skipping, self.restarted = 0, b"", False, True
+        self._last, self._last_line, self.back_steps = None, "", []
 
     def _feed(self, chunk: bytes, *, last: bool) -> list[dict[str, Any]]:
         data = self._pending + chunk
@@ -209,7 +268,10 @@ class LogReader:
             kept = _NUL_RUN.sub(b"", body)
             self.summary.nul_bytes += len(body) - len(kept)
             body = kept
-        return self._parse_text(body.decode("utf-8", errors="replace"))
+        text = body.decode("utf-8", errors="replace")
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        return self._parse_text(text)
 
     def _parse_text(self, text: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -234,11 +296,48 @@ class LogReader:
                 if len(parsers) > 1:  # lock onto the first format found: faster, and no cross-talk
                     summary.format, parsers = name, [(name, parse)]
                 record.setdefault("rank", summary.rank)
+                if self._last is not None and record["step"] <= self._last["step"]:
+                    self._went_back(summary.records + len(out), line)
                 out.append(record)
+                self._last, self._last_line, summary.stop = record, line, None
                 break
+            else:
+                if self._last is not None or summary.records:
+                    self._event(line, lineno)
         summary.lines = lineno
         summary.records += len(out)
         return out
+
+    def _went_back(self, index: int, line: str) -> None:
+        """Remember where the step went back, and whether the logger's clock did too: a resumed run logs
+        later than the lines it replaces; another rank's log appended to this one (`cat`) starts earlier."""
+        if len(self.back_steps) < _MAX_BACK_STEPS:
+            before, now = _stamp(self._last_line), _stamp(line)
+            self.back_steps.append((index, before is not None and now is not None and now < before))
+
+    def _event(self, line: str, lineno: int) -> None:
+        """Lines after a step line that say something about it: MF's skip-data line (`opt_global_step: N,
+        skip_data_grad_norm_threshold: T, is_skip: [ True]`, callback.py) marks the step before it skipped;
+        an exception or `stop training` message is kept until another step line follows it."""
+        if "is_skip:" in line and self._last is not None:
+            try:
+                skipped = parse_number(line.rsplit("is_skip:", 1)[1])
+            except ValueError:
+                skipped = None
+            if skipped:
+                self._last["is_skip"] = 1
+            return
+        if ("Error" in line or "Exception" in line or "stop training" in line or "Interrupt" in line) \
+                and (m := _STOP.search(line)):
+            self.summary.stop = f"line {lineno}: {(m.group(1) + ': ' + m.group(2)) if m.group(1) else m.group(3)}"[:240].strip()
+
+
+def _stamp(line: str) -> str | None:
+    """The line's logger time as a sortable string (ISO date, time, fraction padded), or None."""
+    m = _STAMP.search(line)
+    if m is None:
+        return None
+    return f"{m.group(1)} {m.group(2)}.{(m.group(3) or '').ljust(6, '0')}"
 
 
 def _reject_binary(path: Path, head: bytes) -> None:
@@ -292,6 +391,31 @@ def split_interleaved(records: list[dict[str, Any]], summary: FileSummary) -> li
         out.append({**r, "rank": summary.rank + k})
     summary.interleaved = ranks
     return out
+
+
+def split_concatenated(records: list[dict[str, Any]], reader: LogReader) -> list[dict[str, Any]]:
+    """One file's records, with a new rank from each point where the step and the logger's clock both went
+    back: `cat worker_0.log worker_1.log` (each rank's log starts when the job starts, long before the first
+    one ends), never a resume (whose lines are logged after those they replace). Without timestamps the two
+    cannot be told apart, and a step going back stays a resume."""
+    summary = reader.summary
+    summary.concatenated = []
+    cuts = [index for index, clock_back in reader.back_steps if clock_back and index < len(records)]
+    if not cuts or summary.interleaved:
+        return records
+    out = list(records)
+    for k, (start, end) in enumerate(zip(cuts, cuts[1:] + [len(records)]), start=1):
+        first, before = records[start], records[start - 1]
+        summary.concatenated.append(f"step {before['step']} -> {first['step']} with the time going back: "
+                                    f"read from there as rank {summary.rank + k}")
+        for i in range(start, end):
+            out[i] = {**records[i], "rank": summary.rank + k}
+    return out
+
+
+def split_ranks(records: list[dict[str, Any]], reader: LogReader) -> list[dict[str, Any]]:
+    """One file's records with ranks told apart: interleaved lines, or whole logs appended one after another."""
+    return split_concatenated(split_interleaved(records, reader.summary), reader)
 
 
 # ---------------------------------------------------------------- a run: one or more files
@@ -380,6 +504,13 @@ def collect(readers: list[LogReader], name: str, records: list[dict[str, Any]] |
         if f.truncations:
             run.warnings.append(f"{f.path}: the file was truncated or replaced while followed; only its current "
                                 "content is shown")
+        if f.rotations:
+            run.warnings.append(f"{f.path}: the log was rotated while followed (the path now names a new file, "
+                                f"{f.rotations} time(s)): the old file was read to its end, then the new one from "
+                                "its start")
+        if f.concatenated:
+            run.warnings.append(f"{f.path}: several logs appended into one file (not a resume: the timestamps go "
+                                f"back too): {'; '.join(f.concatenated[:5])}")
     return run
 
 
@@ -404,7 +535,7 @@ def _no_steps_message(f: FileSummary) -> str:
 def parse_run(logs: list[Path], *, fmt: str = "auto", name: str | None = None) -> Run:
     """Parse every file of one run (all ranks) in one pass."""
     readers = open_readers(logs, fmt=fmt)
-    records = [rec for reader in readers for rec in split_interleaved(reader.read_new(final=True), reader.summary)]
+    records = [rec for reader in readers for rec in split_ranks(reader.read_new(final=True), reader)]
     run = collect(readers, name or ", ".join(str(p) for p in logs), records)
     require_steps(run)
     return run

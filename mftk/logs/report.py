@@ -15,7 +15,7 @@ from mftk.files import check_writable_target, write_atomic
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs import export
 from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
-from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps, split_interleaved
+from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps, split_ranks
 from mftk.logs.summary import Summary, summarize
 
 
@@ -189,7 +189,7 @@ def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
                 kept[i] += new
                 changed = changed or bool(new)
             if changed:
-                records = [rec for i, reader in enumerate(readers) for rec in split_interleaved(kept[i], reader.summary)]
+                records = [rec for i, reader in enumerate(readers) for rec in split_ranks(kept[i], reader)]
             if changed and records:
                 report = analyze([collect(readers, name, records)], options)
                 on_update(report)
@@ -201,6 +201,9 @@ def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
             sleep(poll_s)
     except KeyboardInterrupt:  # Ctrl-C is how a follow ends: the exports are still written
         pass
+    finally:
+        for reader in readers:
+            reader.close()
     if report is None:
         require_steps(collect(readers, name, records))
     write_outputs(report)
