@@ -12,6 +12,7 @@ from collections import defaultdict, deque
 from typing import Any, Iterable
 
 import attrs
+import numpy as np
 
 from mftk.logs.parse import Run
 
@@ -127,14 +128,15 @@ def _stops(run: Run) -> list[Anomaly]:
 
 
 def _resumes(run: Run) -> list[Anomaly]:
-    out, last = [], {}
-    for r in run.records:
-        prev = last.get(r["rank"])
-        if prev is not None and r["step"] <= prev:
-            out.append(Anomaly(kind="resume", step=r["step"], field="step", ranks=[r["rank"]], value=r["step"],
-                               reference=prev, message=f"step went back from {prev} to {r['step']}: a resumed run; "
-                                                       f"its lines replace the earlier steps {r['step']}..{prev}"))
-        last[r["rank"]] = r["step"]
+    out = []
+    ranks, steps = run.records.values("rank"), run.records.values("step")
+    for rank in np.unique(ranks).tolist():
+        s = steps[ranks == rank].astype(np.int64)
+        for j in np.nonzero(s[1:] <= s[:-1])[0].tolist():
+            prev, step = int(s[j]), int(s[j + 1])
+            out.append(Anomaly(kind="resume", step=step, field="step", ranks=[int(rank)], value=step,
+                               reference=prev, message=f"step went back from {prev} to {step}: a resumed run; "
+                                                       f"its lines replace the earlier steps {step}..{prev}"))
     return out
 
 

@@ -14,14 +14,18 @@ from __future__ import annotations
 import math
 import os
 import re
+from array import array
 from pathlib import Path
 from typing import Any, Callable
 
 import attrs
+import numpy as np
 
 from mftk.errors import DataFormatError, InputError
 from mftk.files import open_regular
+from mftk.logs.fastpath import FastShape, shape_of
 from mftk.logs.format import read_fields, parse_metrics_record, parse_number, parse_step_line
+from mftk.logs.table import StepTable, TableView, as_table
 
 FORMATS = ("auto", "mindformers", "megatron", "mftk")
 _EXPECTED = ("MindSpore Transformers `{ step:[n/N], ... loss: ..., per_step_time: ...ms, ... }` "
@@ -183,26 +187,29 @@ class LogReader:
         self._pending = b""
         self._skipping = False  # inside a line longer than MAX_LINE_BYTES
         self._file: Any = None
-        self._last: dict[str, Any] | None = None  # the last step record read (an `is_skip` line follows it)
+        self.table = StepTable()  # every step read from this file (since it was last truncated)
+        self._last: dict[str, Any] | int | None = None  # the last step read, as a pending record or a table row
+        self._last_step: int | None = None
         self._last_line = ""
+        self._fast: FastShape | None = None  # the file's step-line shape, read a chunk at a time
         self.back_steps: list[tuple[int, bool]] = []  # (record index, timestamps went back) where step went back
         self.restarted = False
 
-    def read_new(self, *, final: bool = True) -> list[dict[str, Any]]:
-        """Parse new complete lines; with `final`, a last line without newline counts too (and the file
-        is closed)."""
+    def read_new(self, *, final: bool = True) -> range:
+        """Parse new complete lines into `self.table`; with `final`, a last line without newline counts too
+        (and the file is closed). Returns the rows added (after a truncation, `restarted`: the whole table)."""
         self.restarted = False
-        out: list[dict[str, Any]] = []
+        start = self.table.n
         try:
             if self._file is None:
                 self._file = self._open()
-            out += self._drain()
+            self._drain()
             if self._replaced():  # rotated: the old file was read to its end above
                 self._file.close()
-                out += self._feed(b"", last=True)
+                self._feed(b"", last=True)
                 self._file, self._offset = self._open(), 0
                 self.summary.rotations += 1
-                out += self._drain()
+                self._drain()
         except FileNotFoundError:
             self.close()
             raise InputError(message=f"cannot read log {self.path}: it no longer exists", path=str(self.path),
@@ -212,9 +219,9 @@ class LogReader:
             raise InputError(message=f"cannot read log {self.path}: {exc.strerror or exc}", path=str(self.path),
                              hint="check the path and its permissions") from None
         if final:
-            out += self._feed(b"", last=True)
+            self._feed(b"", last=True)
             self.close()
-        return out
+        return range(0 if self.restarted else start, self.table.n)
 
     def close(self) -> None:
         if self._file is not None:
@@ -232,8 +239,7 @@ class LogReader:
         was = os.fstat(self._file.fileno())
         return (now.st_ino, now.st_dev) != (was.st_ino, was.st_dev)
 
-    def _drain(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def _drain(self) -> None:
         f = self._file
         if os.fstat(f.fileno()).st_size < self._offset:  # truncated: start over
             self._start_over()
@@ -242,17 +248,17 @@ class LogReader:
             if self._offset == 0:
                 _reject_binary(self.path, chunk)
             self._offset += len(chunk)
-            out += self._feed(chunk, last=False)
-        return out
+            self._feed(chunk, last=False)
 
     def _start_over(self) -> None:
         fmt = self.summary.format if self.summary.format in PARSERS else "auto"
         self.summary = FileSummary(path=self.summary.path, format=fmt, rank=self.summary.rank,
                                    truncations=self.summary.truncations + 1, rotations=self.summary.rotations)
         self._offset, self._pending, self._skipping, self.restarted = 0, b"", False, True
-        self._last, self._last_line, self.back_steps = None, "", []
+        self._last, self._last_step, self._last_line, self.back_steps = None, None, "", []
+        self.table, self._fast = StepTable(), None
 
-    def _feed(self, chunk: bytes, *, last: bool) -> list[dict[str, Any]]:
+    def _feed(self, chunk: bytes, *, last: bool) -> None:
         data = self._pending + chunk
         cut = len(data) if last else data.rfind(b"\n") + 1
         self._pending = data[cut:]
@@ -271,9 +277,32 @@ class LogReader:
         text = body.decode("utf-8", errors="replace")
         if "\x1b" in text:
             text = _ANSI.sub("", text)
-        return self._parse_text(text)
+        if not (self._fast is not None and self._parse_fast(text)):
+            self._parse_text(text)
 
-    def _parse_text(self, text: str) -> list[dict[str, Any]]:
+    def _parse_fast(self, text: str) -> bool:
+        """Read a chunk whose step lines all have the file's shape, a column at a time (no dict per line).
+
+        Only when nothing in it needs the line-by-line reader: every step line matches, steps only go up,
+        no skip, exception or stop line, no over-long line. Otherwise the caller reads it line by line."""
+        summary = self.summary
+        if any(marker in text for marker in _EVENT_MARKERS):
+            return False
+        got = self._fast.read(text, self._last_step)
+        if got is None:
+            return False
+        count, cols, last_step = got
+        if count:
+            cols["rank"] = _repeat(summary.rank, count)
+            self.table.append_columns(count, cols)
+            self._last, self._last_step, summary.stop = self.table.n - 1, last_step, None
+            head = text.rfind(self._fast.head)
+            self._last_line = text[text.rfind("\n", 0, head) + 1:text.find("\n", head) % (len(text) + 1)]
+        summary.lines += text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+        summary.records += count
+        return True
+
+    def _parse_text(self, text: str) -> None:
         out: list[dict[str, Any]] = []
         summary = self.summary
         lineno = summary.lines
@@ -296,17 +325,21 @@ class LogReader:
                 if len(parsers) > 1:  # lock onto the first format found: faster, and no cross-talk
                     summary.format, parsers = name, [(name, parse)]
                 record.setdefault("rank", summary.rank)
-                if self._last is not None and record["step"] <= self._last["step"]:
+                if self._last_step is not None and record["step"] <= self._last_step:
                     self._went_back(summary.records + len(out), line)
                 out.append(record)
-                self._last, self._last_line, summary.stop = record, line, None
+                self._last, self._last_step, self._last_line, summary.stop = record, record["step"], line, None
+                if self._fast is None and name == "mindformers":
+                    self._fast = shape_of(line)
                 break
             else:
                 if self._last is not None or summary.records:
                     self._event(line, lineno)
         summary.lines = lineno
         summary.records += len(out)
-        return out
+        self.table.append_records(out)
+        if out and self._last is out[-1]:
+            self._last = self.table.n - 1
 
     def _went_back(self, index: int, line: str) -> None:
         """Remember where the step went back, and whether the logger's clock did too: a resumed run logs
@@ -324,12 +357,21 @@ class LogReader:
                 skipped = parse_number(line.rsplit("is_skip:", 1)[1])
             except ValueError:
                 skipped = None
-            if skipped:
+            if skipped and isinstance(self._last, dict):
                 self._last["is_skip"] = 1
+            elif skipped:
+                self.table.set(self._last, "is_skip", 1)
             return
         if ("Error" in line or "Exception" in line or "stop training" in line or "Interrupt" in line) \
                 and (m := _STOP.search(line)):
             self.summary.stop = f"line {lineno}: {(m.group(1) + ': ' + m.group(2)) if m.group(1) else m.group(3)}"[:240].strip()
+
+
+_EVENT_MARKERS = ("is_skip:", "Error", "Exception", "stop training", "Interrupt")
+
+
+def _repeat(value: int, count: int) -> array:
+    return array("q", [value]) * count
 
 
 def _stamp(line: str) -> str | None:
@@ -355,8 +397,8 @@ def _reject_binary(path: Path, head: bytes) -> None:
                                    "or checkpoint file")
 
 
-def split_interleaved(records: list[dict[str, Any]], summary: FileSummary) -> list[dict[str, Any]]:
-    """One file's records, with the ranks told apart when several ranks' lines were written into it.
+def split_interleaved(steps: list[int], summary: FileSummary) -> list[int] | None:
+    """The rank of each of one file's records when several ranks' lines were written into it, else None.
 
     msrun's console (``--tail_worker_log``), ``tee`` of a job's output or ``cat worker_*.log`` put every
     rank's step line into one file, and the line names no rank. Such a file shows each step R ≥ 2 times
@@ -369,53 +411,63 @@ def split_interleaved(records: list[dict[str, Any]], summary: FileSummary) -> li
     order: dict[int, int] = {}
     counts: dict[int, int] = {}
     newest = None
-    for r in records:
-        step = r["step"]
+    for step in steps:
         if step not in order:
             order[step] = len(order)
         counts[step] = counts.get(step, 0) + 1
         if newest is not None and order[step] < order[newest] - _INTERLEAVE_LAG:
-            return records
+            return None
         if newest is None or order[step] > order[newest]:
             newest = step
-    steps = list(order)
-    ranks = counts[steps[0]] if steps else 0
-    body = steps[:-2] if len(steps) > 2 else steps[:1]
-    if ranks < 2 or any(counts[s] != ranks for s in body) or any(counts[s] > ranks for s in steps):
-        return records
+    distinct = list(order)
+    ranks = counts[distinct[0]] if distinct else 0
+    body = distinct[:-2] if len(distinct) > 2 else distinct[:1]
+    if ranks < 2 or any(counts[s] != ranks for s in body) or any(counts[s] > ranks for s in distinct):
+        return None
     seen: dict[int, int] = {}
     out = []
-    for r in records:
-        k = seen.get(r["step"], 0)
-        seen[r["step"]] = k + 1
-        out.append({**r, "rank": summary.rank + k})
+    for step in steps:
+        k = seen.get(step, 0)
+        seen[step] = k + 1
+        out.append(summary.rank + k)
     summary.interleaved = ranks
     return out
 
 
-def split_concatenated(records: list[dict[str, Any]], reader: LogReader) -> list[dict[str, Any]]:
-    """One file's records, with a new rank from each point where the step and the logger's clock both went
-    back: `cat worker_0.log worker_1.log` (each rank's log starts when the job starts, long before the first
-    one ends), never a resume (whose lines are logged after those they replace). Without timestamps the two
-    cannot be told apart, and a step going back stays a resume."""
+def split_concatenated(steps: list[int], reader: LogReader) -> list[int] | None:
+    """The rank of each of one file's records when whole logs were appended into it, else None: a new rank
+    from each point where the step and the logger's clock both went back. That is `cat worker_0.log
+    worker_1.log` (each rank's log starts when the job starts, long before the first one ends), never a
+    resume (whose lines are logged after those they replace). Without timestamps the two cannot be told
+    apart, and a step going back stays a resume."""
     summary = reader.summary
     summary.concatenated = []
-    cuts = [index for index, clock_back in reader.back_steps if clock_back and index < len(records)]
-    if not cuts or summary.interleaved:
-        return records
-    out = list(records)
-    for k, (start, end) in enumerate(zip(cuts, cuts[1:] + [len(records)]), start=1):
-        first, before = records[start], records[start - 1]
-        summary.concatenated.append(f"step {before['step']} -> {first['step']} with the time going back: "
+    cuts = [index for index, clock_back in reader.back_steps if clock_back and 0 < index < len(steps)]
+    if not cuts:
+        return None
+    out = [summary.rank] * len(steps)
+    for k, (start, end) in enumerate(zip(cuts, cuts[1:] + [len(steps)]), start=1):
+        summary.concatenated.append(f"step {steps[start - 1]} -> {steps[start]} with the time going back: "
                                     f"read from there as rank {summary.rank + k}")
-        for i in range(start, end):
-            out[i] = {**records[i], "rank": summary.rank + k}
+        out[start:end] = [summary.rank + k] * (end - start)
     return out
 
 
-def split_ranks(records: list[dict[str, Any]], reader: LogReader) -> list[dict[str, Any]]:
-    """One file's records with ranks told apart: interleaved lines, or whole logs appended one after another."""
-    return split_concatenated(split_interleaved(records, reader.summary), reader)
+def split_ranks(reader: LogReader) -> StepTable:
+    """One file's table, its `rank` column telling apart the ranks whose lines share the file: interleaved
+    lines, or whole logs appended one after another. Steps that only go up need neither."""
+    table = reader.table
+    reader.summary.interleaved, reader.summary.concatenated = 0, []
+    steps = table.values("step")
+    if len(steps) < 2 or bool(np.all(np.diff(steps) > 0)):
+        ranks = None
+    else:
+        as_list = [int(x) for x in steps.tolist()]
+        ranks = split_interleaved(as_list, reader.summary)
+        if ranks is None:
+            ranks = split_concatenated(as_list, reader)
+    table.set_column("rank", np.full(table.n, reader.summary.rank) if ranks is None else np.asarray(ranks))
+    return table
 
 
 # ---------------------------------------------------------------- a run: one or more files
@@ -426,31 +478,37 @@ class Run:
 
     name: str
     files: list[FileSummary]
-    records: list[dict[str, Any]]
+    records: StepTable = attrs.field(converter=lambda r: as_table(r))
     warnings: list[str] = attrs.field(factory=list)
-    _series: dict[int, list[dict[str, Any]]] | None = attrs.field(default=None, init=False, repr=False, eq=False)
+    _series: dict[int, TableView] | None = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @property
     def ranks(self) -> list[int]:
         return sorted(self._by_rank())
 
-    def series(self, rank: int) -> list[dict[str, Any]]:
+    def series(self, rank: int) -> TableView:
         """One rank's records by step; after a resume (step going back) the later line wins."""
-        return self._by_rank().get(rank, [])
+        found = self._by_rank().get(rank)
+        return found if found is not None else TableView(self.records, np.zeros(0, dtype=np.int64))
 
-    def _by_rank(self) -> dict[int, list[dict[str, Any]]]:
+    def _by_rank(self) -> dict[int, TableView]:
         if self._series is None:  # computed once: records are complete when a Run is built
-            by_rank: dict[int, dict[int, dict[str, Any]]] = {}
-            for r in self.records:
-                by_rank.setdefault(r["rank"], {})[r["step"]] = r
-            self._series = {rank: [steps[s] for s in sorted(steps)] for rank, steps in by_rank.items()}
+            ranks = self.records.values("rank").astype(np.int64)
+            steps = self.records.values("step")
+            self._series = {}
+            for rank in np.unique(ranks).tolist():
+                rows = np.nonzero(ranks == rank)[0][::-1]  # newest first: np.unique keeps the first of each
+                _, first = np.unique(steps[rows], return_index=True)
+                self._series[int(rank)] = TableView(self.records, rows[first])
         return self._series
 
     @property
     def primary_rank(self) -> int:
         """The lowest rank that logs real losses (non-last pipeline stages log `N/A`)."""
-        with_loss = sorted({r["rank"] for r in self.records if _finite_or_nan(r.get("loss"))})
-        return with_loss[0] if with_loss else min(r["rank"] for r in self.records)
+        ranks = self.records.values("rank").astype(np.int64)
+        loss = self.records.values("loss")
+        real = self.records.numeric("loss") & ~np.isinf(loss)
+        return int(ranks[real].min()) if real.any() else int(ranks.min())
 
 
 def _finite_or_nan(value: Any) -> bool:
@@ -484,9 +542,10 @@ def open_readers(logs: list[Path], *, fmt: str = "auto") -> list[LogReader]:
     return readers
 
 
-def collect(readers: list[LogReader], name: str, records: list[dict[str, Any]] | None = None) -> Run:
-    """Build a `Run` from readers; raises when no file held a single step line."""
-    records = records if records is not None else []
+def collect(readers: list[LogReader], name: str) -> Run:
+    """Build a `Run` from readers, each file's ranks told apart (see `split_ranks`)."""
+    tables = [split_ranks(reader) for reader in readers]
+    records = tables[0] if len(tables) == 1 else StepTable.concat(tables)
     run = Run(name=name, files=[r.summary for r in readers], records=records)
     for f in run.files:
         if f.records == 0:
@@ -535,7 +594,8 @@ def _no_steps_message(f: FileSummary) -> str:
 def parse_run(logs: list[Path], *, fmt: str = "auto", name: str | None = None) -> Run:
     """Parse every file of one run (all ranks) in one pass."""
     readers = open_readers(logs, fmt=fmt)
-    records = [rec for reader in readers for rec in split_ranks(reader.read_new(final=True), reader)]
-    run = collect(readers, name or ", ".join(str(p) for p in logs), records)
+    for reader in readers:
+        reader.read_new(final=True)
+    run = collect(readers, name or ", ".join(str(p) for p in logs))
     require_steps(run)
     return run
