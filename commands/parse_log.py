@@ -180,8 +180,8 @@ def _throughput_unit(series: list[dict[str, Any]]) -> tuple[str, float]:
     step line rounded to 0.01 TFLOP/s stay in TFLOP/s, as logged (a finer unit would pretend a precision)."""
     from mftk.logs.summary import coarse_throughput
 
-    values = [abs(r["throughput"]) for r in series if isinstance(r.get("throughput"), (int, float))
-              and math.isfinite(r["throughput"])]
+    column = series.values("throughput") if hasattr(series, "values") else [r.get("throughput") for r in series]
+    values = [abs(v) for v in (column.tolist() if hasattr(column, "tolist") else column) if isinstance(v, (int, float)) and math.isfinite(v)]
     if coarse_throughput(values):
         return "TFLOP/s as logged", 1.0
     peak = max(values, default=0.0)

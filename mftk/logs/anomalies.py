@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 
 from mftk.logs.parse import Run
+from mftk.logs.table import TableView
 
 KINDS = ("nan", "spike", "grad_spike", "straggler", "lr_jump", "divergence", "resume", "skipped", "zero_loss",
          "unread", "stopped")
@@ -75,12 +76,30 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+class _Series:
+    """One rank's steps as plain lists, a column at a time (NaN where a step lacks the field): the detectors
+    walk Python floats, never a dict per step."""
+
+    def __init__(self, view: TableView) -> None:
+        self.view = view
+        self.steps = [int(x) for x in view.values("step").tolist()]
+        self._cols: dict[str, list[float]] = {}
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def col(self, key: str) -> list[float]:
+        if key not in self._cols:
+            self._cols[key] = self.view.values(key).tolist()
+        return self._cols[key]
+
+
 def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[Anomaly]:
     """Every anomaly of every kind in `run`, merged over consecutive steps, sorted by step."""
     t = thresholds or Thresholds()
     found: list[Anomaly] = []
     found += _resumes(run)
-    series = {rank: run.series(rank) for rank in run.ranks}
+    series = {rank: _Series(run.series(rank)) for rank in run.ranks}
     for rank, recs in series.items():
         found += _non_finite(rank, recs)
         found += _flagged(rank, recs)
@@ -93,24 +112,26 @@ def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[An
     return _merge(found)
 
 
-def _flagged(rank: int, recs: list[dict[str, Any]]) -> list[Anomaly]:
+def _flagged(rank: int, recs: _Series) -> list[Anomaly]:
     """What a step line says outright: a skipped step (MF's skip-data `is_skip: [ True]`), a loss of exactly 0
     (no real language-model loss is; a masked-out batch or a broken label pipeline is), and a field whose text
     held no single number (`global_norm: [1 31049]`), left out rather than guessed."""
     out = []
-    for r in recs:
-        if r.get("is_skip"):
-            out.append(Anomaly(kind="skipped", step=r["step"], field="is_skip", ranks=[rank], value=None,
-                               message="step skipped (is_skip: the global norm was over the skip threshold; "
-                                       "its data was not trained on)"))
-        loss = r.get("loss")
-        if isinstance(loss, (int, float)) and loss == 0:
-            out.append(Anomaly(kind="zero_loss", step=r["step"], field="loss", ranks=[rank], value=0.0,
-                               message="loss is exactly 0 (check the labels/loss mask of this batch)"))
-        if r.get("unread"):
-            names = ", ".join(part.split(":")[0] for part in r["unread"].split("; "))
-            out.append(Anomaly(kind="unread", step=r["step"], field=names, ranks=[rank], value=None,
-                               message=f"could not read {names}: not one number (e.g. {r['unread']}); left out, "
+    view = recs.view
+    for i in np.nonzero(np.nan_to_num(view.values("is_skip")) != 0)[0].tolist():
+        out.append(Anomaly(kind="skipped", step=recs.steps[i], field="is_skip", ranks=[rank], value=None,
+                           message="step skipped (is_skip: the global norm was over the skip threshold; "
+                                   "its data was not trained on)"))
+    for i in np.nonzero(view.values("loss") == 0)[0].tolist():
+        out.append(Anomaly(kind="zero_loss", step=recs.steps[i], field="loss", ranks=[rank], value=0.0,
+                           message="loss is exactly 0 (check the labels/loss mask of this batch)"))
+    texts = view.table.texts
+    for i, row in enumerate(view.index.tolist() if texts else []):
+        unread = texts.get(row, {}).get("unread")
+        if unread:
+            names = ", ".join(part.split(":")[0] for part in unread.split("; "))
+            out.append(Anomaly(kind="unread", step=recs.steps[i], field=names, ranks=[rank], value=None,
+                               message=f"could not read {names}: not one number (e.g. {unread}); left out, "
                                        "not guessed"))
     return out
 
@@ -121,9 +142,9 @@ def _stops(run: Run) -> list[Anomaly]:
     for f in run.files:
         if f.stop is None:
             continue
-        steps = [r["step"] for r in run.series(f.rank)] or [0]
-        out.append(Anomaly(kind="stopped", step=steps[-1], field="log", ranks=[f.rank], value=None,
-                           message=f"training stopped after this step: {f.stop}"))
+        steps = run.series(f.rank).values("step")
+        out.append(Anomaly(kind="stopped", step=int(steps[-1]) if len(steps) else 0, field="log", ranks=[f.rank],
+                           value=None, message=f"training stopped after this step: {f.stop}"))
     return out
 
 
@@ -140,52 +161,54 @@ def _resumes(run: Run) -> list[Anomaly]:
     return out
 
 
-def _non_finite(rank: int, recs: list[dict[str, Any]]) -> list[Anomaly]:
+def _non_finite(rank: int, recs: _Series) -> list[Anomaly]:
     out = []
-    for r in recs:
-        for key, value in r.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                word = "NaN" if math.isnan(value) else "Inf"
-                out.append(Anomaly(kind="nan", step=r["step"], field=key, ranks=[rank], value=None,
-                                   message=f"{key} is {word}"))
+    view = recs.view
+    for key, column in view.table.columns.items():
+        if column.kind != "float":
+            continue
+        values = view.values(key)
+        bad = view.table.numeric(key)[view.index] & ~np.isfinite(values)
+        for i in np.nonzero(bad)[0].tolist():
+            word = "NaN" if math.isnan(values[i]) else "Inf"
+            out.append(Anomaly(kind="nan", step=recs.steps[i], field=key, ranks=[rank], value=None,
+                               message=f"{key} is {word}"))
     return out
 
 
-def _spikes(rank: int, recs: list[dict[str, Any]], key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
+def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
     out, window = [], _RollingMedian(t.window)
-    for r in recs:
-        value = r.get(key)
-        if not _finite(value):
+    for step, value in zip(recs.steps, recs.col(key)):
+        if not math.isfinite(value):
             continue
         if len(window) >= t.min_history:
             med = window.median()
             if med > 0 and value > ratio * med:
-                out.append(Anomaly(kind=kind, step=r["step"], field=key, ranks=[rank], value=value, reference=med,
+                out.append(Anomaly(kind=kind, step=step, field=key, ranks=[rank], value=value, reference=med,
                                    message=f"{key} {value:.4g} is {value / med:.2f}x the median {med:.4g} "
                                            f"of the previous {len(window)} steps"))
                 continue  # keep the spike out of the baseline
-        window.push(float(value))
+        window.push(value)
     return out
 
 
-def _slow_steps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
+def _slow_steps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
     out, window = [], _RollingMedian(t.window)
-    for r in recs[t.skip_warmup:]:
-        value = r.get("per_step_time")
-        if not _finite(value):
+    for step, value in zip(recs.steps[t.skip_warmup:], recs.col("per_step_time")[t.skip_warmup:]):
+        if not math.isfinite(value):
             continue
         if len(window) >= t.min_history:
             med = window.median()
             if med > 0 and value > t.straggler * med:
-                out.append(Anomaly(kind="straggler", step=r["step"], field="per_step_time", ranks=[rank],
+                out.append(Anomaly(kind="straggler", step=step, field="per_step_time", ranks=[rank],
                                    value=value, reference=med,
                                    message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms"))
                 continue
-        window.push(float(value))
+        window.push(value)
     return out
 
 
-def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
+def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
     """Flag LR changes that no schedule explains: neither a flat nor a linear continuation of the last two
     steps predicts them, and they are either large against the run's LR (the largest of the last
     ``window`` steps) or turn against the trend (up during a decay or from a plateau, down during a
@@ -193,22 +216,19 @@ def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anom
     LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
     """
     out = []
+    steps, lrs = recs.steps, recs.col("lr")
     recent: deque[tuple[int, float]] = deque()  # (index, |lr|), decreasing: the window's max is recent[0]
-    for i, r in enumerate(recs):
-        lr = r.get("lr")
-        if _finite(lr):
+    for i, lr in enumerate(lrs):
+        if math.isfinite(lr):
             while recent and recent[-1][1] <= abs(lr):
                 recent.pop()
             recent.append((i, abs(lr)))
         while recent and recent[0][0] <= i - t.window:
             recent.popleft()
-        if i < 2:
+        if i < 2 or not (steps[i] == steps[i - 1] + 1 == steps[i - 2] + 2):
             continue
-        a, b, c = recs[i - 2], recs[i - 1], r
-        if not (c["step"] == b["step"] + 1 == a["step"] + 2):
-            continue
-        la, lb, lc = a.get("lr"), b.get("lr"), c.get("lr")
-        if not (_finite(la) and _finite(lb) and _finite(lc)):
+        la, lb, lc = lrs[i - 2], lrs[i - 1], lr
+        if not (math.isfinite(la) and math.isfinite(lb) and math.isfinite(lc)):
             continue
         local = max(abs(lb), abs(lc))
         if local == 0:
@@ -219,23 +239,23 @@ def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anom
         large = flat > t.lr_jump * recent[0][1]
         against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
         if unexplained and (large or against_trend):
-            out.append(Anomaly(kind="lr_jump", step=c["step"], field="lr", ranks=[rank], value=lc, reference=lb,
+            out.append(Anomaly(kind="lr_jump", step=steps[i], field="lr", ranks=[rank], value=lc, reference=lb,
                                message=f"lr jumped from {lb:.3e} to {lc:.3e}"))
     return out
 
 
-def _rank_checks(series: dict[int, list[dict[str, Any]]], t: Thresholds) -> list[Anomaly]:
+def _rank_checks(series: dict[int, _Series], t: Thresholds) -> list[Anomaly]:
     """Across ranks at one step: losses that disagree (DP divergence) and one rank far slower."""
     if len(series) < 2:
         return []
     losses: dict[int, list[tuple[int, float]]] = defaultdict(list)
     times: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for rank, recs in series.items():
-        for r in recs:
-            if _finite(r.get("loss")):
-                losses[r["step"]].append((rank, float(r["loss"])))
-            if _finite(r.get("per_step_time")):
-                times[r["step"]].append((rank, float(r["per_step_time"])))
+        for step, loss, ms in zip(recs.steps, recs.col("loss"), recs.col("per_step_time")):
+            if math.isfinite(loss):
+                losses[step].append((rank, loss))
+            if math.isfinite(ms):
+                times[step].append((rank, ms))
     out = []
     for step, values in losses.items():
         if len(values) < 2:

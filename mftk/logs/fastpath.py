@@ -18,14 +18,16 @@ from array import array
 import numpy as np
 
 HEAD = "{ step:["
+_HEAD_FIELDS = [("step", int), ("total_steps", int)]
 _HEAD_RE = r"\{ step:\[ *(\d+)/ *(\d+)\]"
-# Value spellings of the step line (format_step_line): `%6dms`, `%6.2fT`, `%d`, `%10.6f`, `%10.6e`, `NaN`.
+# Value spellings of the step line (format_step_line): `%6dms`, `%6.2fT`, `%d`, `%10.6f`, `%10.6e`, `NaN`. The
+# regex captures any run of non-separators; `int`/`float` then reject what is not a number of that kind.
 _KINDS = (
-    (re.compile(r"-?\d+ms"), int, r" *(-?\d+)ms"),
-    (re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?T"), float, r" *([-+]?[0-9.]+(?:[eE][-+]?\d+)?)T"),
-    (re.compile(r"-?\d+"), int, r" *(-?\d+)"),
+    (re.compile(r"-?\d+ms"), int, r" *([^,\sm]+)ms"),
+    (re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?T"), float, r" *([^,\sT]+)T"),
+    (re.compile(r"-?\d+"), int, r" *([^,\s]+)"),
     (re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Infinity)"), float,
-     r" *([-+]?(?:[0-9.]+(?:[eE][-+]?\d+)?|nan|NaN|inf|Infinity))"),
+     r" *([^,\s]+)"),
 )
 
 
@@ -45,17 +47,22 @@ class FastShape:
             return None
         if not rows:
             return 0, {}, last_step
-        cols = list(zip(*rows))
         try:
-            steps = array("q", map(int, cols[0]))
-            a = np.frombuffer(steps, dtype=np.int64)
-            if (last_step is not None and a[0] <= last_step) or (len(a) > 1 and bool(np.any(np.diff(a) <= 0))):
-                return None  # a resume or another log: the line reader looks at the timestamps
-            out = {"step": steps, "total_steps": array("q", map(int, cols[1]))}
-            for (name, kind), values in zip(self.fields, cols[2:]):
-                out[name] = array("q", map(int, values)) if kind is int else array("d", map(float, values))
-        except (ValueError, OverflowError):
+            table = np.array(rows, dtype=np.float64)  # every cell at once; a non-number raises ValueError
+        except ValueError:
             return None
+        out: dict[str, array] = {}
+        for j, (name, kind) in enumerate(_HEAD_FIELDS + self.fields):
+            col = np.ascontiguousarray(table[:, j])
+            if kind is int:
+                if not (np.all(np.abs(col) < 2.0 ** 53) and np.array_equal(col, np.round(col))):
+                    return None  # NaN or a fraction where the first line had an integer: read line by line
+                out[name] = array("q", col.astype(np.int64).tobytes())
+            else:
+                out[name] = array("d", col.tobytes())
+        a = np.frombuffer(out["step"], dtype=np.int64)
+        if (last_step is not None and a[0] <= last_step) or (len(a) > 1 and bool(np.any(np.diff(a) <= 0))):
+            return None  # a resume or another log: the line reader looks at the timestamps
         return len(rows), out, int(a[-1])
 
 

@@ -277,6 +277,10 @@ class LogReader:
         text = body.decode("utf-8", errors="replace")
         if "\x1b" in text:
             text = _ANSI.sub("", text)
+        if self._fast is None and len(text) > _SHAPE_PROBE:  # learn the shape on the chunk's head
+            cut = text.find("\n", _SHAPE_PROBE) + 1 or len(text)
+            self._parse_text(text[:cut])
+            text = text[cut:]
         if not (self._fast is not None and self._parse_fast(text)):
             self._parse_text(text)
 
@@ -367,6 +371,7 @@ class LogReader:
             self.summary.stop = f"line {lineno}: {(m.group(1) + ': ' + m.group(2)) if m.group(1) else m.group(3)}"[:240].strip()
 
 
+_SHAPE_PROBE = 1 << 16  # bytes of a chunk read line by line before its step-line shape is known
 _EVENT_MARKERS = ("is_skip:", "Error", "Exception", "stop training", "Interrupt")
 
 

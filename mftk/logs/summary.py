@@ -10,6 +10,9 @@ import math
 from typing import Any, Sequence
 
 import attrs
+import numpy as np
+
+from mftk.logs.table import as_view
 
 MFU_CONVENTION = ("MFU = model TFLOP/s per device as logged (Megatron-LM formula as in MindSpore Transformers: "
                   "GEMMs x3 for fwd+bwd, x2 per FMA, causal attention, recompute not counted), "
@@ -55,48 +58,57 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def summarize(series: list[dict[str, Any]], *, ranks: list[int], primary_rank: int, skip_warmup: int = 1,
+def summarize(series: Sequence[dict[str, Any]], *, ranks: list[int], primary_rank: int, skip_warmup: int = 1,
               seq_length: int | None = None, world_size: int | None = None,
               peak_tflops: float | None = None) -> Summary:
-    """Summarize one rank's step series (sorted by step, one record per step)."""
-    s = Summary(steps=len(series), first_step=series[0]["step"], last_step=series[-1]["step"],
-                total_steps=series[-1].get("total_steps"), ranks=ranks, primary_rank=primary_rank,
-                warmup_skipped=min(skip_warmup, max(len(series) - 1, 0)), seq_length=seq_length,
+    """Summarize one rank's step series (sorted by step, one record per step), reading whole columns."""
+    view = as_view(series)
+    steps = view.values("step")
+    last = view[len(view) - 1]
+    s = Summary(steps=len(view), first_step=int(steps[0]), last_step=int(steps[-1]),
+                total_steps=last.get("total_steps"), ranks=ranks, primary_rank=primary_rank,
+                warmup_skipped=min(skip_warmup, max(len(view) - 1, 0)), seq_length=seq_length,
                 world_size=world_size or (len(ranks) if len(ranks) > 1 else None), peak_tflops=peak_tflops)
-    losses = [(r["step"], r["loss"]) for r in series if _finite(r.get("loss"))]
-    if losses:
-        s.loss_first, s.loss_last = losses[0][1], losses[-1][1]
-        s.loss_min_step, s.loss_min = min(losses, key=lambda sl: sl[1])
-    steady = series[s.warmup_skipped:]
-    times = sorted(float(r["per_step_time"]) for r in steady if _finite(r.get("per_step_time")))
+    loss = view.values("loss")
+    finite = np.isfinite(loss)
+    if finite.any():
+        where = np.nonzero(finite)[0]
+        s.loss_first, s.loss_last = float(loss[where[0]]), float(loss[where[-1]])
+        best = where[int(np.argmin(loss[where]))]
+        s.loss_min_step, s.loss_min = int(steps[best]), float(loss[best])
+    cols = {k: view.values(k)[s.warmup_skipped:] for k in
+            ("per_step_time", "throughput", "global_batch_size", "tokens", "consumed_tokens")}
+    time = cols["per_step_time"]
+    times = sorted(time[np.isfinite(time)].tolist())
     if times:
         s.step_time_ms = {f"p{q}": percentile(times, q) for q in (50, 90, 99)}
         s.step_time_ms.update(mean=sum(times) / len(times), max=times[-1])
-    _rates(s, steady)
+    _rates(s, cols)
     return s
 
 
-def _rates(s: Summary, steady: list[dict[str, Any]]) -> None:
-    timed = [r for r in steady if _finite(r.get("per_step_time")) and r["per_step_time"] > 0]
-    total_ms = sum(r["per_step_time"] for r in timed)
-    thr = [(r["throughput"], r["per_step_time"]) for r in timed if _finite(r.get("throughput"))]
-    if thr:
-        s.throughput_tflops = sum(t * ms for t, ms in thr) / sum(ms for _, ms in thr)
-        s.throughput_coarse = coarse_throughput([t for t, _ in thr])
+def _rates(s: Summary, steady: dict[str, np.ndarray]) -> None:
+    """Rates over the timed steady-state steps; columns are NaN where a step lacks the field."""
+    ms = steady["per_step_time"]
+    timed = np.isfinite(ms) & (np.nan_to_num(ms) > 0)
+    col = {k: v[timed] for k, v in steady.items()}
+    total_ms = sum(col["per_step_time"].tolist())
+    thr_ok = np.isfinite(col["throughput"])
+    if thr_ok.any():
+        thr, t_ms = col["throughput"][thr_ok].tolist(), col["per_step_time"][thr_ok].tolist()
+        s.throughput_tflops = sum(t * m for t, m in zip(thr, t_ms)) / sum(t_ms)
+        s.throughput_coarse = coarse_throughput(thr)
         if s.throughput_coarse:
             s.notes.append("the step line logs throughput in TFLOP/s with 2 decimals, too coarse below 1 TFLOP/s; "
                            "samples/s and tokens/s are exact, and an mftk run's metrics.jsonl (next to its "
                            "info.log) has the exact FLOP/s")
-    with_gbs = [r for r in timed if _finite(r.get("global_batch_size"))]
-    if with_gbs and total_ms:
-        s.samples_per_s = sum(r["global_batch_size"] for r in with_gbs) / (sum(r["per_step_time"] for r in with_gbs) / 1e3)
-    elif timed:
+    gbs_ok = np.isfinite(col["global_batch_size"])
+    if gbs_ok.any() and total_ms:
+        s.samples_per_s = (sum(col["global_batch_size"][gbs_ok].tolist())
+                           / (sum(col["per_step_time"][gbs_ok].tolist()) / 1e3))
+    elif timed.any():
         s.notes.append("no global_batch_size in the log: samples/s not computed")
-    tokens = _tokens_per_s(s, timed)
+    tokens = _tokens_per_s(s, col)
     if tokens is not None:
         s.tokens_per_s = tokens
         if s.world_size:
@@ -114,20 +126,21 @@ def _rates(s: Summary, steady: list[dict[str, Any]]) -> None:
                                "for the dtype used")
 
 
-def _tokens_per_s(s: Summary, timed: list[dict[str, Any]]) -> float | None:
+def _tokens_per_s(s: Summary, timed: dict[str, np.ndarray]) -> float | None:
     """Tokens per second (global): from ``--seq-length``, else mftk's per-step ``tokens`` field, else
     Megatron's running ``consumed_tokens``."""
-    seconds = sum(r["per_step_time"] for r in timed) / 1e3
+    ms = timed["per_step_time"].tolist()
+    seconds = sum(ms) / 1e3
     if not seconds:
         return None
     if s.seq_length and s.samples_per_s is not None:
         return s.samples_per_s * s.seq_length
-    with_tokens = [r for r in timed if _finite(r.get("tokens"))]
-    if with_tokens and len(with_tokens) == len(timed):
-        return sum(r["tokens"] for r in with_tokens) / seconds
-    consumed = [r["consumed_tokens"] for r in timed if _finite(r.get("consumed_tokens"))]
-    if len(consumed) >= 2 and len(consumed) == len(timed):
-        return (consumed[-1] - consumed[0]) / (sum(r["per_step_time"] for r in timed[1:]) / 1e3)
+    tokens = timed["tokens"]
+    if len(tokens) and bool(np.isfinite(tokens).all()):
+        return sum(tokens.tolist()) / seconds
+    consumed = timed["consumed_tokens"]
+    if len(consumed) >= 2 and bool(np.isfinite(consumed).all()):
+        return float(consumed[-1] - consumed[0]) / (sum(ms[1:]) / 1e3)
     return None
 
 
