@@ -180,11 +180,15 @@ def _throughput_unit(series: list[dict[str, Any]]) -> tuple[str, float]:
     step line rounded to 0.01 TFLOP/s stay in TFLOP/s, as logged (a finer unit would pretend a precision)."""
     from mftk.logs.summary import coarse_throughput
 
-    column = series.values("throughput") if hasattr(series, "values") else [r.get("throughput") for r in series]
-    values = [abs(v) for v in (column.tolist() if hasattr(column, "tolist") else column) if isinstance(v, (int, float)) and math.isfinite(v)]
+    import numpy as np
+
+    from mftk.logs.table import as_view
+
+    column = as_view(series).values("throughput")
+    values = np.abs(column[np.isfinite(column)])
     if coarse_throughput(values):
         return "TFLOP/s as logged", 1.0
-    peak = max(values, default=0.0)
+    peak = float(values.max()) if len(values) else 0.0
     for name, factor in (("TFLOP/s", 1.0), ("GFLOP/s", 1e3), ("MFLOP/s", 1e6)):
         if peak * factor >= 1:
             return name, factor

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict, deque
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import attrs
 import numpy as np
@@ -76,22 +76,29 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+_BLOCK = 1 << 16  # steps turned into Python numbers at a time: the detectors' memory stays bounded
+
+
 class _Series:
-    """One rank's steps as plain lists, a column at a time (NaN where a step lacks the field): the detectors
-    walk Python floats, never a dict per step."""
+    """One rank's steps, read a column at a time (NaN where a step lacks the field): the detectors walk
+    Python floats a block at a time, never a dict per step nor a list of every step."""
 
     def __init__(self, view: TableView) -> None:
         self.view = view
-        self.steps = [int(x) for x in view.values("step").tolist()]
-        self._cols: dict[str, list[float]] = {}
+        self.steps = view.values("step").astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.steps)
 
-    def col(self, key: str) -> list[float]:
-        if key not in self._cols:
-            self._cols[key] = self.view.values(key).tolist()
-        return self._cols[key]
+    def pairs(self, key: str, start: int = 0) -> Iterator[tuple[int, float]]:
+        """(step, value) from row `start` on."""
+        values = self.view.values(key)
+        for b in range(start, len(values), _BLOCK):
+            yield from zip(self.steps[b:b + _BLOCK].tolist(), values[b:b + _BLOCK].tolist())
+
+    def rows(self, key: str) -> Iterator[tuple[int, int, float]]:
+        """(index, step, value) of every row."""
+        return ((i, step, value) for i, (step, value) in enumerate(self.pairs(key)))
 
 
 def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[Anomaly]:
@@ -119,18 +126,18 @@ def _flagged(rank: int, recs: _Series) -> list[Anomaly]:
     out = []
     view = recs.view
     for i in np.nonzero(np.nan_to_num(view.values("is_skip")) != 0)[0].tolist():
-        out.append(Anomaly(kind="skipped", step=recs.steps[i], field="is_skip", ranks=[rank], value=None,
+        out.append(Anomaly(kind="skipped", step=int(recs.steps[i]), field="is_skip", ranks=[rank], value=None,
                            message="step skipped (is_skip: the global norm was over the skip threshold; "
                                    "its data was not trained on)"))
     for i in np.nonzero(view.values("loss") == 0)[0].tolist():
-        out.append(Anomaly(kind="zero_loss", step=recs.steps[i], field="loss", ranks=[rank], value=0.0,
+        out.append(Anomaly(kind="zero_loss", step=int(recs.steps[i]), field="loss", ranks=[rank], value=0.0,
                            message="loss is exactly 0 (check the labels/loss mask of this batch)"))
     texts = view.table.texts
     for i, row in enumerate(view.index.tolist() if texts else []):
         unread = texts.get(row, {}).get("unread")
         if unread:
             names = ", ".join(part.split(":")[0] for part in unread.split("; "))
-            out.append(Anomaly(kind="unread", step=recs.steps[i], field=names, ranks=[rank], value=None,
+            out.append(Anomaly(kind="unread", step=int(recs.steps[i]), field=names, ranks=[rank], value=None,
                                message=f"could not read {names}: not one number (e.g. {unread}); left out, "
                                        "not guessed"))
     return out
@@ -171,14 +178,14 @@ def _non_finite(rank: int, recs: _Series) -> list[Anomaly]:
         bad = view.table.numeric(key)[view.index] & ~np.isfinite(values)
         for i in np.nonzero(bad)[0].tolist():
             word = "NaN" if math.isnan(values[i]) else "Inf"
-            out.append(Anomaly(kind="nan", step=recs.steps[i], field=key, ranks=[rank], value=None,
+            out.append(Anomaly(kind="nan", step=int(recs.steps[i]), field=key, ranks=[rank], value=None,
                                message=f"{key} is {word}"))
     return out
 
 
 def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
     out, window = [], _RollingMedian(t.window)
-    for step, value in zip(recs.steps, recs.col(key)):
+    for step, value in recs.pairs(key):
         if not math.isfinite(value):
             continue
         if len(window) >= t.min_history:
@@ -194,7 +201,7 @@ def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thre
 
 def _slow_steps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
     out, window = [], _RollingMedian(t.window)
-    for step, value in zip(recs.steps[t.skip_warmup:], recs.col("per_step_time")[t.skip_warmup:]):
+    for step, value in recs.pairs("per_step_time", t.skip_warmup):
         if not math.isfinite(value):
             continue
         if len(window) >= t.min_history:
@@ -216,31 +223,32 @@ def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
     LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
     """
     out = []
-    steps, lrs = recs.steps, recs.col("lr")
     recent: deque[tuple[int, float]] = deque()  # (index, |lr|), decreasing: the window's max is recent[0]
-    for i, lr in enumerate(lrs):
-        if math.isfinite(lr):
-            while recent and recent[-1][1] <= abs(lr):
+    (sa, la), (sb, lb) = (None, math.nan), (None, math.nan)  # the two steps before this one, and their lr
+    for i, step, lc in recs.rows("lr"):
+        if math.isfinite(lc):
+            while recent and recent[-1][1] <= abs(lc):
                 recent.pop()
-            recent.append((i, abs(lr)))
+            recent.append((i, abs(lc)))
         while recent and recent[0][0] <= i - t.window:
             recent.popleft()
-        if i < 2 or not (steps[i] == steps[i - 1] + 1 == steps[i - 2] + 2):
+        sa_, la_, sb_, lb_ = sa, la, sb, lb  # this step's two predecessors
+        (sa, la), (sb, lb) = (sb, lb), (step, lc)
+        if sa_ is None or not (step == sb_ + 1 == sa_ + 2):
             continue
-        la, lb, lc = lrs[i - 2], lrs[i - 1], lr
-        if not (math.isfinite(la) and math.isfinite(lb) and math.isfinite(lc)):
+        if not (math.isfinite(la_) and math.isfinite(lb_) and math.isfinite(lc)):
             continue
-        local = max(abs(lb), abs(lc))
+        local = max(abs(lb_), abs(lc))
         if local == 0:
             continue
-        before, now = lb - la, lc - lb
-        flat, linear = abs(now), abs(lc - (2 * lb - la))
+        before, now = lb_ - la_, lc - lb_
+        flat, linear = abs(now), abs(lc - (2 * lb_ - la_))
         unexplained = flat > t.lr_jump * local and linear > t.lr_jump * local
         large = flat > t.lr_jump * recent[0][1]
         against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
         if unexplained and (large or against_trend):
-            out.append(Anomaly(kind="lr_jump", step=steps[i], field="lr", ranks=[rank], value=lc, reference=lb,
-                               message=f"lr jumped from {lb:.3e} to {lc:.3e}"))
+            out.append(Anomaly(kind="lr_jump", step=step, field="lr", ranks=[rank], value=lc, reference=lb_,
+                               message=f"lr jumped from {lb_:.3e} to {lc:.3e}"))
     return out
 
 
@@ -251,9 +259,10 @@ def _rank_checks(series: dict[int, _Series], t: Thresholds) -> list[Anomaly]:
     losses: dict[int, list[tuple[int, float]]] = defaultdict(list)
     times: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for rank, recs in series.items():
-        for step, loss, ms in zip(recs.steps, recs.col("loss"), recs.col("per_step_time")):
+        for step, loss in recs.pairs("loss"):
             if math.isfinite(loss):
                 losses[step].append((rank, loss))
+        for step, ms in recs.pairs("per_step_time"):
             if math.isfinite(ms):
                 times[step].append((rank, ms))
     out = []

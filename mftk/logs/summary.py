@@ -50,7 +50,7 @@ class Summary:
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default method)."""
-    if not sorted_values:
+    if not len(sorted_values):
         raise ValueError("no values")
     pos = (len(sorted_values) - 1) * q / 100.0
     lo = math.floor(pos)
@@ -79,10 +79,10 @@ def summarize(series: Sequence[dict[str, Any]], *, ranks: list[int], primary_ran
     cols = {k: view.values(k)[s.warmup_skipped:] for k in
             ("per_step_time", "throughput", "global_batch_size", "tokens", "consumed_tokens")}
     time = cols["per_step_time"]
-    times = sorted(time[np.isfinite(time)].tolist())
-    if times:
-        s.step_time_ms = {f"p{q}": percentile(times, q) for q in (50, 90, 99)}
-        s.step_time_ms.update(mean=sum(times) / len(times), max=times[-1])
+    times = np.sort(time[np.isfinite(time)])
+    if len(times):
+        s.step_time_ms = {f"p{q}": float(percentile(times, q)) for q in (50, 90, 99)}
+        s.step_time_ms.update(mean=float(np.sum(times)) / len(times), max=float(times[-1]))
     _rates(s, cols)
     return s
 
@@ -92,11 +92,11 @@ def _rates(s: Summary, steady: dict[str, np.ndarray]) -> None:
     ms = steady["per_step_time"]
     timed = np.isfinite(ms) & (np.nan_to_num(ms) > 0)
     col = {k: v[timed] for k, v in steady.items()}
-    total_ms = sum(col["per_step_time"].tolist())
+    total_ms = float(np.sum(col["per_step_time"]))
     thr_ok = np.isfinite(col["throughput"])
     if thr_ok.any():
-        thr, t_ms = col["throughput"][thr_ok].tolist(), col["per_step_time"][thr_ok].tolist()
-        s.throughput_tflops = sum(t * m for t, m in zip(thr, t_ms)) / sum(t_ms)
+        thr, t_ms = col["throughput"][thr_ok], col["per_step_time"][thr_ok]
+        s.throughput_tflops = float(np.dot(thr, t_ms)) / float(np.sum(t_ms))
         s.throughput_coarse = coarse_throughput(thr)
         if s.throughput_coarse:
             s.notes.append("the step line logs throughput in TFLOP/s with 2 decimals, too coarse below 1 TFLOP/s; "
@@ -104,8 +104,8 @@ def _rates(s: Summary, steady: dict[str, np.ndarray]) -> None:
                            "info.log) has the exact FLOP/s")
     gbs_ok = np.isfinite(col["global_batch_size"])
     if gbs_ok.any() and total_ms:
-        s.samples_per_s = (sum(col["global_batch_size"][gbs_ok].tolist())
-                           / (sum(col["per_step_time"][gbs_ok].tolist()) / 1e3))
+        s.samples_per_s = (float(np.sum(col["global_batch_size"][gbs_ok]))
+                           / (float(np.sum(col["per_step_time"][gbs_ok])) / 1e3))
     elif timed.any():
         s.notes.append("no global_batch_size in the log: samples/s not computed")
     tokens = _tokens_per_s(s, col)
@@ -129,24 +129,25 @@ def _rates(s: Summary, steady: dict[str, np.ndarray]) -> None:
 def _tokens_per_s(s: Summary, timed: dict[str, np.ndarray]) -> float | None:
     """Tokens per second (global): from ``--seq-length``, else mftk's per-step ``tokens`` field, else
     Megatron's running ``consumed_tokens``."""
-    ms = timed["per_step_time"].tolist()
-    seconds = sum(ms) / 1e3
+    ms = timed["per_step_time"]
+    seconds = float(np.sum(ms)) / 1e3
     if not seconds:
         return None
     if s.seq_length and s.samples_per_s is not None:
         return s.samples_per_s * s.seq_length
     tokens = timed["tokens"]
     if len(tokens) and bool(np.isfinite(tokens).all()):
-        return sum(tokens.tolist()) / seconds
+        return float(np.sum(tokens)) / seconds
     consumed = timed["consumed_tokens"]
     if len(consumed) >= 2 and bool(np.isfinite(consumed).all()):
-        return float(consumed[-1] - consumed[0]) / (sum(ms[1:]) / 1e3)
+        return float(consumed[-1] - consumed[0]) / (float(np.sum(ms[1:])) / 1e3)
     return None
 
 
-def coarse_throughput(values: Sequence[float]) -> bool:
+def coarse_throughput(values: Sequence[float] | np.ndarray) -> bool:
     """True when logged TFLOP/s values are 2-decimal roundings (the step line's ``%6.2fT``) of a rate
     below 1 TFLOP/s, where the rounding is most of the value."""
-    if not values:
+    v = np.asarray(values, dtype=np.float64)
+    if not len(v):
         return False
-    return max(abs(v) for v in values) < 1.0 and all(abs(v * 100 - round(v * 100)) < 1e-6 for v in values)
+    return bool(np.abs(v).max() < 1.0 and np.all(np.abs(v * 100 - np.round(v * 100)) < 1e-6))
