@@ -183,36 +183,63 @@ def _non_finite(rank: int, recs: _Series) -> list[Anomaly]:
     return out
 
 
-def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
-    out, window = [], _RollingMedian(t.window)
-    for step, value in recs.pairs(key):
-        if not math.isfinite(value):
-            continue
-        if len(window) >= t.min_history:
-            med = window.median()
-            if med > 0 and value > ratio * med:
-                out.append(Anomaly(kind=kind, step=step, field=key, ranks=[rank], value=value, reference=med,
-                                   message=f"{key} {value:.4g} is {value / med:.2f}x the median {med:.4g} "
-                                           f"of the previous {len(window)} steps"))
-                continue  # keep the spike out of the baseline
-        window.push(value)
+def _over_median(values: np.ndarray, ratio: float, t: Thresholds) -> list[tuple[int, float, float, int]]:
+    """(index, value, median, history) of each finite value over `ratio` x the median of the previous
+    `t.window` finite values that were not flagged themselves (a spike stays out of the baseline).
+
+    The rule is sequential, but it cannot flag a value at most `ratio` x the smallest of the previous
+    `window` values (the median is at least that): a vectorized rolling minimum finds the few candidates,
+    and the exact walk runs only from each candidate until `window` unflagged values have passed (from
+    there on, its window is again simply the previous `window` values)."""
+    where = np.nonzero(np.isfinite(values))[0]
+    vals = values[where]
+    n, w = len(vals), t.window
+    candidate = np.ones(n, dtype=bool)
+    if n > w:
+        low = np.empty(n - w)
+        for b in range(0, n - w, 1 << 16):  # blocks: a bounded window view
+            e = min(n - w, b + (1 << 16))
+            low[b:e] = np.lib.stride_tricks.sliding_window_view(vals[b:e + w - 1], w).min(axis=1)
+        candidate[w:] = (vals[w:] > ratio * low) | (low <= 0)
+    out: list[tuple[int, float, float, int]] = []
+    window = _RollingMedian(w)
+    k = 0
+    while k < n:
+        if k >= w:  # the window is the previous `w` values: skip to the next candidate
+            ahead = np.nonzero(candidate[k:])[0]
+            if not len(ahead):
+                break
+            k += int(ahead[0])
+            window = _RollingMedian(w)
+            for v in vals[max(k - w, 0):k].tolist():
+                window.push(v)
+        since, flagged = 0, False  # unflagged values since the last flag; whether this walk flagged any
+        while k < n and (k < w or candidate[k] or (flagged and since < w)):
+            value = float(vals[k])
+            if len(window) >= t.min_history:
+                med = window.median()
+                if med > 0 and value > ratio * med:
+                    out.append((int(where[k]), value, med, len(window)))
+                    since, flagged, k = 0, True, k + 1
+                    continue
+            window.push(value)
+            since, k = since + 1, k + 1
     return out
+
+
+def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
+    return [Anomaly(kind=kind, step=int(recs.steps[i]), field=key, ranks=[rank], value=value, reference=med,
+                    message=f"{key} {value:.4g} is {value / med:.2f}x the median {med:.4g} "
+                            f"of the previous {history} steps")
+            for i, value, med, history in _over_median(recs.view.values(key), ratio, t)]
 
 
 def _slow_steps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
-    out, window = [], _RollingMedian(t.window)
-    for step, value in recs.pairs("per_step_time", t.skip_warmup):
-        if not math.isfinite(value):
-            continue
-        if len(window) >= t.min_history:
-            med = window.median()
-            if med > 0 and value > t.straggler * med:
-                out.append(Anomaly(kind="straggler", step=step, field="per_step_time", ranks=[rank],
-                                   value=value, reference=med,
-                                   message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms"))
-                continue
-        window.push(value)
-    return out
+    times = recs.view.values("per_step_time")[t.skip_warmup:]
+    return [Anomaly(kind="straggler", step=int(recs.steps[t.skip_warmup + i]), field="per_step_time", ranks=[rank],
+                    value=value, reference=med,
+                    message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms")
+            for i, value, med, _ in _over_median(times, t.straggler, t)]
 
 
 def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
@@ -222,33 +249,25 @@ def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
     warm-up) by a large fraction of the current LR. Warm-up ends, cosine tails that approach 0 and cool-down steps to a final
     LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
     """
+    steps, lr = recs.steps, recs.view.values("lr")
+    if len(lr) < 3:
+        return []
+    la, lb, lc = lr[:-2], lr[1:-1], lr[2:]
+    with np.errstate(invalid="ignore"):
+        local = np.maximum(np.abs(lb), np.abs(lc))
+        before, now = lb - la, lc - lb
+        flat, linear = np.abs(now), np.abs(lc - (2 * lb - la))
+        unexplained = (flat > t.lr_jump * local) & (linear > t.lr_jump * local) & (local > 0)
+    consecutive = (steps[2:] == steps[1:-1] + 1) & (steps[1:-1] == steps[:-2] + 1)
     out = []
-    recent: deque[tuple[int, float]] = deque()  # (index, |lr|), decreasing: the window's max is recent[0]
-    (sa, la), (sb, lb) = (None, math.nan), (None, math.nan)  # the two steps before this one, and their lr
-    for i, step, lc in recs.rows("lr"):
-        if math.isfinite(lc):
-            while recent and recent[-1][1] <= abs(lc):
-                recent.pop()
-            recent.append((i, abs(lc)))
-        while recent and recent[0][0] <= i - t.window:
-            recent.popleft()
-        sa_, la_, sb_, lb_ = sa, la, sb, lb  # this step's two predecessors
-        (sa, la), (sb, lb) = (sb, lb), (step, lc)
-        if sa_ is None or not (step == sb_ + 1 == sa_ + 2):
-            continue
-        if not (math.isfinite(la_) and math.isfinite(lb_) and math.isfinite(lc)):
-            continue
-        local = max(abs(lb_), abs(lc))
-        if local == 0:
-            continue
-        before, now = lb_ - la_, lc - lb_
-        flat, linear = abs(now), abs(lc - (2 * lb_ - la_))
-        unexplained = flat > t.lr_jump * local and linear > t.lr_jump * local
-        large = flat > t.lr_jump * recent[0][1]
-        against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
-        if unexplained and (large or against_trend):
-            out.append(Anomaly(kind="lr_jump", step=step, field="lr", ranks=[rank], value=lc, reference=lb_,
-                               message=f"lr jumped from {lb_:.3e} to {lc:.3e}"))
+    for j in np.nonzero(unexplained & consecutive & np.isfinite(la))[0].tolist():  # NaN compares False
+        i = j + 2
+        recent = np.abs(lr[max(i - t.window + 1, 0):i + 1])
+        large = flat[j] > t.lr_jump * np.nanmax(recent)  # the largest |lr| of the last `window` steps
+        against_trend = before[j] * now[j] < 0 or (before[j] == 0 and now[j] > 0)  # a turn, or up from a plateau
+        if large or against_trend:
+            out.append(Anomaly(kind="lr_jump", step=int(steps[i]), field="lr", ranks=[rank], value=float(lc[j]),
+                               reference=float(lb[j]), message=f"lr jumped from {lb[j]:.3e} to {lc[j]:.3e}"))
     return out
 
 

@@ -128,7 +128,7 @@ def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
 def write_outputs(report: LogReport) -> None:
     """CSV / JSON / JSONL of every rank's steps, and the PNG; each file written atomically."""
     o = report.options
-    rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)]
+    rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)] if (o.csv or o.jsonl) else []
     if o.csv:
         write_atomic(o.csv, export.to_csv(rows, o.metrics))
         report.written.append(str(o.csv))
