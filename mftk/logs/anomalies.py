@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict, deque
-from typing import Any, Iterable, Iterator
+from collections import defaultdict
+from typing import Iterable, Iterator
 
 import attrs
 import numpy as np
@@ -72,10 +72,6 @@ class _RollingMedian:
             del self._sorted[bisect.bisect_left(self._sorted, old)]
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
 _BLOCK = 1 << 16  # steps turned into Python numbers at a time: the detectors' memory stays bounded
 
 
@@ -95,10 +91,6 @@ class _Series:
         values = self.view.values(key)
         for b in range(start, len(values), _BLOCK):
             yield from zip(self.steps[b:b + _BLOCK].tolist(), values[b:b + _BLOCK].tolist())
-
-    def rows(self, key: str) -> Iterator[tuple[int, int, float]]:
-        """(index, step, value) of every row."""
-        return ((i, step, value) for i, (step, value) in enumerate(self.pairs(key)))
 
 
 def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[Anomaly]:

@@ -11,7 +11,6 @@ same code serves a one-shot parse and `--follow` on a growing log.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 from array import array
@@ -139,7 +138,7 @@ class FileSummary:
 
 
 _RANK_IN_PATH = (re.compile(r"worker_(\d+)\.log"), re.compile(r"rank_(\d+)"))
-READ_CHUNK = 16 << 20  # bytes read at a time: memory stays bounded whatever the log's size
+READ_CHUNK = 4 << 20  # bytes read at a time: memory stays bounded whatever the log's size
 MAX_LINE_BYTES = 1 << 20  # no log line is this long; longer ones are skipped (and counted)
 # The zero-filled blocks a crashed writer leaves (the file grew, its data never reached the disk): a run of
 # NUL bytes at the end of what was read, one that fills whole lines, or a long one. Short NUL runs among
@@ -514,10 +513,6 @@ class Run:
         loss = self.records.values("loss")
         real = self.records.numeric("loss") & ~np.isinf(loss)
         return int(ranks[real].min()) if real.any() else int(ranks.min())
-
-
-def _finite_or_nan(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not math.isinf(value)
 
 
 def expand_paths(log: Path) -> list[Path]:
