@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import warnings
 from collections import defaultdict
 from typing import Iterable, Iterator
 
@@ -264,38 +265,70 @@ def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
 
 
 def _rank_checks(series: dict[int, _Series], t: Thresholds) -> list[Anomaly]:
-    """Across ranks at one step: losses that disagree (DP divergence) and one rank far slower."""
+    """Across ranks at one step: losses that disagree (DP divergence) and one rank far slower.
+
+    The ranks' values are laid side by side, a block of steps at a time (a steps x ranks matrix, NaN
+    where a rank lacks the step): the per-step medians are NumPy's, the messages are built only for the
+    steps flagged."""
     if len(series) < 2:
         return []
-    losses: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    times: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for rank, recs in series.items():
-        for step, loss in recs.pairs("loss"):
-            if math.isfinite(loss):
-                losses[step].append((rank, loss))
-        for step, ms in recs.pairs("per_step_time"):
-            if math.isfinite(ms):
-                times[step].append((rank, ms))
+    ranks = list(series)
+    steps = np.unique(np.concatenate([recs.steps for recs in series.values()]))
+    out: list[Anomaly] = []
+    for key in ("loss", "per_step_time"):
+        columns = []
+        for recs in series.values():
+            column = np.full(len(steps), np.nan)
+            column[np.searchsorted(steps, recs.steps)] = recs.view.values(key)
+            columns.append(column)
+        for b in range(0, len(steps), _BLOCK):
+            block = np.column_stack([c[b:b + _BLOCK] for c in columns])
+            block[~np.isfinite(block)] = np.nan
+            block_steps = steps[b:b + _BLOCK]
+            if key == "loss":
+                out += _diverging(block, block_steps, ranks, t)
+            else:
+                out += _slower_ranks(block, block_steps, ranks, t)
+    return out
+
+
+def _diverging(block: np.ndarray, steps: np.ndarray, ranks: list[int], t: Thresholds) -> list[Anomaly]:
+    """Steps where one rank's loss (the farthest from the median) differs by more than the tolerance."""
     out = []
-    for step, values in losses.items():
-        if len(values) < 2:
-            continue
-        med = _median([v for _, v in values])
-        rank, worst = max(values, key=lambda rv: abs(rv[1] - med))
-        if abs(worst - med) > t.divergence_rtol * max(1.0, abs(med)):
-            others = [v for r, v in values if r != rank]
-            out.append(Anomaly(kind="divergence", step=step, field="loss", ranks=[rank], value=worst, reference=med,
-                               message=f"rank {rank} loss {worst:.6f} differs from the other ranks' "
-                                       f"{_median(others):.6f} (data-parallel ranks should agree)"))
-    for step, values in times.items():
-        if len(values) < 2:
-            continue
-        for rank, value in values:
-            others = _median([v for r, v in values if r != rank])
-            if others > 0 and value > t.straggler * others:
-                out.append(Anomaly(kind="straggler", step=step, field="per_step_time", ranks=[rank], value=value,
-                                   reference=others, message=f"rank {rank} took {value:g} ms, "
-                                                             f"{value / others:.1f}x the other ranks' {others:g} ms"))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: steps one rank alone logged
+        med = np.nanmedian(block, axis=1)
+        dev = np.abs(block - med[:, None])
+        several = np.sum(np.isfinite(block), axis=1) >= 2
+        worst_dev = np.nanmax(np.where(np.isfinite(dev), dev, -1.0), axis=1)
+        flagged = several & (worst_dev > t.divergence_rtol * np.maximum(1.0, np.abs(med)))
+    for i in np.nonzero(flagged)[0].tolist():
+        row = block[i]
+        j = int(np.nanargmax(np.where(np.isfinite(row), np.abs(row - med[i]), -1.0)))
+        others = [float(v) for k, v in enumerate(row.tolist()) if k != j and math.isfinite(v)]
+        out.append(Anomaly(kind="divergence", step=int(steps[i]), field="loss", ranks=[ranks[j]],
+                           value=float(row[j]), reference=float(med[i]),
+                           message=f"rank {ranks[j]} loss {row[j]:.6f} differs from the other ranks' "
+                                   f"{_median(others):.6f} (data-parallel ranks should agree)"))
+    return out
+
+
+def _slower_ranks(block: np.ndarray, steps: np.ndarray, ranks: list[int], t: Thresholds) -> list[Anomaly]:
+    """(step, rank) where a rank took more than `straggler` x the median of the other ranks' times."""
+    out = []
+    several = np.sum(np.isfinite(block), axis=1) >= 2
+    for j, rank in enumerate(ranks):
+        others = np.delete(block, j, axis=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(others, axis=1)
+        with np.errstate(invalid="ignore"):
+            flagged = several & (med > 0) & (block[:, j] > t.straggler * med)
+        for i in np.nonzero(flagged)[0].tolist():
+            value, ref = float(block[i, j]), float(med[i])
+            out.append(Anomaly(kind="straggler", step=int(steps[i]), field="per_step_time", ranks=[rank],
+                               value=value, reference=ref, message=f"rank {rank} took {value:g} ms, "
+                                                                   f"{value / ref:.1f}x the other ranks' {ref:g} ms"))
     return out
 
 

@@ -20,6 +20,7 @@ import numpy as np
 HEAD = "{ step:["
 _HEAD_FIELDS = [("step", int), ("total_steps", int)]
 _HEAD_RE = r"\{ step:\[ *(\d+)/ *(\d+)\]"
+_HEAD = re.compile(_HEAD_RE)
 # Value spellings of the step line (format_step_line): `%6dms`, `%6.2fT`, `%d`, `%10.6f`, `%10.6e`, `NaN`. The
 # regex captures any run of non-separators; `int`/`float` then reject what is not a number of that kind.
 _KINDS = (
@@ -69,8 +70,8 @@ class FastShape:
 def shape_of(line: str) -> FastShape | None:
     """The shape of one PyNative step line, or None when a value is not a plain number (`None`, `N/A`)."""
     start = line.find(HEAD)
-    m = re.compile(_HEAD_RE).match(line, start)
-    if start < 0 or m is None:
+    m = _HEAD.match(line, start) if start >= 0 else None
+    if m is None:
         return None
     body = line[m.end():].rstrip()
     if not body.endswith("}"):
