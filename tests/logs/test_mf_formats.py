@@ -48,6 +48,14 @@ def test_2023_file_logger_lines(tmp_path):
     assert find_anomalies(run) == []
 
 
+def test_static_messages_without_any_logger_prefix(tmp_path):
+    bare = [FILE_2023.format(s=0, step=1, loss=2.2, mean=2.2, ms=1951.612, lr="2.4499998e-06").split(": ", 1)[1],
+            STATIC_2025.format(s=0, step=2, loss=2.1, ms=1752, lr="1e-05", norm="1.5").split(" - INFO - ")[1]]
+    assert bare[0].startswith("Epoch:[") and bare[1].startswith("{ Epoch:[")
+    run = parse_run([write(tmp_path / "bare.log", bare)])
+    assert [(r["step"], r["loss"], r.get("grad_norm")) for r in run.records] == [(1, 2.2, None), (2, 2.1, 1.5)]
+
+
 def test_2023_console_lines_make_steps_global_over_epochs(tmp_path):
     lines = [CONSOLE_2023.format(s=i, step=(i - 1) % 5 + 1, loss=3.0, mean=3.0, ms=100.0, lr="1e-05")
              for i in range(1, 8)]  # epoch 1 then the start of epoch 2, all printed `Epoch:[  1/  2]` here
