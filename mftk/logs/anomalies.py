@@ -10,7 +10,7 @@ import bisect
 import math
 import warnings
 from collections import defaultdict
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import attrs
 import numpy as np
@@ -73,12 +73,12 @@ class _RollingMedian:
             del self._sorted[bisect.bisect_left(self._sorted, old)]
 
 
-_BLOCK = 1 << 16  # steps turned into Python numbers at a time: the detectors' memory stays bounded
+_BLOCK = 1 << 16  # steps a vectorized check holds at a time: the detectors' memory stays bounded
 
 
 class _Series:
-    """One rank's steps, read a column at a time (NaN where a step lacks the field): the detectors walk
-    Python floats a block at a time, never a dict per step nor a list of every step."""
+    """One rank's steps, read a column at a time (NaN where a step lacks the field): the detectors work on
+    arrays, never on a dict per step nor a list of every step."""
 
     def __init__(self, view: TableView) -> None:
         self.view = view
@@ -86,12 +86,6 @@ class _Series:
 
     def __len__(self) -> int:
         return len(self.steps)
-
-    def pairs(self, key: str, start: int = 0) -> Iterator[tuple[int, float]]:
-        """(step, value) from row `start` on."""
-        values = self.view.values(key)
-        for b in range(start, len(values), _BLOCK):
-            yield from zip(self.steps[b:b + _BLOCK].tolist(), values[b:b + _BLOCK].tolist())
 
 
 def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[Anomaly]:
@@ -149,7 +143,9 @@ def _stops(run: Run) -> list[Anomaly]:
 
 
 def _resumes(run: Run) -> list[Anomaly]:
-    out = []
+    out: list[Anomaly] = []
+    if run.records.constant("rank") is not None and run.records.increasing("step"):
+        return out
     ranks, steps = run.records.values("rank"), run.records.values("step")
     for rank in np.unique(ranks).tolist():
         s = steps[ranks == rank].astype(np.int64)
@@ -168,7 +164,7 @@ def _non_finite(rank: int, recs: _Series) -> list[Anomaly]:
         if column.kind != "float":
             continue
         values = view.values(key)
-        bad = view.table.numeric(key)[view.index] & ~np.isfinite(values)
+        bad = view.numeric(key) & ~np.isfinite(values)
         for i in np.nonzero(bad)[0].tolist():
             word = "NaN" if math.isnan(values[i]) else "Inf"
             out.append(Anomaly(kind="nan", step=int(recs.steps[i]), field=key, ranks=[rank], value=None,
@@ -243,25 +239,31 @@ def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
     LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
     """
     steps, lr = recs.steps, recs.view.values("lr")
-    if len(lr) < 3:
-        return []
-    la, lb, lc = lr[:-2], lr[1:-1], lr[2:]
-    with np.errstate(invalid="ignore"):
-        local = np.maximum(np.abs(lb), np.abs(lc))
-        before, now = lb - la, lc - lb
-        flat, linear = np.abs(now), np.abs(lc - (2 * lb - la))
-        unexplained = (flat > t.lr_jump * local) & (linear > t.lr_jump * local) & (local > 0)
-    consecutive = (steps[2:] == steps[1:-1] + 1) & (steps[1:-1] == steps[:-2] + 1)
     out = []
-    for j in np.nonzero(unexplained & consecutive & np.isfinite(la))[0].tolist():  # NaN compares False
-        i = j + 2
-        recent = np.abs(lr[max(i - t.window + 1, 0):i + 1])
-        large = flat[j] > t.lr_jump * np.nanmax(recent)  # the largest |lr| of the last `window` steps
-        against_trend = before[j] * now[j] < 0 or (before[j] == 0 and now[j] > 0)  # a turn, or up from a plateau
-        if large or against_trend:
-            out.append(Anomaly(kind="lr_jump", step=int(steps[i]), field="lr", ranks=[rank], value=float(lc[j]),
-                               reference=float(lb[j]), message=f"lr jumped from {lb[j]:.3e} to {lc[j]:.3e}"))
+    for b in range(2, len(lr), _BLOCK):  # a block at a time: a few temporary arrays of one block each
+        i = np.arange(b, min(b + _BLOCK, len(lr)))
+        la, lb, lc = lr[i - 2], lr[i - 1], lr[i]
+        with np.errstate(invalid="ignore"):
+            local = np.maximum(np.abs(lb), np.abs(lc))
+            now = lc - lb
+            unexplained = ((np.abs(now) > t.lr_jump * local) & (np.abs(lc - (2 * lb - la)) > t.lr_jump * local)
+                           & (local > 0) & np.isfinite(la))  # NaN compares False
+        unexplained &= (steps[i] == steps[i - 1] + 1) & (steps[i - 1] == steps[i - 2] + 1)
+        for k in np.nonzero(unexplained)[0].tolist():
+            out += _lr_jump_at(rank, recs, lr, int(i[k]), t)
     return out
+
+
+def _lr_jump_at(rank: int, recs: _Series, lr: np.ndarray, i: int, t: Thresholds) -> list[Anomaly]:
+    """The rest of the lr-jump rule at an unexplained step `i`: large, or against the trend."""
+    la, lb, lc = float(lr[i - 2]), float(lr[i - 1]), float(lr[i])
+    before, now = lb - la, lc - lb
+    large = abs(now) > t.lr_jump * float(np.nanmax(np.abs(lr[max(i - t.window + 1, 0):i + 1])))
+    against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
+    if not (large or against_trend):
+        return []
+    return [Anomaly(kind="lr_jump", step=int(recs.steps[i]), field="lr", ranks=[rank], value=lc, reference=lb,
+                    message=f"lr jumped from {lb:.3e} to {lc:.3e}")]
 
 
 def _rank_checks(series: dict[int, _Series], t: Thresholds) -> list[Anomaly]:

@@ -462,15 +462,16 @@ def split_ranks(reader: LogReader) -> StepTable:
     lines, or whole logs appended one after another. Steps that only go up need neither."""
     table = reader.table
     reader.summary.interleaved, reader.summary.concatenated = 0, []
-    steps = table.values("step")
-    if len(steps) < 2 or bool(np.all(np.diff(steps) > 0)):
-        ranks = None
-    else:
-        as_list = [int(x) for x in steps.tolist()]
+    ranks = None
+    if not table.increasing("step"):
+        as_list = [int(x) for x in table.values("step").tolist()]
         ranks = split_interleaved(as_list, reader.summary)
         if ranks is None:
             ranks = split_concatenated(as_list, reader)
-    table.set_column("rank", np.full(table.n, reader.summary.rank) if ranks is None else np.asarray(ranks))
+    if ranks is None:
+        table.set_constant("rank", reader.summary.rank)
+    else:
+        table.set_column("rank", np.asarray(ranks))
     return table
 
 
@@ -497,6 +498,10 @@ class Run:
 
     def _by_rank(self) -> dict[int, TableView]:
         if self._series is None:  # computed once: records are complete when a Run is built
+            only = self.records.constant("rank")
+            if only is not None and self.records.increasing("step"):  # one rank, never went back: as read
+                self._series = {int(only): TableView(self.records, None)} if self.records.n else {}
+                return self._series
             ranks = self.records.values("rank").astype(np.int64)
             steps = self.records.values("step")
             self._series = {}
@@ -509,6 +514,9 @@ class Run:
     @property
     def primary_rank(self) -> int:
         """The lowest rank that logs real losses (non-last pipeline stages log `N/A`)."""
+        only = self.records.constant("rank")
+        if only is not None:
+            return int(only)
         ranks = self.records.values("rank").astype(np.int64)
         loss = self.records.values("loss")
         real = self.records.numeric("loss") & ~np.isinf(loss)

@@ -76,35 +76,49 @@ def summarize(series: Sequence[dict[str, Any]], *, ranks: list[int], primary_ran
         s.loss_first, s.loss_last = float(loss[where[0]]), float(loss[where[-1]])
         best = where[int(np.argmin(loss[where]))]
         s.loss_min_step, s.loss_min = int(steps[best]), float(loss[best])
-    cols = {k: view.values(k)[s.warmup_skipped:] for k in
-            ("per_step_time", "throughput", "global_batch_size", "tokens", "consumed_tokens")}
-    time = cols["per_step_time"]
+    del loss, finite
+    time = view.values("per_step_time")[s.warmup_skipped:]
     times = np.sort(time[np.isfinite(time)])
     if len(times):
         s.step_time_ms = {f"p{q}": float(percentile(times, q)) for q in (50, 90, 99)}
         s.step_time_ms.update(mean=float(np.sum(times)) / len(times), max=float(times[-1]))
-    _rates(s, cols)
+    del times
+    with np.errstate(invalid="ignore"):
+        timed = np.isfinite(time) & (time > 0)
+    _rates(s, _Steady(view, s.warmup_skipped, timed))
     return s
 
 
-def _rates(s: Summary, steady: dict[str, np.ndarray]) -> None:
+class _Steady:
+    """The timed steady-state steps' columns, fetched one at a time (a few columns of millions of steps
+    are never all held at once)."""
+
+    def __init__(self, view: Any, skip: int, timed: np.ndarray) -> None:
+        self.view, self.skip, self.timed = view, skip, timed
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.view.values(key)[self.skip:][self.timed]
+
+
+def _rates(s: Summary, col: _Steady) -> None:
     """Rates over the timed steady-state steps; columns are NaN where a step lacks the field."""
-    ms = steady["per_step_time"]
-    timed = np.isfinite(ms) & (np.nan_to_num(ms) > 0)
-    col = {k: v[timed] for k, v in steady.items()}
+    timed = col.timed
     total_ms = float(np.sum(col["per_step_time"]))
-    thr_ok = np.isfinite(col["throughput"])
+    thr = col["throughput"]
+    thr_ok = np.isfinite(thr)
     if thr_ok.any():
-        thr, t_ms = col["throughput"][thr_ok], col["per_step_time"][thr_ok]
+        thr, t_ms = thr[thr_ok], col["per_step_time"][thr_ok]
         s.throughput_tflops = float(np.dot(thr, t_ms)) / float(np.sum(t_ms))
         s.throughput_coarse = coarse_throughput(thr)
         if s.throughput_coarse:
             s.notes.append("the step line logs throughput in TFLOP/s with 2 decimals, too coarse below 1 TFLOP/s; "
                            "samples/s and tokens/s are exact, and an mftk run's metrics.jsonl (next to its "
                            "info.log) has the exact FLOP/s")
-    gbs_ok = np.isfinite(col["global_batch_size"])
+    del thr
+    gbs = col["global_batch_size"]
+    gbs_ok = np.isfinite(gbs)
     if gbs_ok.any() and total_ms:
-        s.samples_per_s = (float(np.sum(col["global_batch_size"][gbs_ok]))
+        s.samples_per_s = (float(np.sum(gbs[gbs_ok]))
                            / (float(np.sum(col["per_step_time"][gbs_ok])) / 1e3))
     elif timed.any():
         s.notes.append("no global_batch_size in the log: samples/s not computed")
@@ -126,7 +140,7 @@ def _rates(s: Summary, steady: dict[str, np.ndarray]) -> None:
                                "for the dtype used")
 
 
-def _tokens_per_s(s: Summary, timed: dict[str, np.ndarray]) -> float | None:
+def _tokens_per_s(s: Summary, timed: _Steady) -> float | None:
     """Tokens per second (global): from ``--seq-length``, else mftk's per-step ``tokens`` field, else
     Megatron's running ``consumed_tokens``."""
     ms = timed["per_step_time"]

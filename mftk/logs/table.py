@@ -209,6 +209,30 @@ class StepTable(Sequence):
             return np.ones(self.n, dtype=bool)
         return np.frombuffer(col.state, dtype=np.uint8) != _ABSENT
 
+    def constant(self, key: str) -> Any:
+        """The value every row holds in `key` when the column is one constant (kept as such), else None."""
+        col = self.columns.get(key)
+        if col is None or col.data is not None or col.state is not None or col.delta != 0 or col.base is None:
+            return None
+        return col.base
+
+    def increasing(self, key: str) -> bool:
+        """Whether `key` goes strictly up from row to row (checked a block at a time)."""
+        col = self.columns.get(key)
+        if col is None or col.state is not None:
+            return False
+        if col.data is None:
+            return self.n < 2 or col.delta > 0
+        a = np.frombuffer(col.data, dtype=_np_type(col.data.typecode))
+        block = 1 << 20
+        return all(bool(np.all(np.diff(a[b:b + block + 1]) > 0)) for b in range(0, max(len(a) - 1, 1), block))
+
+    def set_constant(self, key: str, value: int) -> None:
+        """Make `key` one integer for every row (no per-row storage)."""
+        col = Column("int", 0)
+        col.base, col.delta, col.n = value, 0, self.n
+        self.columns[key] = col
+
     def numeric(self, key: str) -> np.ndarray:
         """Rows where `key` holds a number (not absent, not None, not a text)."""
         col = self.columns.get(key)
@@ -315,25 +339,40 @@ _MISSING = object()
 
 
 class TableView(Sequence):
-    """Some rows of a table, in a given order (one rank's steps, sorted): rows come back as dicts."""
+    """Some rows of a table, in a given order (one rank's steps, sorted): rows come back as dicts.
+    `index` None is every row in table order (one rank that never went back: no index array, no copy)."""
 
-    def __init__(self, table: StepTable, index: np.ndarray) -> None:
+    def __init__(self, table: StepTable, index: np.ndarray | None) -> None:
         self.table = table
-        self.index = index
+        self._index = index
+
+    @property
+    def index(self) -> np.ndarray:
+        return np.arange(self.table.n) if self._index is None else self._index
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self.table.n if self._index is None else len(self._index)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [self.table.row(int(j)) for j in self.index[i]]
-        return self.table.row(int(self.index[i]))
+            rows = range(self.table.n)[i] if self._index is None else self._index[i].tolist()
+            return [self.table.row(j) for j in rows]
+        if self._index is None:
+            return self.table[i]
+        return self.table.row(int(self._index[i]))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return (self.table.row(int(j)) for j in self.index)
+        if self._index is None:
+            return iter(self.table)
+        return (self.table.row(j) for j in self._index.tolist())
 
     def values(self, key: str) -> np.ndarray:
-        return self.table.values(key)[self.index]
+        column = self.table.values(key)
+        return column if self._index is None else column[self._index]
+
+    def numeric(self, key: str) -> np.ndarray:
+        mask = self.table.numeric(key)
+        return mask if self._index is None else mask[self._index]
 
 
 def as_table(records: Iterable[dict[str, Any]]) -> StepTable:
