@@ -82,7 +82,7 @@ class _Series:
 
     def __init__(self, view: TableView) -> None:
         self.view = view
-        self.steps = view.values("step").astype(np.int64)
+        self.steps = view.native("step").astype(np.int64, copy=False)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -180,8 +180,13 @@ def _over_median(values: np.ndarray, ratio: float, t: Thresholds) -> list[tuple[
     `window` values (the median is at least that): a vectorized rolling minimum finds the few candidates,
     and the exact walk runs only from each candidate until `window` unflagged values have passed (from
     there on, its window is again simply the previous `window` values)."""
-    where = np.nonzero(np.isfinite(values))[0]
-    vals = values[where]
+    finite = np.isfinite(values)
+    if finite.all():  # the usual case: no index, no copy
+        where, vals = None, values
+    else:
+        where = np.nonzero(finite)[0]
+        vals = values[where]
+    del finite
     n, w = len(vals), t.window
     candidate = np.ones(n, dtype=bool)
     if n > w:
@@ -201,14 +206,14 @@ def _over_median(values: np.ndarray, ratio: float, t: Thresholds) -> list[tuple[
             k += int(ahead[0])
             window = _RollingMedian(w)
             for v in vals[max(k - w, 0):k].tolist():
-                window.push(v)
+                window.push(float(v))
         since, flagged = 0, False  # unflagged values since the last flag; whether this walk flagged any
         while k < n and (k < w or candidate[k] or (flagged and since < w)):
             value = float(vals[k])
             if len(window) >= t.min_history:
                 med = window.median()
                 if med > 0 and value > ratio * med:
-                    out.append((int(where[k]), value, med, len(window)))
+                    out.append((k if where is None else int(where[k]), value, med, len(window)))
                     since, flagged, k = 0, True, k + 1
                     continue
             window.push(value)
@@ -224,7 +229,7 @@ def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thre
 
 
 def _slow_steps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
-    times = recs.view.values("per_step_time")[t.skip_warmup:]
+    times = recs.view.native("per_step_time")[t.skip_warmup:]
     return [Anomaly(kind="straggler", step=int(recs.steps[t.skip_warmup + i]), field="per_step_time", ranks=[rank],
                     value=value, reference=med,
                     message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms")

@@ -63,25 +63,24 @@ def summarize(series: Sequence[dict[str, Any]], *, ranks: list[int], primary_ran
               peak_tflops: float | None = None) -> Summary:
     """Summarize one rank's step series (sorted by step, one record per step), reading whole columns."""
     view = as_view(series)
-    steps = view.values("step")
-    last = view[len(view) - 1]
-    s = Summary(steps=len(view), first_step=int(steps[0]), last_step=int(steps[-1]),
+    first, last = view[0], view[len(view) - 1]
+    s = Summary(steps=len(view), first_step=first["step"], last_step=last["step"],
                 total_steps=last.get("total_steps"), ranks=ranks, primary_rank=primary_rank,
                 warmup_skipped=min(skip_warmup, max(len(view) - 1, 0)), seq_length=seq_length,
                 world_size=world_size or (len(ranks) if len(ranks) > 1 else None), peak_tflops=peak_tflops)
     loss = view.values("loss")
     finite = np.isfinite(loss)
     if finite.any():
-        where = np.nonzero(finite)[0]
-        s.loss_first, s.loss_last = float(loss[where[0]]), float(loss[where[-1]])
-        best = where[int(np.argmin(loss[where]))]
-        s.loss_min_step, s.loss_min = int(steps[best]), float(loss[best])
+        i_first, i_last = int(np.argmax(finite)), len(finite) - 1 - int(np.argmax(finite[::-1]))
+        best = int(np.argmin(np.where(finite, loss, np.inf)))
+        s.loss_first, s.loss_last, s.loss_min = float(loss[i_first]), float(loss[i_last]), float(loss[best])
+        s.loss_min_step = view[best]["step"]
     del loss, finite
-    time = view.values("per_step_time")[s.warmup_skipped:]
-    times = np.sort(time[np.isfinite(time)])
+    time = view.native("per_step_time")[s.warmup_skipped:]  # integer milliseconds: no gaps, no copy
+    times = np.sort(time if time.dtype.kind == "i" else time[np.isfinite(time)])
     if len(times):
         s.step_time_ms = {f"p{q}": float(percentile(times, q)) for q in (50, 90, 99)}
-        s.step_time_ms.update(mean=float(np.sum(times)) / len(times), max=float(times[-1]))
+        s.step_time_ms.update(mean=float(np.sum(times, dtype=np.float64)) / len(times), max=float(times[-1]))
     del times
     with np.errstate(invalid="ignore"):
         timed = np.isfinite(time) & (time > 0)
@@ -95,9 +94,11 @@ class _Steady:
 
     def __init__(self, view: Any, skip: int, timed: np.ndarray) -> None:
         self.view, self.skip, self.timed = view, skip, timed
+        self.all = bool(timed.all())  # every step timed: the columns as they are, no filtered copies
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return self.view.values(key)[self.skip:][self.timed]
+        column = self.view.values(key)[self.skip:]
+        return column if self.all else column[self.timed]
 
 
 def _rates(s: Summary, col: _Steady) -> None:
@@ -109,6 +110,7 @@ def _rates(s: Summary, col: _Steady) -> None:
     if thr_ok.any():
         thr, t_ms = thr[thr_ok], col["per_step_time"][thr_ok]
         s.throughput_tflops = float(np.dot(thr, t_ms)) / float(np.sum(t_ms))
+        del t_ms
         s.throughput_coarse = coarse_throughput(thr)
         if s.throughput_coarse:
             s.notes.append("the step line logs throughput in TFLOP/s with 2 decimals, too coarse below 1 TFLOP/s; "

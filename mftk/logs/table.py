@@ -151,6 +151,15 @@ class Column:
             values = values.astype(np.float64 if self.kind == "float" else np.int64)
         return array("d" if self.kind == "float" else "q", values.tobytes())
 
+    def native(self) -> np.ndarray:
+        """The values in their stored type (int32/int64/float64, a view where stored as an array); only for a
+        column without gaps (callers check `state`)."""
+        if self.data is None:
+            dtype = np.float64 if self.kind == "float" else np.int64
+            return np.asarray(self.base or 0, dtype=dtype) + np.asarray(self.delta, dtype=dtype) * np.arange(
+                self.n, dtype=dtype)
+        return np.frombuffer(self.data, dtype=_np_type(self.data.typecode))
+
     def nbytes(self) -> int:
         return (0 if self.data is None else self.data.itemsize * len(self.data)) + len(self.state or b"")
 
@@ -195,6 +204,14 @@ class StepTable(Sequence):
         if self.texts and i in self.texts:
             out.update(self.texts[i])
         return out
+
+    def native(self, key: str) -> np.ndarray:
+        """Column `key` in its stored type when every row holds a number (no copy for a stored array),
+        else as `values` (float64, NaN where absent): integer results mean "no gaps"."""
+        col = self.columns.get(key)
+        if col is None or col.state is not None or col.kind == "bool":
+            return self.values(key)
+        return col.native()
 
     def values(self, key: str) -> np.ndarray:
         """Column `key` as float64 (NaN where absent/None); all NaN when no row has it."""
@@ -368,6 +385,10 @@ class TableView(Sequence):
 
     def values(self, key: str) -> np.ndarray:
         column = self.table.values(key)
+        return column if self._index is None else column[self._index]
+
+    def native(self, key: str) -> np.ndarray:
+        column = self.table.native(key)
         return column if self._index is None else column[self._index]
 
     def numeric(self, key: str) -> np.ndarray:
