@@ -1,53 +1,124 @@
-"""parse-log reading speed on a synthetic MindSpore Transformers log (goal: 100k steps in a few s),
-side by side with the floor of any line reader in Python: splitting the file into lines and
-running the reference's own one-field regex `loss:\\s+(\\d+\\.\\d+)` on each.
+"""parse-log on a large synthetic MindSpore Transformers log: MB/s and peak RSS (issue 35's goal: under
+500 MiB for any log size, >= 50 MB/s on a 2-core machine, for a 2 GB log of ~7 M steps).
 
-Run: .venv/bin/python bench/parse_log.py [--steps 100000]
+The log is written in big blocks (step lines from a few templates, renumbered: a 2 GB file in seconds)
+into a temporary directory, deleted at the end. Each measurement runs in a fresh child process, so its
+peak RSS (`wait4`'s ru_maxrss) is its own: (p) `parse_run` alone, reading every step into columns;
+(c) `mftk parse-log LOG` end to end (read, summary, anomalies, table); (f) the floor of any Python line
+reader, a `for line in file` loop running the reference's one-field regex `loss:\\s+(\\d+\\.\\d+)`, on the
+first --floor-mb of the log. Wall times depend on the machine's load; CPU times (user + sys) and the
+ratios less so. Nothing in the test suite asserts on these figures.
+
+Run: .venv/bin/python bench/parse_log.py [--gb 2] [--steps N] [--floor-mb 200]
 """
 from __future__ import annotations
 
 import argparse
-import re
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from mftk.logs.parse import parse_run  # noqa: E402
-from mftk.logs.report import ParseOptions, analyze  # noqa: E402
-from tests.helpers.logsynth import synth_lines  # noqa: E402
+from mftk.logs.format import format_step_line  # noqa: E402
+from tests.helpers.logsynth import prefix_at, step_metrics  # noqa: E402
+
+_TEMPLATES = 997  # distinct step-line tails (loss ... throughput), reused with new step numbers
+_BLOCK = 20_000  # lines per write
+
+
+def write_log(path: Path, *, size: int, steps: int | None, noise_every: int = 10) -> int:
+    """A PyNative step log of about `size` bytes (or `steps` steps); returns the number of steps."""
+    tails = []
+    for i in range(_TEMPLATES):
+        line = format_step_line(step_metrics(1000 + i), total_steps=99_999_999)
+        tails.append(line[line.index(", loss:"):])
+    gbs, step, written = 8, 0, 0
+    with open(path, "w", encoding="utf-8") as f:
+        while (steps is None and written < size) or (steps is not None and step < steps):
+            prefix = prefix_at(step)  # one timestamp per block: the reader needs them only where steps go back
+            block = []
+            for _ in range(_BLOCK if steps is None else min(_BLOCK, steps - step)):
+                step += 1
+                block.append(f"{prefix}{{ step:[{step:8d}/99999999], consumed_samples: {step * gbs}, "
+                             f"global_batch_size: {gbs}{tails[step % _TEMPLATES]}\n")
+                if step % noise_every == 0:
+                    block.append(f"{prefix}Checkpoint saved at step {step} to ./ckpt (async=False)\n")
+            text = "".join(block)
+            f.write(text)
+            written += len(text)
+    return step
+
+
+def measure(argv: list[str]) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MiB, stdout tail) of a child process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} failed:\n{out[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out[-300:]
+
+
+PARSE_ONLY = """
+import sys
+from pathlib import Path
+from mftk.logs.parse import parse_run
+run = parse_run([Path(sys.argv[1])])
+print(len(run.records), "steps;", round(run.records.nbytes() / len(run.records), 1), "column bytes per step")
+"""
+
+FLOOR = """
+import re, sys
+pattern, limit, seen, n = re.compile(r"loss:\\s+(\\d+\\.\\d+)"), int(sys.argv[2]), 0, 0
+with open(sys.argv[1], encoding="utf-8") as f:
+    for line in f:
+        m = pattern.search(line)
+        if m:
+            float(m.group(1))
+            n += 1
+        seen += len(line)
+        if seen >= limit:
+            break
+print(n, "losses")
+"""
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=100_000)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gb", type=float, default=2.0, help="log size in GB (1e9 bytes); default 2")
+    ap.add_argument("--steps", type=int, default=None, help="a log of this many steps instead of --gb")
+    ap.add_argument("--floor-mb", type=float, default=200, help="MB read by the one-field regex floor")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="mftk-bench-log-") as tmp:
         path = Path(tmp) / "worker_0.log"
-        path.write_text("\n".join(synth_lines(args.steps, noise_every=10)) + "\n")
-        size_mb = path.stat().st_size / 1e6
-
         t0 = time.perf_counter()
-        pattern = re.compile(r"loss:\s+(\d+\.\d+)")
-        losses = [float(m.group(1)) for line in path.read_text().splitlines() if (m := pattern.search(line))]
-        t_regex = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        run = parse_run([path])
-        t_parse = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        analyze([run], ParseOptions())
-        t_analyze = time.perf_counter() - t0
-
-    assert len(losses) == len(run.records) == args.steps
-    print(f"log: {args.steps:,} steps, {size_mb:.1f} MB")
-    print(f"one-field regex (loss only):   {t_regex:6.2f} s")
-    print(f"mftk parse (every field):      {t_parse:6.2f} s  ({args.steps / t_parse:,.0f} lines/s, "
-          f"{t_parse / t_regex:.1f}x the one-field regex)")
-    print(f"summary + anomalies:           {t_analyze:6.2f} s")
+        steps = write_log(path, size=int(args.gb * 1e9), steps=args.steps)
+        mb = path.stat().st_size / 1e6
+        print(f"log: {steps:,} steps, {mb:,.0f} MB, written in {time.perf_counter() - t0:.1f} s; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        py = sys.executable
+        floor_mb = min(args.floor_mb, mb)
+        f_wall, f_cpu, f_rss, _ = measure([py, "-c", FLOOR, str(path), str(int(floor_mb * 1e6))])
+        p_wall, p_cpu, p_rss, p_out = measure([py, "-c", PARSE_ONLY, str(path)])
+        c_wall, c_cpu, c_rss, _ = measure([py, "-m", "mftk", "parse-log", str(path)])
+    floor = floor_mb / f_cpu
+    print(f"(f) one-field regex line loop, first {floor_mb:,.0f} MB: {floor_mb / f_wall:6.1f} MB/s wall, "
+          f"{floor:6.1f} MB/s per CPU-second, peak RSS {f_rss:,.0f} MiB")
+    print(f"(p) parse_run (every field, into columns):  {mb / p_wall:6.1f} MB/s wall ({p_wall:.1f} s), "
+          f"{mb / p_cpu:6.1f} MB/s per CPU-second, peak RSS {p_rss:,.0f} MiB; {p_out.strip()}")
+    print(f"(c) mftk parse-log end to end:              {mb / c_wall:6.1f} MB/s wall ({c_wall:.1f} s), "
+          f"{mb / c_cpu:6.1f} MB/s per CPU-second, peak RSS {c_rss:,.0f} MiB")
+    print(f"ratio p/f (per CPU-second): {mb / p_cpu / floor:.2f}x the one-field regex loop; "
+          f"c/f: {mb / c_cpu / floor:.2f}x; goal: >= 50 MB/s and peak RSS < 500 MiB")
+    print("the log was deleted")
 
 
 if __name__ == "__main__":

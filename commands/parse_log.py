@@ -51,7 +51,7 @@ def parse_log(
     x: Annotated[str, typer.Option("--x", help="Plot x axis: step | samples | tokens.")] = "step",
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="Exit 3 if any of these anomalies is found: "
                                                    "all, nan, spike, grad_spike, straggler, lr_jump, divergence, "
-                                                   "resume.")] = None,
+                                                   "resume, skipped, zero_loss, unread, stopped.")] = None,
     spike: Annotated[Optional[float], typer.Option("--spike-threshold", help="Loss spike: loss > this x rolling "
                                                    "median (default 1.25).")] = None,
     grad_spike: Annotated[Optional[float], typer.Option("--grad-spike-threshold", help="grad_norm > this x "
@@ -180,11 +180,15 @@ def _throughput_unit(series: list[dict[str, Any]]) -> tuple[str, float]:
     step line rounded to 0.01 TFLOP/s stay in TFLOP/s, as logged (a finer unit would pretend a precision)."""
     from mftk.logs.summary import coarse_throughput
 
-    values = [abs(r["throughput"]) for r in series if isinstance(r.get("throughput"), (int, float))
-              and math.isfinite(r["throughput"])]
+    import numpy as np
+
+    from mftk.logs.table import as_view
+
+    column = as_view(series).values("throughput")
+    values = np.abs(column[np.isfinite(column)])
     if coarse_throughput(values):
         return "TFLOP/s as logged", 1.0
-    peak = max(values, default=0.0)
+    peak = float(values.max()) if len(values) else 0.0
     for name, factor in (("TFLOP/s", 1.0), ("GFLOP/s", 1e3), ("MFLOP/s", 1e6)):
         if peak * factor >= 1:
             return name, factor

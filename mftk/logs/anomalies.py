@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict, deque
-from typing import Any, Iterable
+import warnings
+from collections import defaultdict
+from typing import Iterable
 
 import attrs
+import numpy as np
 
 from mftk.logs.parse import Run
+from mftk.logs.table import TableView
 
-KINDS = ("nan", "spike", "grad_spike", "straggler", "lr_jump", "divergence", "resume")
+KINDS = ("nan", "spike", "grad_spike", "straggler", "lr_jump", "divergence", "resume", "skipped", "zero_loss",
+         "unread", "stopped")
 
 
 @attrs.define
@@ -69,8 +73,19 @@ class _RollingMedian:
             del self._sorted[bisect.bisect_left(self._sorted, old)]
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+_BLOCK = 1 << 16  # steps a vectorized check holds at a time: the detectors' memory stays bounded
+
+
+class _Series:
+    """One rank's steps, read a column at a time (NaN where a step lacks the field): the detectors work on
+    arrays, never on a dict per step nor a list of every step."""
+
+    def __init__(self, view: TableView) -> None:
+        self.view = view
+        self.steps = view.native("step").astype(np.int64, copy=False)
+
+    def __len__(self) -> int:
+        return len(self.steps)
 
 
 def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[Anomaly]:
@@ -78,145 +93,249 @@ def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[An
     t = thresholds or Thresholds()
     found: list[Anomaly] = []
     found += _resumes(run)
-    series = {rank: run.series(rank) for rank in run.ranks}
+    series = {rank: _Series(run.series(rank)) for rank in run.ranks}
     for rank, recs in series.items():
         found += _non_finite(rank, recs)
+        found += _flagged(rank, recs)
         found += _spikes(rank, recs, "loss", "spike", t.spike, t)
         found += _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t)
         found += _slow_steps(rank, recs, t)
         found += _lr_jumps(rank, recs, t)
     found += _rank_checks(series, t)
+    found += _stops(run)
     return _merge(found)
 
 
-def _resumes(run: Run) -> list[Anomaly]:
-    out, last = [], {}
-    for r in run.records:
-        prev = last.get(r["rank"])
-        if prev is not None and r["step"] <= prev:
-            out.append(Anomaly(kind="resume", step=r["step"], field="step", ranks=[r["rank"]], value=r["step"],
-                               reference=prev, message=f"step went back from {prev} to {r['step']}: a resumed run; "
-                                                       f"its lines replace the earlier steps {r['step']}..{prev}"))
-        last[r["rank"]] = r["step"]
-    return out
-
-
-def _non_finite(rank: int, recs: list[dict[str, Any]]) -> list[Anomaly]:
+def _flagged(rank: int, recs: _Series) -> list[Anomaly]:
+    """What a step line says outright: a skipped step (MF's skip-data `is_skip: [ True]`), a loss of exactly 0
+    (no real language-model loss is; a masked-out batch or a broken label pipeline is), and a field whose text
+    held no single number (`global_norm: [1 31049]`), left out rather than guessed."""
     out = []
-    for r in recs:
-        for key, value in r.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                word = "NaN" if math.isnan(value) else "Inf"
-                out.append(Anomaly(kind="nan", step=r["step"], field=key, ranks=[rank], value=None,
-                                   message=f"{key} is {word}"))
+    view = recs.view
+    for i in np.nonzero(np.nan_to_num(view.values("is_skip")) != 0)[0].tolist():
+        out.append(Anomaly(kind="skipped", step=int(recs.steps[i]), field="is_skip", ranks=[rank], value=None,
+                           message="step skipped (is_skip: the global norm was over the skip threshold; "
+                                   "its data was not trained on)"))
+    for i in np.nonzero(view.values("loss") == 0)[0].tolist():
+        out.append(Anomaly(kind="zero_loss", step=int(recs.steps[i]), field="loss", ranks=[rank], value=0.0,
+                           message="loss is exactly 0 (check the labels/loss mask of this batch)"))
+    texts = view.table.texts
+    for i, row in enumerate(view.index.tolist() if texts else []):
+        unread = texts.get(row, {}).get("unread")
+        if unread:
+            names = ", ".join(part.split(":")[0] for part in unread.split("; "))
+            out.append(Anomaly(kind="unread", step=int(recs.steps[i]), field=names, ranks=[rank], value=None,
+                               message=f"could not read {names}: not one number (e.g. {unread}); left out, "
+                                       "not guessed"))
     return out
 
 
-def _spikes(rank: int, recs: list[dict[str, Any]], key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
-    out, window = [], _RollingMedian(t.window)
-    for r in recs:
-        value = r.get(key)
-        if not _finite(value):
+def _stops(run: Run) -> list[Anomaly]:
+    """An exception or `stop training` message after a file's last step line: the run did not end normally."""
+    out = []
+    for f in run.files:
+        if f.stop is None:
             continue
-        if len(window) >= t.min_history:
-            med = window.median()
-            if med > 0 and value > ratio * med:
-                out.append(Anomaly(kind=kind, step=r["step"], field=key, ranks=[rank], value=value, reference=med,
-                                   message=f"{key} {value:.4g} is {value / med:.2f}x the median {med:.4g} "
-                                           f"of the previous {len(window)} steps"))
-                continue  # keep the spike out of the baseline
-        window.push(float(value))
+        steps = run.series(f.rank).values("step")
+        out.append(Anomaly(kind="stopped", step=int(steps[-1]) if len(steps) else 0, field="log", ranks=[f.rank],
+                           value=None, message=f"training stopped after this step: {f.stop}"))
     return out
 
 
-def _slow_steps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
-    out, window = [], _RollingMedian(t.window)
-    for r in recs[t.skip_warmup:]:
-        value = r.get("per_step_time")
-        if not _finite(value):
+def _resumes(run: Run) -> list[Anomaly]:
+    out: list[Anomaly] = []
+    if run.records.constant("rank") is not None and run.records.increasing("step"):
+        return out
+    ranks, steps = run.records.values("rank"), run.records.values("step")
+    for rank in np.unique(ranks).tolist():
+        s = steps[ranks == rank].astype(np.int64)
+        for j in np.nonzero(s[1:] <= s[:-1])[0].tolist():
+            prev, step = int(s[j]), int(s[j + 1])
+            out.append(Anomaly(kind="resume", step=step, field="step", ranks=[int(rank)], value=step,
+                               reference=prev, message=f"step went back from {prev} to {step}: a resumed run; "
+                                                       f"its lines replace the earlier steps {step}..{prev}"))
+    return out
+
+
+def _non_finite(rank: int, recs: _Series) -> list[Anomaly]:
+    out = []
+    view = recs.view
+    for key, column in view.table.columns.items():
+        if column.kind != "float":
             continue
-        if len(window) >= t.min_history:
-            med = window.median()
-            if med > 0 and value > t.straggler * med:
-                out.append(Anomaly(kind="straggler", step=r["step"], field="per_step_time", ranks=[rank],
-                                   value=value, reference=med,
-                                   message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms"))
-                continue
-        window.push(float(value))
+        values = view.values(key)
+        bad = view.numeric(key) & ~np.isfinite(values)
+        for i in np.nonzero(bad)[0].tolist():
+            word = "NaN" if math.isnan(values[i]) else "Inf"
+            out.append(Anomaly(kind="nan", step=int(recs.steps[i]), field=key, ranks=[rank], value=None,
+                               message=f"{key} is {word}"))
     return out
 
 
-def _lr_jumps(rank: int, recs: list[dict[str, Any]], t: Thresholds) -> list[Anomaly]:
+def _over_median(values: np.ndarray, ratio: float, t: Thresholds) -> list[tuple[int, float, float, int]]:
+    """(index, value, median, history) of each finite value over `ratio` x the median of the previous
+    `t.window` finite values that were not flagged themselves (a spike stays out of the baseline).
+
+    The rule is sequential, but it cannot flag a value at most `ratio` x the smallest of the previous
+    `window` values (the median is at least that): a vectorized rolling minimum finds the few candidates,
+    and the exact walk runs only from each candidate until `window` unflagged values have passed (from
+    there on, its window is again simply the previous `window` values)."""
+    finite = np.isfinite(values)
+    if finite.all():  # the usual case: no index, no copy
+        where, vals = None, values
+    else:
+        where = np.nonzero(finite)[0]
+        vals = values[where]
+    del finite
+    n, w = len(vals), t.window
+    candidate = np.ones(n, dtype=bool)
+    if n > w:
+        low = np.empty(n - w)
+        for b in range(0, n - w, 1 << 16):  # blocks: a bounded window view
+            e = min(n - w, b + (1 << 16))
+            low[b:e] = np.lib.stride_tricks.sliding_window_view(vals[b:e + w - 1], w).min(axis=1)
+        candidate[w:] = (vals[w:] > ratio * low) | (low <= 0)
+    out: list[tuple[int, float, float, int]] = []
+    window = _RollingMedian(w)
+    k = 0
+    while k < n:
+        if k >= w:  # the window is the previous `w` values: skip to the next candidate
+            ahead = np.nonzero(candidate[k:])[0]
+            if not len(ahead):
+                break
+            k += int(ahead[0])
+            window = _RollingMedian(w)
+            for v in vals[max(k - w, 0):k].tolist():
+                window.push(float(v))
+        since, flagged = 0, False  # unflagged values since the last flag; whether this walk flagged any
+        while k < n and (k < w or candidate[k] or (flagged and since < w)):
+            value = float(vals[k])
+            if len(window) >= t.min_history:
+                med = window.median()
+                if med > 0 and value > ratio * med:
+                    out.append((k if where is None else int(where[k]), value, med, len(window)))
+                    since, flagged, k = 0, True, k + 1
+                    continue
+            window.push(value)
+            since, k = since + 1, k + 1
+    return out
+
+
+def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
+    return [Anomaly(kind=kind, step=int(recs.steps[i]), field=key, ranks=[rank], value=value, reference=med,
+                    message=f"{key} {value:.4g} is {value / med:.2f}x the median {med:.4g} "
+                            f"of the previous {history} steps")
+            for i, value, med, history in _over_median(recs.view.values(key), ratio, t)]
+
+
+def _slow_steps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
+    times = recs.view.native("per_step_time")[t.skip_warmup:]
+    return [Anomaly(kind="straggler", step=int(recs.steps[t.skip_warmup + i]), field="per_step_time", ranks=[rank],
+                    value=value, reference=med,
+                    message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms")
+            for i, value, med, _ in _over_median(times, t.straggler, t)]
+
+
+def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
     """Flag LR changes that no schedule explains: neither a flat nor a linear continuation of the last two
     steps predicts them, and they are either large against the run's LR (the largest of the last
     ``window`` steps) or turn against the trend (up during a decay or from a plateau, down during a
     warm-up) by a large fraction of the current LR. Warm-up ends, cosine tails that approach 0 and cool-down steps to a final
     LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
     """
+    steps, lr = recs.steps, recs.view.values("lr")
     out = []
-    recent: deque[tuple[int, float]] = deque()  # (index, |lr|), decreasing: the window's max is recent[0]
-    for i, r in enumerate(recs):
-        lr = r.get("lr")
-        if _finite(lr):
-            while recent and recent[-1][1] <= abs(lr):
-                recent.pop()
-            recent.append((i, abs(lr)))
-        while recent and recent[0][0] <= i - t.window:
-            recent.popleft()
-        if i < 2:
-            continue
-        a, b, c = recs[i - 2], recs[i - 1], r
-        if not (c["step"] == b["step"] + 1 == a["step"] + 2):
-            continue
-        la, lb, lc = a.get("lr"), b.get("lr"), c.get("lr")
-        if not (_finite(la) and _finite(lb) and _finite(lc)):
-            continue
-        local = max(abs(lb), abs(lc))
-        if local == 0:
-            continue
-        before, now = lb - la, lc - lb
-        flat, linear = abs(now), abs(lc - (2 * lb - la))
-        unexplained = flat > t.lr_jump * local and linear > t.lr_jump * local
-        large = flat > t.lr_jump * recent[0][1]
-        against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
-        if unexplained and (large or against_trend):
-            out.append(Anomaly(kind="lr_jump", step=c["step"], field="lr", ranks=[rank], value=lc, reference=lb,
-                               message=f"lr jumped from {lb:.3e} to {lc:.3e}"))
+    for b in range(2, len(lr), _BLOCK):  # a block at a time: a few temporary arrays of one block each
+        i = np.arange(b, min(b + _BLOCK, len(lr)))
+        la, lb, lc = lr[i - 2], lr[i - 1], lr[i]
+        with np.errstate(invalid="ignore"):
+            local = np.maximum(np.abs(lb), np.abs(lc))
+            now = lc - lb
+            unexplained = ((np.abs(now) > t.lr_jump * local) & (np.abs(lc - (2 * lb - la)) > t.lr_jump * local)
+                           & (local > 0) & np.isfinite(la))  # NaN compares False
+        unexplained &= (steps[i] == steps[i - 1] + 1) & (steps[i - 1] == steps[i - 2] + 1)
+        for k in np.nonzero(unexplained)[0].tolist():
+            out += _lr_jump_at(rank, recs, lr, int(i[k]), t)
     return out
 
 
-def _rank_checks(series: dict[int, list[dict[str, Any]]], t: Thresholds) -> list[Anomaly]:
-    """Across ranks at one step: losses that disagree (DP divergence) and one rank far slower."""
+def _lr_jump_at(rank: int, recs: _Series, lr: np.ndarray, i: int, t: Thresholds) -> list[Anomaly]:
+    """The rest of the lr-jump rule at an unexplained step `i`: large, or against the trend."""
+    la, lb, lc = float(lr[i - 2]), float(lr[i - 1]), float(lr[i])
+    before, now = lb - la, lc - lb
+    large = abs(now) > t.lr_jump * float(np.nanmax(np.abs(lr[max(i - t.window + 1, 0):i + 1])))
+    against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
+    if not (large or against_trend):
+        return []
+    return [Anomaly(kind="lr_jump", step=int(recs.steps[i]), field="lr", ranks=[rank], value=lc, reference=lb,
+                    message=f"lr jumped from {lb:.3e} to {lc:.3e}")]
+
+
+def _rank_checks(series: dict[int, _Series], t: Thresholds) -> list[Anomaly]:
+    """Across ranks at one step: losses that disagree (DP divergence) and one rank far slower.
+
+    The ranks' values are laid side by side, a block of steps at a time (a steps x ranks matrix, NaN
+    where a rank lacks the step): the per-step medians are NumPy's, the messages are built only for the
+    steps flagged."""
     if len(series) < 2:
         return []
-    losses: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    times: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for rank, recs in series.items():
-        for r in recs:
-            if _finite(r.get("loss")):
-                losses[r["step"]].append((rank, float(r["loss"])))
-            if _finite(r.get("per_step_time")):
-                times[r["step"]].append((rank, float(r["per_step_time"])))
+    ranks = list(series)
+    steps = np.unique(np.concatenate([recs.steps for recs in series.values()]))
+    out: list[Anomaly] = []
+    for key in ("loss", "per_step_time"):
+        columns = []
+        for recs in series.values():
+            column = np.full(len(steps), np.nan)
+            column[np.searchsorted(steps, recs.steps)] = recs.view.values(key)
+            columns.append(column)
+        for b in range(0, len(steps), _BLOCK):
+            block = np.column_stack([c[b:b + _BLOCK] for c in columns])
+            block[~np.isfinite(block)] = np.nan
+            block_steps = steps[b:b + _BLOCK]
+            if key == "loss":
+                out += _diverging(block, block_steps, ranks, t)
+            else:
+                out += _slower_ranks(block, block_steps, ranks, t)
+    return out
+
+
+def _diverging(block: np.ndarray, steps: np.ndarray, ranks: list[int], t: Thresholds) -> list[Anomaly]:
+    """Steps where one rank's loss (the farthest from the median) differs by more than the tolerance."""
     out = []
-    for step, values in losses.items():
-        if len(values) < 2:
-            continue
-        med = _median([v for _, v in values])
-        rank, worst = max(values, key=lambda rv: abs(rv[1] - med))
-        if abs(worst - med) > t.divergence_rtol * max(1.0, abs(med)):
-            others = [v for r, v in values if r != rank]
-            out.append(Anomaly(kind="divergence", step=step, field="loss", ranks=[rank], value=worst, reference=med,
-                               message=f"rank {rank} loss {worst:.6f} differs from the other ranks' "
-                                       f"{_median(others):.6f} (data-parallel ranks should agree)"))
-    for step, values in times.items():
-        if len(values) < 2:
-            continue
-        for rank, value in values:
-            others = _median([v for r, v in values if r != rank])
-            if others > 0 and value > t.straggler * others:
-                out.append(Anomaly(kind="straggler", step=step, field="per_step_time", ranks=[rank], value=value,
-                                   reference=others, message=f"rank {rank} took {value:g} ms, "
-                                                             f"{value / others:.1f}x the other ranks' {others:g} ms"))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: steps one rank alone logged
+        med = np.nanmedian(block, axis=1)
+        dev = np.abs(block - med[:, None])
+        several = np.sum(np.isfinite(block), axis=1) >= 2
+        worst_dev = np.nanmax(np.where(np.isfinite(dev), dev, -1.0), axis=1)
+        flagged = several & (worst_dev > t.divergence_rtol * np.maximum(1.0, np.abs(med)))
+    for i in np.nonzero(flagged)[0].tolist():
+        row = block[i]
+        j = int(np.nanargmax(np.where(np.isfinite(row), np.abs(row - med[i]), -1.0)))
+        others = [float(v) for k, v in enumerate(row.tolist()) if k != j and math.isfinite(v)]
+        out.append(Anomaly(kind="divergence", step=int(steps[i]), field="loss", ranks=[ranks[j]],
+                           value=float(row[j]), reference=float(med[i]),
+                           message=f"rank {ranks[j]} loss {row[j]:.6f} differs from the other ranks' "
+                                   f"{_median(others):.6f} (data-parallel ranks should agree)"))
+    return out
+
+
+def _slower_ranks(block: np.ndarray, steps: np.ndarray, ranks: list[int], t: Thresholds) -> list[Anomaly]:
+    """(step, rank) where a rank took more than `straggler` x the median of the other ranks' times."""
+    out = []
+    several = np.sum(np.isfinite(block), axis=1) >= 2
+    for j, rank in enumerate(ranks):
+        others = np.delete(block, j, axis=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(others, axis=1)
+        with np.errstate(invalid="ignore"):
+            flagged = several & (med > 0) & (block[:, j] > t.straggler * med)
+        for i in np.nonzero(flagged)[0].tolist():
+            value, ref = float(block[i, j]), float(med[i])
+            out.append(Anomaly(kind="straggler", step=int(steps[i]), field="per_step_time", ranks=[rank],
+                               value=value, reference=ref, message=f"rank {rank} took {value:g} ms, "
+                                                                   f"{value / ref:.1f}x the other ranks' {ref:g} ms"))
     return out
 
 
@@ -230,20 +349,22 @@ def _merge(found: Iterable[Anomaly]) -> list[Anomaly]:
     """Collapse consecutive steps per (kind, field, rank); then join ranks with the same finding."""
     groups: dict[tuple, list[Anomaly]] = defaultdict(list)
     for a in found:
-        groups[(a.kind, a.field, a.message if a.kind == "resume" else "", tuple(a.ranks))].append(a)
+        groups[(a.kind, a.field, a.message if a.kind in ("resume", "stopped") else "",
+                tuple(a.ranks))].append(a)
     runs: list[Anomaly] = []
     for items in groups.values():
         items.sort(key=lambda a: a.step)
         current = None
         for a in items:
-            if current is not None and a.kind != "resume" and a.step == (current.last_step or current.step) + 1:
+            if current is not None and a.kind not in ("resume", "stopped") and a.step == (current.last_step or current.step) + 1:
                 current.last_step, current.count = a.step, current.count + 1
                 continue
             current = attrs.evolve(a)
             runs.append(current)
     joined: dict[tuple, Anomaly] = {}
     for a in runs:
-        key = (a.kind, a.field, a.step, a.last_step, a.count, a.message if a.kind in ("nan", "resume") else "")
+        key = (a.kind, a.field, a.step, a.last_step, a.count,
+               a.message if a.kind in ("nan", "resume", "stopped") else "")
         if key in joined:
             joined[key].ranks = sorted(set(joined[key].ranks) | set(a.ranks))
         else:

@@ -107,14 +107,30 @@ def parse_number(text: str) -> float | int | None:
         return float(s)  # accepts nan, NaN, inf, 1.0E-05
     except ValueError:
         pass
-    if s.startswith("[") and s.endswith("]"):  # static graph prints arrays: `[44.313248]`
-        inner = re.split(r"[\s/]+", s[1:-1].strip())  # `[loss/mean]` in non-sink mode
-        return parse_number(inner[0])
+    if s.startswith("[") and s.endswith("]"):
+        return _bracketed(s[1:-1].strip(), text)
     if s == "None" or s.startswith("N/A"):
         return None
     if s in ("True", "False"):
         return 1 if s == "True" else 0
     raise ValueError(f"not a number: {text.strip()!r}")
+
+
+class UnreadValue(ValueError):
+    """A field whose text holds no single number: `global_norm: [1 31049]` (a printed array of two),
+    `lr: Not Set LR.`. The line is still read; the field is left out and reported."""
+
+
+def _bracketed(inner: str, text: str) -> float | int | None:
+    """Static graph prints NumPy arrays: `lr:[2.4499998e-06]`, `global_norm: [1.508834]`, `is_skip: [ True]`
+    (MindSpore Transformers' `print_output_info`, mindformers/core/callback/callback.py, r0.6 .. 2.1.0);
+    its non-sink mode prints `loss:[step loss/running mean]`, whose first number is the step's loss.
+    An array of several elements (`[1 31049]`) has no one value: reading its first would be a guess."""
+    if "/" in inner:
+        return parse_number(inner.split("/", 1)[0])
+    if len(inner.split()) != 1:
+        raise UnreadValue(f"not one number: {text.strip()!r}")
+    return parse_number(inner)
 
 
 def parse_step_line(line: str) -> dict[str, Any] | None:
@@ -142,8 +158,13 @@ def parse_step_line(line: str) -> dict[str, Any] | None:
     return record
 
 
+_REQUIRED = ("loss", "step")  # a line whose loss cannot be read is malformed; other fields are left out
+
+
 def read_fields(body: str, record: dict[str, Any]) -> None:
-    """Read `key: value` parts joined by `, ` (a part without `:` continues the previous value)."""
+    """Read `key: value` parts joined by `, ` (a part without `:` continues the previous value).
+
+    A field other than the loss whose value is no number is left out and named in `record["unread"]`."""
     key = None
     for part in body.split(", "):
         name, sep, value = part.partition(":")
@@ -152,7 +173,14 @@ def read_fields(body: str, record: dict[str, Any]) -> None:
                 raise ValueError(f"unexpected text {part.strip()!r}")
             continue  # e.g. the comma inside the non-last-stage loss text
         key = name.strip().replace(" ", "_")
-        record[key] = parse_number(value)
+        try:
+            record[key] = parse_number(value)
+        except ValueError:
+            if key in _REQUIRED:
+                raise
+            record[key] = None  # left out, and said: `unread` names it (an anomaly of its own)
+            note = f"{key}: {value.strip()[:60]}"
+            record["unread"] = f"{record['unread']}; {note}" if record.get("unread") else note
 
 
 # ---------------------------------------------------------------- mftk's JSON-lines metrics

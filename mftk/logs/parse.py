@@ -11,17 +11,20 @@ same code serves a one-shot parse and `--follow` on a growing log.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
+from array import array
 from pathlib import Path
 from typing import Any, Callable
 
 import attrs
+import numpy as np
 
 from mftk.errors import DataFormatError, InputError
 from mftk.files import open_regular
+from mftk.logs.fastpath import FastShape, shape_of
 from mftk.logs.format import read_fields, parse_metrics_record, parse_number, parse_step_line
+from mftk.logs.table import StepTable, TableView, as_table
 
 FORMATS = ("auto", "mindformers", "megatron", "mftk")
 _EXPECTED = ("MindSpore Transformers `{ step:[n/N], ... loss: ..., per_step_time: ...ms, ... }` "
@@ -31,21 +34,29 @@ _MAX_EXAMPLES = 5
 
 # ---------------------------------------------------------------- line grammars
 
-_STATIC_HEAD = re.compile(r"\{ Epoch:\[\s*(\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\],")
-_STATIC_RENAME = {"global_norm": "grad_norm", "train_throughput_per_npu": "throughput"}
+# Static-graph MFLossMonitor lines, every shape since 2023 (mindformers/core/callback/callback.py,
+# `print_output_info`): r0.6-r1.x `Epoch:[%3d/%3d], step:[%5d/%5d], loss:[%5.3f/%5.3f], time:%5.3f ms,
+# lr:%s, overflow cond: %s, loss_scale: %s` (no braces; behind the file logger's `print_output_info: ` or the
+# console's `- mindformers - INFO - `); r1.3-2.1.0 `{ Epoch:[%3d/%3d], step:[%5d/%5d], loss: %5.6f, ...
+# per_step_time: %dms, lr: %s, overflow cond: %s, loss_scale: %s, global_norm: %s[, train_throughput_per_npu:
+# %.3fT]` (non-sink mode: `loss:[%5.6f/%5.6f]`); and the form MF's monitor tests print, `{Epoch:[  1],
+# step:[  10/ 100], loss: 2.5, ...}` (an epoch without a total).
+_STATIC_HEAD = re.compile(r"\{?\s*Epoch:\[\s*(\d+)(?:/\s*(\d+))?\],\s*step:\[\s*(\d+)/\s*(\d+)\],?")
+_STATIC_RENAME = {"global_norm": "grad_norm", "train_throughput_per_npu": "throughput", "time": "per_step_time"}
 
 
 def parse_static_line(line: str) -> dict[str, Any] | None:
-    """The older static-graph MFLossMonitor line; `step` is made global from epoch and step."""
-    start = line.find("{ Epoch:[")
+    """The static-graph MFLossMonitor line; `step` is made global from epoch and step."""
+    start = line.find("Epoch:[")
     if start < 0:
         return None
-    m = _STATIC_HEAD.match(line, start)
+    m = _STATIC_HEAD.search(line, max(start - 8, 0))
     if m is None:
         raise ValueError("epoch/step counters are not `[n/N]`")
-    epoch, epochs, step, per_epoch = (int(g) for g in m.groups())
-    record: dict[str, Any] = {"step": (epoch - 1) * per_epoch + step, "total_steps": epochs * per_epoch,
-                              "epoch": epoch}
+    epoch, epochs, step, per_epoch = (None if g is None else int(g) for g in m.groups())
+    record: dict[str, Any] = {"step": (epoch - 1) * per_epoch + step, "epoch": epoch}
+    if epochs is not None:
+        record["total_steps"] = epochs * per_epoch
     body = line[m.end():].rstrip().removesuffix("}").replace("global_norm [", "global_norm: [")
     read_fields(body, record)
     for old, new in _STATIC_RENAME.items():
@@ -86,7 +97,7 @@ def parse_megatron_line(line: str) -> dict[str, Any] | None:
 def _parse_mindformers(line: str) -> dict[str, Any] | None:
     if "{ step:[" in line:
         return parse_step_line(line)
-    if "{ Epoch:[" in line:
+    if "Epoch:[" in line:
         return parse_static_line(line)
     return None
 
@@ -121,10 +132,13 @@ class FileSummary:
     long_lines: int = 0  # lines over MAX_LINE_BYTES, skipped
     interleaved: int = 0  # > 1: this many ranks' step lines were interleaved in the file
     truncations: int = 0  # times the file shrank while followed (its earlier lines were dropped)
+    rotations: int = 0  # times the path was replaced by a new file while followed (old file read to its end)
+    concatenated: list[str] = attrs.field(factory=list)  # "line N: ..." where another log was appended
+    stop: str | None = None  # "line N: ..." an exception or stop message after the last step line
 
 
 _RANK_IN_PATH = (re.compile(r"worker_(\d+)\.log"), re.compile(r"rank_(\d+)"))
-READ_CHUNK = 16 << 20  # bytes read at a time: memory stays bounded whatever the log's size
+READ_CHUNK = 4 << 20  # bytes read at a time: memory stays bounded whatever the log's size
 MAX_LINE_BYTES = 1 << 20  # no log line is this long; longer ones are skipped (and counted)
 # The zero-filled blocks a crashed writer leaves (the file grew, its data never reached the disk): a run of
 # NUL bytes at the end of what was read, one that fills whole lines, or a long one. Short NUL runs among
@@ -133,6 +147,15 @@ _HOLE = rb"\x00{512,}|(?:^|(?<=\n))\x00+(?=\n|\Z)"
 _NUL_RUN = re.compile(_HOLE + rb"|\x00+\Z")
 _NUL_RUN_INSIDE = re.compile(_HOLE.replace(rb"|\Z", rb""))  # for a window that is not the end of the data
 _INTERLEAVE_LAG = 2  # ranks of one job log a step at most this many steps apart
+# Terminal escapes (colour, cursor) that a coloured logger or `script`/`tee` of a console leaves in a log:
+# CSI `ESC [ ... final`, OSC `ESC ] ... BEL|ST`, and two-byte escapes.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# The logger prefix's time (Python logging's `YYYY-MM-DD HH:MM:SS,mmm`; ISO `T` and `.` accepted).
+_STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6}))?")
+# The last line of a Python traceback, or MF's own "…, stop training..." (callback.py, skip-data and
+# global-norm checks): after the last step line, it is why the run stopped.
+_STOP = re.compile(r"(?:^|[\s:])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)): (.*)|(.*stop training.*)")
+_MAX_BACK_STEPS = 1000  # step-went-back points remembered per file (a resume or two, or another log appended)
 
 
 def rank_from_path(path: Path) -> int | None:
@@ -150,8 +173,10 @@ class LogReader:
 
     The file is read in chunks (bounded memory); runs of NUL bytes where a line would start are
     skipped and counted (a crashed writer leaves a zero-filled tail, which is not a binary file);
-    a file that shrank since the last read was truncated or rotated: it is read again from the start
-    and `restarted` tells the caller to drop what it kept from the earlier content.
+    terminal escapes are stripped. The file stays open between calls (as `tail -F` does): a file that
+    shrank was truncated, and is read again from the start (`restarted` tells the caller to drop what
+    it kept from the earlier content); a path that now names another file (inode) was rotated
+    (`mv f.log f.log.1`, a new f.log): the old file is read to its end, then the new one from its start.
     """
 
     def __init__(self, path: Path, *, fmt: str = "auto", rank: int = 0) -> None:
@@ -160,40 +185,79 @@ class LogReader:
         self._offset = 0
         self._pending = b""
         self._skipping = False  # inside a line longer than MAX_LINE_BYTES
+        self._file: Any = None
+        self.table = StepTable()  # every step read from this file (since it was last truncated)
+        self._last: dict[str, Any] | int | None = None  # the last step read, as a pending record or a table row
+        self._last_step: int | None = None
+        self._last_line = ""
+        self._fast: FastShape | None = None  # the file's step-line shape, read a chunk at a time
+        self.back_steps: list[tuple[int, bool]] = []  # (record index, timestamps went back) where step went back
         self.restarted = False
 
-    def read_new(self, *, final: bool = True) -> list[dict[str, Any]]:
-        """Parse new complete lines; with `final`, a last line without newline counts too."""
+    def read_new(self, *, final: bool = True) -> range:
+        """Parse new complete lines into `self.table`; with `final`, a last line without newline counts too
+        (and the file is closed). Returns the rows added (after a truncation, `restarted`: the whole table)."""
         self.restarted = False
-        out: list[dict[str, Any]] = []
+        start = self.table.n
         try:
-            with open_regular(self.path, what="log file", hint="pass the training log file or its directory") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self._offset:  # truncated or rotated: start over
-                    self._start_over()
-                f.seek(self._offset)
-                while chunk := f.read(READ_CHUNK):
-                    if self._offset == 0:
-                        _reject_binary(self.path, chunk)
-                    self._offset += len(chunk)
-                    out += self._feed(chunk, last=False)
+            if self._file is None:
+                self._file = self._open()
+            self._drain()
+            if self._replaced():  # rotated: the old file was read to its end above
+                self._file.close()
+                self._feed(b"", last=True)
+                self._file, self._offset = self._open(), 0
+                self.summary.rotations += 1
+                self._drain()
         except FileNotFoundError:
+            self.close()
             raise InputError(message=f"cannot read log {self.path}: it no longer exists", path=str(self.path),
                              hint="check the path") from None
         except OSError as exc:
+            self.close()
             raise InputError(message=f"cannot read log {self.path}: {exc.strerror or exc}", path=str(self.path),
                              hint="check the path and its permissions") from None
         if final:
-            out += self._feed(b"", last=True)
-        return out
+            self._feed(b"", last=True)
+            self.close()
+        return range(0 if self.restarted else start, self.table.n)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _open(self) -> Any:
+        return open_regular(self.path, what="log file", hint="pass the training log file or its directory")
+
+    def _replaced(self) -> bool:
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:  # moved away, the new file not created yet: keep the old one
+            return False
+        was = os.fstat(self._file.fileno())
+        return (now.st_ino, now.st_dev) != (was.st_ino, was.st_dev)
+
+    def _drain(self) -> None:
+        f = self._file
+        if os.fstat(f.fileno()).st_size < self._offset:  # truncated: start over
+            self._start_over()
+        f.seek(self._offset)
+        while chunk := f.read(READ_CHUNK):
+            if self._offset == 0:
+                _reject_binary(self.path, chunk)
+            self._offset += len(chunk)
+            self._feed(chunk, last=False)
 
     def _start_over(self) -> None:
         fmt = self.summary.format if self.summary.format in PARSERS else "auto"
         self.summary = FileSummary(path=self.summary.path, format=fmt, rank=self.summary.rank,
-                                   truncations=self.summary.truncations + 1)
+                                   truncations=self.summary.truncations + 1, rotations=self.summary.rotations)
         self._offset, self._pending, self._skipping, self.restarted = 0, b"", False, True
+        self._last, self._last_step, self._last_line, self.back_steps = None, None, "", []
+        self.table, self._fast = StepTable(), None
 
-    def _feed(self, chunk: bytes, *, last: bool) -> list[dict[str, Any]]:
+    def _feed(self, chunk: bytes, *, last: bool) -> None:
         data = self._pending + chunk
         cut = len(data) if last else data.rfind(b"\n") + 1
         self._pending = data[cut:]
@@ -209,9 +273,39 @@ class LogReader:
             kept = _NUL_RUN.sub(b"", body)
             self.summary.nul_bytes += len(body) - len(kept)
             body = kept
-        return self._parse_text(body.decode("utf-8", errors="replace"))
+        text = body.decode("utf-8", errors="replace")
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        if self._fast is None and len(text) > _SHAPE_PROBE:  # learn the shape on the chunk's head
+            cut = text.find("\n", _SHAPE_PROBE) + 1 or len(text)
+            self._parse_text(text[:cut])
+            text = text[cut:]
+        if not (self._fast is not None and self._parse_fast(text)):
+            self._parse_text(text)
 
-    def _parse_text(self, text: str) -> list[dict[str, Any]]:
+    def _parse_fast(self, text: str) -> bool:
+        """Read a chunk whose step lines all have the file's shape, a column at a time (no dict per line).
+
+        Only when nothing in it needs the line-by-line reader: every step line matches, steps only go up,
+        no skip, exception or stop line, no over-long line. Otherwise the caller reads it line by line."""
+        summary = self.summary
+        if any(marker in text for marker in _EVENT_MARKERS):
+            return False
+        got = self._fast.read(text, self._last_step)
+        if got is None:
+            return False
+        count, cols, last_step = got
+        if count:
+            cols["rank"] = _repeat(summary.rank, count)
+            self.table.append_columns(count, cols)
+            self._last, self._last_step, summary.stop = self.table.n - 1, last_step, None
+            head = text.rfind(self._fast.head)
+            self._last_line = text[text.rfind("\n", 0, head) + 1:text.find("\n", head) % (len(text) + 1)]
+        summary.lines += text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+        summary.records += count
+        return True
+
+    def _parse_text(self, text: str) -> None:
         out: list[dict[str, Any]] = []
         summary = self.summary
         lineno = summary.lines
@@ -234,11 +328,62 @@ class LogReader:
                 if len(parsers) > 1:  # lock onto the first format found: faster, and no cross-talk
                     summary.format, parsers = name, [(name, parse)]
                 record.setdefault("rank", summary.rank)
+                if self._last_step is not None and record["step"] <= self._last_step:
+                    self._went_back(summary.records + len(out), line)
                 out.append(record)
+                self._last, self._last_step, self._last_line, summary.stop = record, record["step"], line, None
+                if self._fast is None and name == "mindformers":
+                    self._fast = shape_of(line)
                 break
+            else:
+                if self._last is not None or summary.records:
+                    self._event(line, lineno)
         summary.lines = lineno
         summary.records += len(out)
-        return out
+        self.table.append_records(out)
+        if out and self._last is out[-1]:
+            self._last = self.table.n - 1
+
+    def _went_back(self, index: int, line: str) -> None:
+        """Remember where the step went back, and whether the logger's clock did too: a resumed run logs
+        later than the lines it replaces; another rank's log appended to this one (`cat`) starts earlier."""
+        if len(self.back_steps) < _MAX_BACK_STEPS:
+            before, now = _stamp(self._last_line), _stamp(line)
+            self.back_steps.append((index, before is not None and now is not None and now < before))
+
+    def _event(self, line: str, lineno: int) -> None:
+        """Lines after a step line that say something about it: MF's skip-data line (`opt_global_step: N,
+        skip_data_grad_norm_threshold: T, is_skip: [ True]`, callback.py) marks the step before it skipped;
+        an exception or `stop training` message is kept until another step line follows it."""
+        if "is_skip:" in line and self._last is not None:
+            try:
+                skipped = parse_number(line.rsplit("is_skip:", 1)[1])
+            except ValueError:
+                skipped = None
+            if skipped and isinstance(self._last, dict):
+                self._last["is_skip"] = 1
+            elif skipped:
+                self.table.set(self._last, "is_skip", 1)
+            return
+        if ("Error" in line or "Exception" in line or "stop training" in line or "Interrupt" in line) \
+                and (m := _STOP.search(line)):
+            self.summary.stop = f"line {lineno}: {(m.group(1) + ': ' + m.group(2)) if m.group(1) else m.group(3)}"[:240].strip()
+
+
+_SHAPE_PROBE = 1 << 16  # bytes of a chunk read line by line before its step-line shape is known
+_EVENT_MARKERS = ("is_skip:", "Error", "Exception", "stop training", "Interrupt")
+
+
+def _repeat(value: int, count: int) -> array:
+    return array("q", [value]) * count
+
+
+def _stamp(line: str) -> str | None:
+    """The line's logger time as a sortable string (ISO date, time, fraction padded), or None."""
+    m = _STAMP.search(line)
+    if m is None:
+        return None
+    return f"{m.group(1)} {m.group(2)}.{(m.group(3) or '').ljust(6, '0')}"
 
 
 def _reject_binary(path: Path, head: bytes) -> None:
@@ -256,8 +401,8 @@ def _reject_binary(path: Path, head: bytes) -> None:
                                    "or checkpoint file")
 
 
-def split_interleaved(records: list[dict[str, Any]], summary: FileSummary) -> list[dict[str, Any]]:
-    """One file's records, with the ranks told apart when several ranks' lines were written into it.
+def split_interleaved(steps: list[int], summary: FileSummary) -> list[int] | None:
+    """The rank of each of one file's records when several ranks' lines were written into it, else None.
 
     msrun's console (``--tail_worker_log``), ``tee`` of a job's output or ``cat worker_*.log`` put every
     rank's step line into one file, and the line names no rank. Such a file shows each step R ≥ 2 times
@@ -270,28 +415,64 @@ def split_interleaved(records: list[dict[str, Any]], summary: FileSummary) -> li
     order: dict[int, int] = {}
     counts: dict[int, int] = {}
     newest = None
-    for r in records:
-        step = r["step"]
+    for step in steps:
         if step not in order:
             order[step] = len(order)
         counts[step] = counts.get(step, 0) + 1
         if newest is not None and order[step] < order[newest] - _INTERLEAVE_LAG:
-            return records
+            return None
         if newest is None or order[step] > order[newest]:
             newest = step
-    steps = list(order)
-    ranks = counts[steps[0]] if steps else 0
-    body = steps[:-2] if len(steps) > 2 else steps[:1]
-    if ranks < 2 or any(counts[s] != ranks for s in body) or any(counts[s] > ranks for s in steps):
-        return records
+    distinct = list(order)
+    ranks = counts[distinct[0]] if distinct else 0
+    body = distinct[:-2] if len(distinct) > 2 else distinct[:1]
+    if ranks < 2 or any(counts[s] != ranks for s in body) or any(counts[s] > ranks for s in distinct):
+        return None
     seen: dict[int, int] = {}
     out = []
-    for r in records:
-        k = seen.get(r["step"], 0)
-        seen[r["step"]] = k + 1
-        out.append({**r, "rank": summary.rank + k})
+    for step in steps:
+        k = seen.get(step, 0)
+        seen[step] = k + 1
+        out.append(summary.rank + k)
     summary.interleaved = ranks
     return out
+
+
+def split_concatenated(steps: list[int], reader: LogReader) -> list[int] | None:
+    """The rank of each of one file's records when whole logs were appended into it, else None: a new rank
+    from each point where the step and the logger's clock both went back. That is `cat worker_0.log
+    worker_1.log` (each rank's log starts when the job starts, long before the first one ends), never a
+    resume (whose lines are logged after those they replace). Without timestamps the two cannot be told
+    apart, and a step going back stays a resume."""
+    summary = reader.summary
+    summary.concatenated = []
+    cuts = [index for index, clock_back in reader.back_steps if clock_back and 0 < index < len(steps)]
+    if not cuts:
+        return None
+    out = [summary.rank] * len(steps)
+    for k, (start, end) in enumerate(zip(cuts, cuts[1:] + [len(steps)]), start=1):
+        summary.concatenated.append(f"step {steps[start - 1]} -> {steps[start]} with the time going back: "
+                                    f"read from there as rank {summary.rank + k}")
+        out[start:end] = [summary.rank + k] * (end - start)
+    return out
+
+
+def split_ranks(reader: LogReader) -> StepTable:
+    """One file's table, its `rank` column telling apart the ranks whose lines share the file: interleaved
+    lines, or whole logs appended one after another. Steps that only go up need neither."""
+    table = reader.table
+    reader.summary.interleaved, reader.summary.concatenated = 0, []
+    ranks = None
+    if not table.increasing("step"):
+        as_list = [int(x) for x in table.values("step").tolist()]
+        ranks = split_interleaved(as_list, reader.summary)
+        if ranks is None:
+            ranks = split_concatenated(as_list, reader)
+    if ranks is None:
+        table.set_constant("rank", reader.summary.rank)
+    else:
+        table.set_column("rank", np.asarray(ranks))
+    return table
 
 
 # ---------------------------------------------------------------- a run: one or more files
@@ -302,35 +483,44 @@ class Run:
 
     name: str
     files: list[FileSummary]
-    records: list[dict[str, Any]]
+    records: StepTable = attrs.field(converter=lambda r: as_table(r))
     warnings: list[str] = attrs.field(factory=list)
-    _series: dict[int, list[dict[str, Any]]] | None = attrs.field(default=None, init=False, repr=False, eq=False)
+    _series: dict[int, TableView] | None = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @property
     def ranks(self) -> list[int]:
         return sorted(self._by_rank())
 
-    def series(self, rank: int) -> list[dict[str, Any]]:
+    def series(self, rank: int) -> TableView:
         """One rank's records by step; after a resume (step going back) the later line wins."""
-        return self._by_rank().get(rank, [])
+        found = self._by_rank().get(rank)
+        return found if found is not None else TableView(self.records, np.zeros(0, dtype=np.int64))
 
-    def _by_rank(self) -> dict[int, list[dict[str, Any]]]:
+    def _by_rank(self) -> dict[int, TableView]:
         if self._series is None:  # computed once: records are complete when a Run is built
-            by_rank: dict[int, dict[int, dict[str, Any]]] = {}
-            for r in self.records:
-                by_rank.setdefault(r["rank"], {})[r["step"]] = r
-            self._series = {rank: [steps[s] for s in sorted(steps)] for rank, steps in by_rank.items()}
+            only = self.records.constant("rank")
+            if only is not None and self.records.increasing("step"):  # one rank, never went back: as read
+                self._series = {int(only): TableView(self.records, None)} if self.records.n else {}
+                return self._series
+            ranks = self.records.values("rank").astype(np.int64)
+            steps = self.records.values("step")
+            self._series = {}
+            for rank in np.unique(ranks).tolist():
+                rows = np.nonzero(ranks == rank)[0][::-1]  # newest first: np.unique keeps the first of each
+                _, first = np.unique(steps[rows], return_index=True)
+                self._series[int(rank)] = TableView(self.records, rows[first])
         return self._series
 
     @property
     def primary_rank(self) -> int:
         """The lowest rank that logs real losses (non-last pipeline stages log `N/A`)."""
-        with_loss = sorted({r["rank"] for r in self.records if _finite_or_nan(r.get("loss"))})
-        return with_loss[0] if with_loss else min(r["rank"] for r in self.records)
-
-
-def _finite_or_nan(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not math.isinf(value)
+        only = self.records.constant("rank")
+        if only is not None:
+            return int(only)
+        ranks = self.records.values("rank").astype(np.int64)
+        loss = self.records.values("loss")
+        real = self.records.numeric("loss") & ~np.isinf(loss)
+        return int(ranks[real].min()) if real.any() else int(ranks.min())
 
 
 def expand_paths(log: Path) -> list[Path]:
@@ -360,9 +550,10 @@ def open_readers(logs: list[Path], *, fmt: str = "auto") -> list[LogReader]:
     return readers
 
 
-def collect(readers: list[LogReader], name: str, records: list[dict[str, Any]] | None = None) -> Run:
-    """Build a `Run` from readers; raises when no file held a single step line."""
-    records = records if records is not None else []
+def collect(readers: list[LogReader], name: str) -> Run:
+    """Build a `Run` from readers, each file's ranks told apart (see `split_ranks`)."""
+    tables = [split_ranks(reader) for reader in readers]
+    records = tables[0] if len(tables) == 1 else StepTable.concat(tables)
     run = Run(name=name, files=[r.summary for r in readers], records=records)
     for f in run.files:
         if f.records == 0:
@@ -380,6 +571,13 @@ def collect(readers: list[LogReader], name: str, records: list[dict[str, Any]] |
         if f.truncations:
             run.warnings.append(f"{f.path}: the file was truncated or replaced while followed; only its current "
                                 "content is shown")
+        if f.rotations:
+            run.warnings.append(f"{f.path}: the log was rotated while followed (the path now names a new file, "
+                                f"{f.rotations} time(s)): the old file was read to its end, then the new one from "
+                                "its start")
+        if f.concatenated:
+            run.warnings.append(f"{f.path}: several logs appended into one file (not a resume: the timestamps go "
+                                f"back too): {'; '.join(f.concatenated[:5])}")
     return run
 
 
@@ -404,7 +602,8 @@ def _no_steps_message(f: FileSummary) -> str:
 def parse_run(logs: list[Path], *, fmt: str = "auto", name: str | None = None) -> Run:
     """Parse every file of one run (all ranks) in one pass."""
     readers = open_readers(logs, fmt=fmt)
-    records = [rec for reader in readers for rec in split_interleaved(reader.read_new(final=True), reader.summary)]
-    run = collect(readers, name or ", ".join(str(p) for p in logs), records)
+    for reader in readers:
+        reader.read_new(final=True)
+    run = collect(readers, name or ", ".join(str(p) for p in logs))
     require_steps(run)
     return run

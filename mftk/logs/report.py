@@ -15,7 +15,7 @@ from mftk.files import check_writable_target, write_atomic
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs import export
 from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
-from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps, split_interleaved
+from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps
 from mftk.logs.summary import Summary, summarize
 
 
@@ -128,7 +128,7 @@ def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
 def write_outputs(report: LogReport) -> None:
     """CSV / JSON / JSONL of every rank's steps, and the PNG; each file written atomically."""
     o = report.options
-    rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)]
+    rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)] if (o.csv or o.jsonl) else []
     if o.csv:
         write_atomic(o.csv, export.to_csv(rows, o.metrics))
         report.written.append(str(o.csv))
@@ -175,23 +175,16 @@ def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
     check_options(options)
     readers = open_readers(list(logs), fmt=options.fmt)
     name = ", ".join(map(str, logs))
-    kept: list[list[dict[str, Any]]] = [[] for _ in readers]  # per file: a truncated file's rows are dropped
-    records: list[dict[str, Any]] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     report, updates = None, 0
     try:
         while True:
             changed = False
-            for i, reader in enumerate(readers):
+            for reader in readers:  # a truncated file's rows are dropped (its reader starts a new table)
                 new = reader.read_new(final=False)
-                if reader.restarted:
-                    kept[i], changed = [], True
-                kept[i] += new
-                changed = changed or bool(new)
-            if changed:
-                records = [rec for i, reader in enumerate(readers) for rec in split_interleaved(kept[i], reader.summary)]
-            if changed and records:
-                report = analyze([collect(readers, name, records)], options)
+                changed = changed or reader.restarted or len(new) > 0
+            if changed and any(reader.table.n for reader in readers):
+                report = analyze([collect(readers, name)], options)
                 on_update(report)
                 updates += 1
             elif changed:  # every file was truncated to nothing: what was shown is gone
@@ -201,7 +194,10 @@ def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
             sleep(poll_s)
     except KeyboardInterrupt:  # Ctrl-C is how a follow ends: the exports are still written
         pass
+    finally:
+        for reader in readers:
+            reader.close()
     if report is None:
-        require_steps(collect(readers, name, records))
+        require_steps(collect(readers, name))
     write_outputs(report)
     return report

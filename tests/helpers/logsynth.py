@@ -1,12 +1,21 @@
 """Synthetic MindSpore Transformers logs for the parse-log tests (deterministic)."""
 from __future__ import annotations
 
+import datetime
 import math
 import random
 
 from mftk.logs.format import format_step_line
 
 PREFIX = "2025-06-01 10:00:{s:02d},{ms:03d} - mindformers[mindformers/pynative/callback/loss_callback.py:337] - INFO - "
+_T0 = datetime.datetime(2025, 6, 1, 10, 0, 0)
+
+
+def prefix_at(seconds: float) -> str:
+    """The logger prefix of a line logged `seconds` after the synthetic runs' epoch."""
+    t = _T0 + datetime.timedelta(seconds=seconds)
+    return PREFIX.replace("10:00:{s:02d},{ms:03d}", "").replace("2025-06-01 ", t.strftime("%Y-%m-%d %H:%M:%S,")
+                                                                  + f"{t.microsecond // 1000:03d}")
 SEED_LINES = [  # the two example lines of the quick-start seed document
     "{ step:[    1/   10], loss:  11.813965, per_step_time:  13570ms, load_balancing_loss:   1.093977, "
     "lr: 1.000000e-05, grad_norm:  13.831877, throughput:   1.36T }",
@@ -29,7 +38,10 @@ def step_metrics(step: int, *, gbs: int = 8, rng: random.Random | None = None) -
 
 def synth_lines(n: int, *, total: int | None = None, start: int = 1, nan_at=(), spike_at=(), prefix: bool = True,
                 noise_every: int = 0, seed: int = 0, gbs: int = 8) -> list[str]:
-    """`n` step lines; NaN loss/grad at `nan_at`, loss x3 at `spike_at`; an INFO line every `noise_every`."""
+    """`n` step lines; NaN loss/grad at `nan_at`, loss x3 at `spike_at`; an INFO line every `noise_every`.
+
+    Each `seed` is a separate job, logged a day after the previous seed's (so a resume, made with a later
+    seed, has later timestamps than the lines it replaces, as a real one does); steps are a second apart."""
     rng = random.Random(seed)
     total = total or start + n - 1
     out = []
@@ -40,7 +52,8 @@ def synth_lines(n: int, *, total: int | None = None, start: int = 1, nan_at=(), 
         if step in spike_at:
             m["loss"] *= 3
         line = format_step_line(m, total_steps=total)
-        out.append((PREFIX.format(s=step % 60, ms=step % 1000) if prefix else "") + line)
+        stamp = prefix_at(seed * 86400 + step)
+        out.append((stamp if prefix else "") + line)
         if noise_every and step % noise_every == 0:
-            out.append(PREFIX.format(s=0, ms=0) + f"Checkpoint saved at step {step} to ./ckpt (async=False)")
+            out.append(stamp + f"Checkpoint saved at step {step} to ./ckpt (async=False)")
     return out

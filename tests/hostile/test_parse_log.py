@@ -147,3 +147,39 @@ def test_unwritable_export_is_refused_before_reading(tmp_path, flag, where):
            "proc": ""}[where]
     assert_clean_failure(r, 2, f"cannot write {target}", why)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "worker_0.log"]
+
+
+# -- a rotated followed log, and two ranks' logs concatenated (issue 35) -------------------------------
+
+def test_follow_a_rotated_log_keeps_every_step_and_says_so(tmp_path):
+    log = tmp_path / "f.log"
+    lines = synth_lines(10)
+    log.write_bytes(_text(lines[:4]))
+    polls = {"n": 0}
+
+    def sleep(_):
+        polls["n"] += 1
+        if polls["n"] == 1:
+            with open(log, "ab") as f:  # written after the last read, just before the rotation
+                f.write(_text(lines[4:7]))
+            log.rename(tmp_path / "f.log.1")  # mv f.log f.log.1; the job goes on in a new f.log
+            log.write_bytes(_text(lines[7:]))
+
+    report = follow_log([log], ParseOptions(), on_update=lambda rep: None, poll_s=0, max_updates=2, sleep=sleep)
+    run = report.runs[0].run
+    assert [r["step"] for r in run.records] == list(range(1, 11))  # before: 1..4 then nothing (old offset)
+    assert run.files[0].rotations == 1 and report.runs[0].anomalies == []
+    assert any("rotated while followed" in w and "new one from its start" in w for w in run.warnings)
+
+
+def test_two_ranks_logs_concatenated_are_two_ranks_not_a_resume(tmp_path):
+    log = tmp_path / "all.log"
+    rank0, rank1 = _rank_lines(0, 12), _rank_lines(1, 12)  # one job: both logs span the same minutes
+    log.write_bytes(_text(rank0 + rank1))  # cat worker_0.log worker_1.log > all.log
+    r = mftk("parse-log", str(log), "--fail-on", "resume", "--json", "-")
+    assert r.returncode == 0, r.stderr  # before: "step went back from 12 to 1: a resumed run" (exit 3)
+    data = json.loads(r.stdout)
+    assert data["summary"]["ranks"] == [0, 1] and data["anomalies"] == []
+    assert "several logs appended into one file" in flat(r.stderr) and "read from there as rank 1" in flat(r.stderr)
+    run = parse_run([log])
+    assert [x["per_step_time"] for x in run.series(1)] == [710 + s % 3 for s in range(1, 13)]

@@ -1,6 +1,9 @@
 """Anomalies: each kind found at the right steps and ranks, and nothing on a clean run."""
 import math
 
+import numpy as np
+import pytest
+
 from mftk.logs.anomalies import Thresholds, _RollingMedian, find_anomalies
 from mftk.logs.parse import Run
 
@@ -139,3 +142,38 @@ def test_lr_jump_when_a_resume_restarts_a_decayed_cosine():
 def test_cool_down_to_a_final_lr_is_not_a_jump_but_a_drop_from_the_peak_is():
     rows = _lr_rows([1e-3] * 20 + [1e-5] * 5 + [1e-6] * 5)  # step 26: ConstantWithCoolDown's lr_end1 -> lr_end2
     assert [(a.kind, a.step) for a in find_anomalies(run_of(rows)) if a.kind == "lr_jump"] == [("lr_jump", 21)]
+
+
+def _over_median_reference(values, ratio, window, min_history):
+    """The rule walked one value at a time, median by sorting (an independent reference)."""
+    out, kept = [], []
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            continue
+        last = sorted(kept[-window:])
+        if len(last) >= min_history:
+            mid = len(last) // 2
+            med = last[mid] if len(last) % 2 else (last[mid - 1] + last[mid]) / 2
+            if med > 0 and v > ratio * med:
+                out.append((i, v, med))
+                continue
+        kept.append(v)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_spike_rule_with_its_prefilter_equals_the_one_value_at_a_time_walk(seed):
+    """The detector skips, by a rolling minimum, the values that cannot be spikes; what it flags must be
+    exactly what the plain sequential rule flags: bursts of spikes, NaN holes, a level shift, values <= 0."""
+    from mftk.logs.anomalies import _over_median
+
+    rng = np.random.default_rng(seed)
+    values = 3 + 0.05 * rng.standard_normal(3000)
+    for start in rng.integers(0, 2900, 12):
+        values[start:start + rng.integers(1, 15)] *= rng.choice([1.3, 2.0, 5.0])
+    values[rng.integers(0, 3000, 30)] = np.nan
+    values[2000:2100] = 0.0 if seed % 2 else -1.0
+    values[2500:] *= 2.5  # a level shift: flagged until the new level fills the window
+    t = Thresholds(window=20, min_history=5)
+    got = [(i, v, med) for i, v, med, _ in _over_median(values, 1.25, t)]
+    assert got == _over_median_reference(values.tolist(), 1.25, 20, 5) and len(got) > 20
