@@ -362,6 +362,12 @@ def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
         out["hidden_act"] = "fusedswiglu"  # the reference rewrites it the same way
         problems.append(Problem(path=f"model.{source['hidden_act']}", severity=NOTE, value="swiglu",
                                 message="read as fusedswiglu because bias_swiglu_fusion is true (as the reference does)"))
+    if out.get("hidden_act") in ("swiglu", "fusedswiglu") and out.get("gated_linear_unit") is False:
+        out["gated_linear_unit"] = True  # SwiGLU halves its input: mindformers 2.1.0 transformer_config.py does the same
+        problems.append(Problem(path=f"model.{source['gated_linear_unit']}", severity=WARNING, value=False,
+                                message=f"read as true: {out['hidden_act']} is a gated activation (the reference "
+                                        "overrides it the same way, with a warning)",
+                                hint="use hidden_act: silu or gelu for a non-gated MLP"))
     _coerce(out, source, cls, floats, problems)
     return out, problems
 
