@@ -326,6 +326,17 @@ def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
         elif key in deleted:
             problems.append(Problem(path=path, severity=NOTE, value=value, message=_deleted_message(key)))
             continue
+        elif key == "experimental_attention_variant" and value == "mla":
+            # the reference's layer builder reads the legacy `mla` as no variant: plain MLA attention, which needs
+            # multi_latent_attention (mindformers 2.1.0 pynative/base_models/gpt/gpt_layer_specs.py)
+            if cls is DeepseekV3ModelConfig:
+                problems.append(Problem(path=path, severity=NOTE, value=value, message="the legacy name of the plain "
+                                        "MLA attention DeepSeek-V3 builds (the reference reads it as no variant)"))
+            else:
+                problems.append(Problem(path=path, value=value, message="`mla` is plain MLA attention: it needs "
+                                        "multi_latent_attention, which this model does not have (the reference "
+                                        "raises too)", hint="remove it"))
+            continue
         elif key in _UNSUPPORTED_FEATURES or key.startswith(_UNSUPPORTED_PREFIXES):
             if value not in (None, False, 0, "", "none"):
                 problems.append(Problem(path=path, value=value, message="DeepSeek-V3.2/V4 feature; not supported",
