@@ -193,7 +193,13 @@ def check_deepseek_v4(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
         if getattr(cfg, key) is not want:
             _err(ps, key, getattr(cfg, key), f"must be {str(want).lower()} for DeepSeek-V4 in mftk",
                  f"set {key}: {str(want).lower()}")
-    if cfg.experimental_attention_variant != "dsv4_hybrid":
+    if cfg.experimental_attention_variant == "mla":
+        # mindformers 2.1.0 pynative/base_models/gpt/gpt_layer_specs.py reads `mla` as no variant: DeepSeek-V3's
+        # plain MLA attention (kv_lora_rank, zero-padded value heads) inside V4's hyper-connection layers
+        _err(ps, "experimental_attention_variant", "mla", "`mla` builds the reference's plain MLA attention "
+             "(DeepSeek-V3's) inside DeepSeek-V4 layers; mftk builds DeepSeek-V4 with the dsv4_hybrid attention only",
+             "set experimental_attention_variant: dsv4_hybrid, or train an MLA model as model_type deepseek_v3")
+    elif cfg.experimental_attention_variant != "dsv4_hybrid":
         _err(ps, "experimental_attention_variant", cfg.experimental_attention_variant,
              "DeepSeek-V4 is built with the dsv4_hybrid attention only", "set experimental_attention_variant: dsv4_hybrid")
     _check_heads(cfg, ps)

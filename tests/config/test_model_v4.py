@@ -72,6 +72,7 @@ def _tiny_v4() -> dict:
     ({"index_head_dim": 4}, "model.index_head_dim", "must be >= 8"),
     ({"num_nextn_predict_layers": 2, "compress_ratios": [0, 4, 16, 0, 0]}, "model.num_nextn_predict_layers", "0 or 1"),
     ({"experimental_attention_variant": "dsa"}, "model.experimental_attention_variant", "dsv4_hybrid"),
+    ({"experimental_attention_variant": "mla"}, "model.experimental_attention_variant", "plain MLA attention"),
     ({"activation_func_clamp_value": -1.0}, "model.activation_func_clamp_value", "must be > 0"),
 ])
 def test_deepseek_v4_rules(change, path, fragment):
