@@ -146,7 +146,6 @@ def test_qwen3_moe_pattern_and_hf_names():
 @pytest.mark.parametrize("template,parallel,fragment", [
     ("deepseek_v4_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True}, "tensor parallel is not implemented"),
     ("deepseek_v4_tiny.yaml", {"context_parallel": 2}, "context parallel is not implemented"),
-    ("deepseek_v4_tiny.yaml", {"pipeline_parallel": 3}, "hyper-connection residual streams"),
     ("qwen3_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True, "_muon": True}, "Muon with tensor_parallel"),
 ])
 def test_unimplemented_layouts_are_refused(template, parallel, fragment):
@@ -171,3 +170,11 @@ def test_muon_qk_clip_with_fsdp_is_refused_but_plain_dp_runs():
     assert "QK-clip with FSDP" in errors(data, world_size=2)["optimizer.qk_clip_enabled"]
     data["parallelism"]["data_parallel_shard"] = 1
     assert runnable_layout(load_data(data, world_size=2, check_files=False), 2).dp == 2
+
+
+def test_deepseek_v4_pipeline_layouts_are_runnable():
+    """Pipeline stages pass the hyper-connection streams (tests/commands/test_train_v4_pipeline.py)."""
+    data = _tiny_v4()
+    data["parallelism"].update({"pipeline_parallel": 2, "data_parallel_shard": 1,
+                                "pipeline_parallel_layers_per_stage": ["0-1", "2"]})
+    assert errors(data, world_size=2) == {}
