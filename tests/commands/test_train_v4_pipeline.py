@@ -26,9 +26,15 @@ def work(tmp_path_factory):
     raw["parallelism"].update({"pipeline_parallel": 2, "data_parallel_shard": 1,  # 3 layers: 2 + 1
                                "pipeline_parallel_layers_per_stage": ["0-1", "2"]})
     (d / "pp2.yaml").write_text(yaml.safe_dump(raw))
+    v2 = tiny_raw("deepseek_v4_tiny.yaml", corpus, d / "ckpt_v2", steps=2, gbs=4)  # 4 layers: 2 chunks of 1 a stage
+    v2["model"].update({"num_hidden_layers": 4, "compress_ratios": [0, 4, 4, 16, 0]})
+    v2["checkpoint"]["enable_save"] = False
+    v2["parallelism"].update({"pipeline_parallel": 2, "data_parallel_shard": 1, "pipeline_parallel_interleave_num": 2})
+    (d / "v2.yaml").write_text(yaml.safe_dump(v2))
     shared = SharedJobs(d)
-    shared.results("2", 2, lambda: [{"config": str(d / "pp2.yaml"), "output_dir": str(d / "out_pp2")}])
-    return {"dir": d, "raw": raw, "single": single(raw, d / "single")}
+    shared.results("2", 2, lambda: [{"config": str(d / "pp2.yaml"), "output_dir": str(d / "out_pp2")},
+                                    {"config": str(d / "v2.yaml"), "output_dir": str(d / "out_v2")}])
+    return {"dir": d, "raw": raw, "single": single(raw, d / "single"), "v2": v2}
 
 
 def test_v4_pp2_matches_single_process(work):
@@ -44,6 +50,24 @@ def test_v4_pp2_matches_single_process(work):
     for key in KEYS:
         np.testing.assert_allclose(column(first, key0.get(key, key)), column(one, key), rtol=REL,
                                    err_msg=f"first stage: {key}")
+
+
+def test_v4_interleaved_pp2_matches_single_process(work):
+    """Interleaved 1F1B, two chunks a stage (layers 0, 2 on the first, 1, 3 on the last): the CSA layers 1 and 2
+    with their indexers in a middle chunk of each stage."""
+    d = work["dir"]
+    one = metrics(_single_v2(work))
+    last = metrics(d / "out_v2", 1)
+    assert [r["step"] for r in last] == [1, 2]
+    for key in KEYS:
+        np.testing.assert_allclose(column(last, key), column(one, key), rtol=REL, err_msg=f"interleaved: {key}")
+
+
+def _single_v2(work):
+    out = work["dir"] / "single_v2"
+    if not out.exists():
+        single(work["v2"], out)
+    return out
 
 
 def test_v4_pp2_checkpoint_continues_in_one_process(work):
