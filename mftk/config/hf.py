@@ -206,8 +206,9 @@ def hf_export_problems(cfg: Any) -> list[Problem]:
             ps.append(Problem(path=f"model.{key}", value=value, severity=WARNING,
                               message="mftk's engine does not use this setting; the export describes what it computed"))
 
-    ignored("hidden_act", "silu" if cfg.hidden_act in ("silu", "fusedswiglu", "swiglu") else cfg.hidden_act, "silu")
-    ignored("gated_linear_unit", cfg.gated_linear_unit, True)
+    if not cfg.gated_linear_unit:
+        err("gated_linear_unit", False, "transformers' MLPs of these models are gated (gate_proj and up_proj)",
+            "export models trained with gated_linear_unit: true")
     ignored("add_bias_linear", cfg.add_bias_linear, False)
     ignored("apply_residual_connection_post_layernorm", cfg.apply_residual_connection_post_layernorm, False)
     if isinstance(cfg, (Qwen3ModelConfig, Qwen3MoeModelConfig)):
@@ -285,10 +286,15 @@ def _hf_model_type(cfg: Any) -> str:
     return "qwen3" if isinstance(cfg, Qwen3ModelConfig) else "deepseek_v3"  # deepseek_mtp is not an HF type
 
 
+def _hf_act(cfg: Any) -> str:
+    """transformers' ``hidden_act``: its ``gelu`` is the exact erf GELU, the reference's ``gelu`` too."""
+    return "gelu" if cfg.hidden_act == "gelu" else "silu"
+
+
 def _common_keys(cfg: Any) -> dict:
     return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
             "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_query_groups(), "hidden_act": "silu",
+            "num_key_value_heads": cfg.num_query_groups(), "hidden_act": _hf_act(cfg),
             "initializer_range": cfg.initializer_range, "rms_norm_eps": cfg.rms_norm_eps,
             "attention_dropout": cfg.attention_dropout}
 

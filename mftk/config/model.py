@@ -326,6 +326,17 @@ def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
         elif key in deleted:
             problems.append(Problem(path=path, severity=NOTE, value=value, message=_deleted_message(key)))
             continue
+        elif key == "experimental_attention_variant" and value == "mla":
+            # the reference's layer builder reads the legacy `mla` as no variant: plain MLA attention, which needs
+            # multi_latent_attention (mindformers 2.1.0 pynative/base_models/gpt/gpt_layer_specs.py)
+            if cls is DeepseekV3ModelConfig:
+                problems.append(Problem(path=path, severity=NOTE, value=value, message="the legacy name of the plain "
+                                        "MLA attention DeepSeek-V3 builds (the reference reads it as no variant)"))
+            else:
+                problems.append(Problem(path=path, value=value, message="`mla` is plain MLA attention: it needs "
+                                        "multi_latent_attention, which this model does not have (the reference "
+                                        "raises too)", hint="remove it"))
+            continue
         elif key in _UNSUPPORTED_FEATURES or key.startswith(_UNSUPPORTED_PREFIXES):
             if value not in (None, False, 0, "", "none"):
                 problems.append(Problem(path=path, value=value, message="DeepSeek-V3.2/V4 feature; not supported",
@@ -362,6 +373,12 @@ def normalize_model_dict(raw: dict) -> tuple[dict, list[Problem]]:
         out["hidden_act"] = "fusedswiglu"  # the reference rewrites it the same way
         problems.append(Problem(path=f"model.{source['hidden_act']}", severity=NOTE, value="swiglu",
                                 message="read as fusedswiglu because bias_swiglu_fusion is true (as the reference does)"))
+    if out.get("hidden_act") in ("swiglu", "fusedswiglu") and out.get("gated_linear_unit") is False:
+        out["gated_linear_unit"] = True  # SwiGLU halves its input: mindformers 2.1.0 transformer_config.py does the same
+        problems.append(Problem(path=f"model.{source['gated_linear_unit']}", severity=WARNING, value=False,
+                                message=f"read as true: {out['hidden_act']} is a gated activation (the reference "
+                                        "overrides it the same way, with a warning)",
+                                hint="use hidden_act: silu or gelu for a non-gated MLP"))
     _coerce(out, source, cls, floats, problems)
     return out, problems
 

@@ -186,17 +186,24 @@ DELETED = ("auto_map", "torch_dtype", "use_cache", "transformers_version", "scor
 def check_deepseek_v4(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
     _positive(cfg, ps, ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "o_groups", "o_lora_rank",
                         "csa_window_size", "index_n_heads", "index_head_dim", "index_topk", "num_residual_streams",
-                        "mhc_sinkhorn_iterations", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
+                        "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
                         "moe_shared_expert_intermediate_size", "hc_eps", "compress_rope_theta"))
     for key, want in (("multi_latent_attention", True), ("enable_hyper_connections", True), ("qk_layernorm", True),
                       ("moe_grouped_gemm", True), ("use_fused_mhc", False)):
         if getattr(cfg, key) is not want:
             _err(ps, key, getattr(cfg, key), f"must be {str(want).lower()} for DeepSeek-V4 in mftk",
                  f"set {key}: {str(want).lower()}")
-    if cfg.experimental_attention_variant != "dsv4_hybrid":
+    if cfg.experimental_attention_variant == "mla":
+        # mindformers 2.1.0 pynative/base_models/gpt/gpt_layer_specs.py reads `mla` as no variant: DeepSeek-V3's
+        # plain MLA attention (kv_lora_rank, zero-padded value heads) inside V4's hyper-connection layers
+        _err(ps, "experimental_attention_variant", "mla", "`mla` builds the reference's plain MLA attention "
+             "(DeepSeek-V3's) inside DeepSeek-V4 layers; mftk builds DeepSeek-V4 with the dsv4_hybrid attention only",
+             "set experimental_attention_variant: dsv4_hybrid, or train an MLA model as model_type deepseek_v3")
+    elif cfg.experimental_attention_variant != "dsv4_hybrid":
         _err(ps, "experimental_attention_variant", cfg.experimental_attention_variant,
              "DeepSeek-V4 is built with the dsv4_hybrid attention only", "set experimental_attention_variant: dsv4_hybrid")
     _check_heads(cfg, ps)
+    _check_sinkhorn(cfg, ps)
     _check_schedule(cfg, ps)
     _check_moe(cfg, ps)
     D = cfg.num_nextn_predict_layers
@@ -224,9 +231,16 @@ def check_deepseek_v4(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
 
 def _check_heads(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
     nope, rope, d = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-    if nope + rope != d:
-        _err(ps, "v_head_dim", d, f"qk_nope_head_dim + qk_rope_head_dim = {nope} + {rope} = {nope + rope} must equal "
-             f"v_head_dim = {d} (q, k and v share one head width)", f"set v_head_dim: {nope + rope}")
+    if 0 < d <= rope:
+        _err(ps, "qk_rope_head_dim", rope, f"a head is v_head_dim = {d} wide and its last qk_rope_head_dim lanes "
+             f"are rotated: qk_rope_head_dim must be < {d}", f"e.g. qk_rope_head_dim: {max(2, d // 8)}")
+    elif nope + rope != d and nope > 0:
+        # mindformers 2.1.0 pynative/transformers/experimental_attention_variant/deepseek_v4_hybrid_attention.py:
+        # "DSv4 invariant: q_head_dim collapses to v_head_dim" (its RoPE splits nope = v_head_dim − rope)
+        _err(ps, "qk_nope_head_dim", nope, f"not read by the dsv4_hybrid attention: q, k and v share one head width, "
+             f"v_head_dim = {d}, whose first {d - rope} lanes are not rotated (qk_nope_head_dim + qk_rope_head_dim = "
+             f"{nope + rope}; the reference sets the query head to v_head_dim the same way)",
+             f"qk_nope_head_dim: {d - rope} says it explicitly", severity=NOTE)
     if rope > 0 and rope % 2:
         _err(ps, "qk_rope_head_dim", rope, "RoPE rotates pairs: must be even", "e.g. 64")
     D, g = cfg.num_attention_heads * d, cfg.o_groups
@@ -236,6 +250,18 @@ def _check_heads(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
     if 0 < cfg.index_head_dim < rope:
         _err(ps, "index_head_dim", cfg.index_head_dim, f"the indexer rotates its last qk_rope_head_dim = {rope} lanes: "
              f"index_head_dim must be >= {rope}", f"use index_head_dim >= {rope}")
+
+
+def _check_sinkhorn(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
+    """0 is accepted as the reference and transformers compute it: the softmax (+ε) and one column normalisation,
+    then ``iters − 1`` row/column rounds — none (mindformers 2.1.0 pynative/transformers/hyper_connection.py
+    ``SinkhornKnopp``; its config refuses only negatives, transformer_config.py ``mhc_sinkhorn_iterations``)."""
+    it = cfg.mhc_sinkhorn_iterations
+    if it < 0:
+        _err(ps, "mhc_sinkhorn_iterations", it, f"must be >= 0, got {it}", "e.g. 20 (hc_sinkhorn_iters)")
+    elif it == 0:
+        _err(ps, "mhc_sinkhorn_iterations", it, "0: the softmax and one column normalisation, no row/column "
+             "rounds after it — the same matrix as 1 (as the reference and transformers compute it)", severity=NOTE)
 
 
 def _check_schedule(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:

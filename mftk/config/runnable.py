@@ -11,8 +11,8 @@ What the engine runs (`engine/parallel/parallelize.py`): every combination of DP
 sequence parallel, EP, CP (colossal, ulysses, hybrid) and PP (1F1B, GPipe, interleaved 1F1B) over the
 reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
-exceptions are refused here with their reason: DeepSeek-V4 (no tensor/context-parallel plan; no pipeline plan
-for its hyper-connection streams) and Muon where it needs whole matrices. Qwen3-MoE is Qwen3's GQA attention
+exceptions are refused here with their reason: DeepSeek-V4 (no tensor/context-parallel plan; pipeline stages
+pass its residual streams, `pipeline_model.StageModel.act_shape`) and Muon where it needs whole matrices. Qwen3-MoE is Qwen3's GQA attention
 with the shared MoE parts, so it takes the GQA plan and every other dimension.
 """
 from __future__ import annotations
@@ -27,9 +27,7 @@ from mftk.derive import Layout, accumulation_steps, parse_layer_range, stage_chu
 ATTENTION_KINDS = {"qwen3": "gqa", "qwen3_moe": "gqa", "deepseek_v3": "mla"}
 
 # dimensions besides TP and CP (no attention kind above) a family's parallel plan does not cover yet, and why
-FAMILY_GAPS: dict[str, dict[str, str]] = {
-    "deepseek_v4": {"pp": "its hyper-connection residual streams have no pipeline-parallel plan"},
-}
+FAMILY_GAPS: dict[str, dict[str, str]] = {}
 
 # rule name -> (mesh dimension it constrains, what it says); plan-parallel explains its rejections with these
 RULES: dict[str, tuple[str, str]] = {

@@ -198,6 +198,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
 
 _FP32 = "mftk computes and stores in float32 on CPU"
 _SUPPORT = "tests/config/test_support.py"
+_MLP = "tests/engine/test_mlp_variants.py"
 MODEL: dict[str, Status] = {
     **_same(_MODEL, "seq_length initializer_range rms_norm_eps rope_theta rope_scaling attention_bias "
                     "position_embedding_type tie_word_embeddings track_max_attention_logit model_type architectures "
@@ -213,8 +214,9 @@ MODEL: dict[str, Status] = {
     **_same("tests/engine/test_model.py", "num_nextn_predict_layers mtp_loss_scaling_factor"),
     **{n: _inert(_FP32, rule=True) for n in ("compute_dtype", "params_dtype", "embedding_params_dtype")},
     **{n: _inert(_FP32) for n in ("layernorm_compute_dtype", "rotary_dtype", "moe_router_dtype")},
-    "hidden_act": _impl(_SUPPORT, rule=True, only="silu / fusedswiglu", example="gelu"),
-    "gated_linear_unit": _impl(_SUPPORT, rule=True, only="true"),
+    # DeepSeek-V4: silu / fusedswiglu only; gated_linear_unit false: dense models only (support.py says why)
+    "hidden_act": _impl(_MLP, rule=True, only="silu / fusedswiglu / gelu", example="relu"),
+    "gated_linear_unit": _impl(_MLP, rule=True),
     "add_bias_linear": _impl(_SUPPORT, rule=True, only="false"),
     "apply_residual_connection_post_layernorm": _impl(_SUPPORT, rule=True, only="false"),
     "rotary_interleaved": _impl(_SUPPORT, rule=True, only="false"),

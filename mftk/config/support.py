@@ -12,8 +12,6 @@ from mftk.errors import Problem
 
 # (field, accepted?, what the engine does) — a field missing from a family is skipped.
 _ROWS: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("hidden_act", lambda v: v in ("silu", "fusedswiglu"), "the MLP is SwiGLU: use silu"),
-    ("gated_linear_unit", lambda v: v is True, "the MLP is gated (SwiGLU): set true"),
     ("add_bias_linear", lambda v: v is False, "linear layers have no bias: set false"),
     ("apply_residual_connection_post_layernorm", lambda v: v is False, "residuals are taken before the norm"),
     ("rotary_interleaved", lambda v: v is False, "rotary pairs are the two halves (not interleaved)"),
@@ -21,6 +19,17 @@ _ROWS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("moe_router_force_expert_balance", lambda v: v is False, "routing follows the router scores"),
     ("moe_apply_probs_on_input", lambda v: v is False, "routing probabilities scale the expert outputs"),
     ("activation_func_clamp_value", lambda v: v is None, "the experts' SwiGLU is not clamped"),
+]
+# Rows that hold for some families only: (field, model types, accepted?, what the engine does there).
+# GELU (exact erf, as the reference's) and non-gated MLPs are built for every dense MLP and for gated experts;
+# routed experts are gated only (``weight1`` holds [gate | up]); DeepSeek-V4's experts are transformers'
+# clamped SwiGLU.
+_FAMILY_ROWS: list[tuple[str, tuple[str, ...], Callable[[Any], bool], str]] = [
+    ("hidden_act", ("deepseek_v4",), lambda v: v in ("silu", "fusedswiglu"),
+     "DeepSeek-V4's experts are the clamped SwiGLU of transformers' DeepseekV4: use silu"),
+    ("gated_linear_unit", ("qwen3_moe", "deepseek_v3", "deepseek_mtp", "deepseek_v4"), lambda v: v is True,
+     "routed experts are gated (weight1 holds [gate | up]): set true; a non-gated MLP is built for dense "
+     "models (model_type qwen3)"),
 ]
 _FP32_ON_CPU = ("compute_dtype", "params_dtype", "embedding_params_dtype")
 _IMPLEMENTED_FOR = {"activation_func_clamp_value": ("deepseek_v4",)}  # rows a family's own layers do implement
@@ -53,6 +62,13 @@ def unsupported_model_settings(model: Any) -> list[Problem]:
         if not accepted(value):
             problems.append(Problem(path=f"model.{name}", value=value,
                                     message=f"{value!r} {NOT_IN_ENGINE} ({does})",
+                                    hint="change it, or train this model with MindSpore Transformers"))
+    for name, types, accepted, does in _FAMILY_ROWS:
+        value = getattr(model, name, None)
+        if getattr(model, "model_type", "") in types and not accepted(value):
+            problems.append(Problem(path=f"model.{name}", value=value,
+                                    message=f"{value!r} is not implemented by mftk's engine for "
+                                            f"{model.model_type} yet ({does})",
                                     hint="change it, or train this model with MindSpore Transformers"))
     if getattr(model, "model_type", "") == "qwen3":
         if getattr(model, "rope_scaling", None) is not None or getattr(model, "position_embedding_type", "rope") != "rope":

@@ -67,12 +67,15 @@ class PipelineTrainer(Trainer):
     def _stage_values(self) -> StepOutput:
         """The logged values of the whole pipeline: this stage's, summed with every other stage's."""
         losses, aux, mtp, counts = self.stage_model.step_values()
+        indexer = self.stage_model.indexer_values()
         mine = float(np.mean(losses)) if self.stage_model.is_last and losses else 0.0
-        total = self.dist.stage_sum([mine, *aux, *mtp])
-        na = len(aux)
+        total = self.dist.stage_sum([mine, *aux, *mtp, *indexer])
+        na, nm = len(aux), len(mtp)
+        # DeepSeek-V4: the mean over indexer layers × its coefficient, as one process logs it (`GPTModel.finish`)
+        idx = [float(np.mean(total[1 + na + nm:])) * self.model.spec.indexer_loss_coeff] if len(indexer) else []
         return StepOutput(loss=float(total[0]), aux=[float(x) for x in total[1:1 + na]],
-                          mtp=[float(x) for x in total[1 + na:]], tokens_per_expert=counts,
-                          local_losses=[x * self.stage_model.scale for x in losses])
+                          mtp=[float(x) for x in total[1 + na:1 + na + nm]], tokens_per_expert=counts,
+                          local_losses=[x * self.stage_model.scale for x in losses], indexer=idx)
 
     def metrics(self, *args: Any, **kw: Any) -> dict[str, Any]:
         m = super().metrics(*args, **kw)

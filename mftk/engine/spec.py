@@ -56,6 +56,15 @@ class ModelSpec:
     indexer_loss_coeff: float = 0.0  # weight of the layers' ``core_attention.indexer_loss`` (DeepSeek-V4)
 
 
+def mlp_params(model_cfg: Any, *, gated_only: bool = False) -> dict[str, Any]:
+    """The MLP keywords every family reads from its config the same way: ``hidden_act`` and (for dense MLPs;
+    ``gated_only`` for MoE layers, whose routed experts are gated) ``gated_linear_unit``."""
+    params: dict[str, Any] = {"activation": model_cfg.hidden_act}
+    if not gated_only:
+        params["gated_linear_unit"] = model_cfg.gated_linear_unit
+    return params
+
+
 def build_spec(model_cfg: Any) -> ModelSpec:
     """The family's `ModelSpec` for a typed ``model:`` section (builder from `mftk.config.families`)."""
     from mftk.config.families import family_of

@@ -40,7 +40,11 @@ def work(tmp_path_factory):
     ds = tiny_raw("deepseek_v3_tiny.yaml", corpus, d / "ckpt_ep", steps=3, gbs=4)
     ds["parallelism"]["expert_parallel"] = 2  # with data_parallel_shard -1: FSDP2 for dense, EP2 for experts
     (d / "ds.yaml").write_text(yaml.safe_dump(ds))
-    return {"dir": d, "q": q, "ds": ds}
+    g = tiny_raw("qwen3_tiny.yaml", corpus, d / "ckpt_gpt", steps=3, gbs=4)  # GPT-style: non-gated GELU MLP
+    g["model"].update({"hidden_act": "gelu", "gated_linear_unit": False})
+    g["parallelism"].update({"tensor_parallel": 2, "sequence_parallel": True})
+    (d / "g.yaml").write_text(yaml.safe_dump(g))
+    return {"dir": d, "q": q, "ds": ds, "g": g}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,8 @@ def jobs(work):
     d = work["dir"]
     shared = SharedJobs(d)
     return lambda: shared.results("2", 2, lambda: [{"config": str(d / "q.yaml"), "output_dir": str(d / "out_tp")},
-                                                   {"config": str(d / "ds.yaml"), "output_dir": str(d / "out_ep")}])
+                                                   {"config": str(d / "ds.yaml"), "output_dir": str(d / "out_ep")},
+                                                   {"config": str(d / "g.yaml"), "output_dir": str(d / "out_gpt")}])
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +85,15 @@ def test_tp2_matches_single_process(work, tp2, single_q):
     np.testing.assert_allclose(column(m, "loss"), single_q.losses, rtol=REL)
     np.testing.assert_allclose(column(m, "grad_norm"), single_q.grad_norms, rtol=REL)
     assert "tensor_parallel=2" in tp2
+
+
+def test_tp2_of_a_non_gated_gelu_mlp_matches_single_process(work, jobs):
+    """linear_fc1 of a non-gated MLP is F plain rows: tensor parallel cuts them as it cuts whole gate/up pairs."""
+    jobs()
+    m = metrics(work["dir"] / "out_gpt")
+    ref = single(work["g"], work["dir"] / "single_g")
+    np.testing.assert_allclose(column(m, "loss"), ref.losses, rtol=REL)
+    np.testing.assert_allclose(column(m, "grad_norm"), ref.grad_norms, rtol=REL)
 
 
 def test_tp2_checkpoint_metadata_shard_layout(work, tp2):

@@ -62,7 +62,8 @@ def _tiny_v4() -> dict:
     ({"compress_ratios": None}, "model.compress_ratios", "required"),
     ({"compress_ratios": [0, 4, 16]}, "model.compress_ratios", "3 + 1 = 4"),
     ({"compress_ratios": [0, 2, 16, 0]}, "model.compress_ratios", "got [2]"),
-    ({"v_head_dim": 40}, "model.v_head_dim", "24 + 8 = 32 must equal v_head_dim = 40"),
+    ({"v_head_dim": 8}, "model.qk_rope_head_dim", "must be < 8"),
+    ({"mhc_sinkhorn_iterations": -1}, "model.mhc_sinkhorn_iterations", "must be >= 0"),
     ({"o_groups": 3}, "model.o_groups", "128 % 3 = 2"),
     ({"qk_layernorm": False}, "model.qk_layernorm", "must be true"),
     ({"num_hash_layers": 4}, "model.num_hash_layers", "[0, num_hidden_layers = 3]"),
@@ -71,6 +72,7 @@ def _tiny_v4() -> dict:
     ({"index_head_dim": 4}, "model.index_head_dim", "must be >= 8"),
     ({"num_nextn_predict_layers": 2, "compress_ratios": [0, 4, 16, 0, 0]}, "model.num_nextn_predict_layers", "0 or 1"),
     ({"experimental_attention_variant": "dsa"}, "model.experimental_attention_variant", "dsv4_hybrid"),
+    ({"experimental_attention_variant": "mla"}, "model.experimental_attention_variant", "plain MLA attention"),
     ({"activation_func_clamp_value": -1.0}, "model.activation_func_clamp_value", "must be > 0"),
 ])
 def test_deepseek_v4_rules(change, path, fragment):
@@ -144,7 +146,6 @@ def test_qwen3_moe_pattern_and_hf_names():
 @pytest.mark.parametrize("template,parallel,fragment", [
     ("deepseek_v4_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True}, "tensor parallel is not implemented"),
     ("deepseek_v4_tiny.yaml", {"context_parallel": 2}, "context parallel is not implemented"),
-    ("deepseek_v4_tiny.yaml", {"pipeline_parallel": 3}, "hyper-connection residual streams"),
     ("qwen3_tiny.yaml", {"tensor_parallel": 2, "sequence_parallel": True, "_muon": True}, "Muon with tensor_parallel"),
 ])
 def test_unimplemented_layouts_are_refused(template, parallel, fragment):
@@ -169,3 +170,11 @@ def test_muon_qk_clip_with_fsdp_is_refused_but_plain_dp_runs():
     assert "QK-clip with FSDP" in errors(data, world_size=2)["optimizer.qk_clip_enabled"]
     data["parallelism"]["data_parallel_shard"] = 1
     assert runnable_layout(load_data(data, world_size=2, check_files=False), 2).dp == 2
+
+
+def test_deepseek_v4_pipeline_layouts_are_runnable():
+    """Pipeline stages pass the hyper-connection streams (tests/commands/test_train_v4_pipeline.py)."""
+    data = _tiny_v4()
+    data["parallelism"].update({"pipeline_parallel": 2, "data_parallel_shard": 1,
+                                "pipeline_parallel_layers_per_stage": ["0-1", "2"]})
+    assert errors(data, world_size=2) == {}

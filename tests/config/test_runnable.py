@@ -117,7 +117,6 @@ def test_every_dimension_composes_on_both_families():
     (qwen(), Layout(world=2, tp=2), {"muon": True}, "muon_tp", "Muon with tensor_parallel=2"),
     (dsv3(), Layout(world=2, dp_shard=2), {"muon": True, "qk_clip": True}, "muon_qk_clip", "data_parallel_shard = 2"),
     (v4(), Layout(world=16, dp_shard=16, ep=16), {}, "ep_experts", "n_routed_experts % ep = 8 % 16 = 8"),
-    (v4(), Layout(world=3, pp=3), {}, "family_dims", "pipeline_parallel=3 is not supported for model_type"),
     (v4(), Layout(world=2, tp=2), {}, "tp_family", "not implemented for model_type 'deepseek_v4'"),
     (qwen3_moe(), Layout(world=4, tp=4), {}, "tp_kv_heads", "num_key_value_heads % tp = 2 % 4 = 2"),
     (attrs.evolve(qwen3_moe(), intermediate_size=129), Layout(world=2, tp=2), {}, "tp_ffn",

@@ -19,7 +19,8 @@ def _load(name: str, **model):
 
 
 @pytest.mark.parametrize("name,key,value", [
-    ("qwen3_tiny.yaml", "hidden_act", "gelu"),
+    ("deepseek_v4_tiny.yaml", "hidden_act", "gelu"),
+    ("deepseek_v3_tiny.yaml", "gated_linear_unit", False),
     ("qwen3_tiny.yaml", "add_bias_linear", True),
     ("qwen3_tiny.yaml", "apply_residual_connection_post_layernorm", True),
     ("qwen3_tiny.yaml", "rotary_interleaved", True),

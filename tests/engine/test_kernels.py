@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from mindspore import Tensor, mint, ops
 
-from mftk.engine.layers.kernels import (CoreAttentionFn, HeadCrossEntropyFn, RMSNormFn, RopeFn, SiluMulFn)
+from mftk.engine.layers.kernels import (CoreAttentionFn, GeluFn, GeluMulFn, HeadCrossEntropyFn, RMSNormFn, RopeFn,
+                                       SiluFn, SiluMulFn)
 from mftk.engine.layers.loss import masked_mean_ce
 from mftk.engine.models.gpt import loss_weights
 
@@ -34,6 +35,11 @@ def _plain_silu_mul(g, u):
     return g * mint.sigmoid(g) * u
 
 
+def _plain_gelu(x):
+    """The exact GELU ``x·Φ(x)``, ``Φ(x) = (1 + erf(x/√2))/2`` (Hendrycks & Gimpel 2016, eq. 1)."""
+    return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
+
+
 def _mask(rng, shape, full_row: bool) -> np.ndarray:
     m = np.triu(np.ones(shape[-2:], bool), 1) | (rng.random(shape[-2:]) < 0.2)
     np.fill_diagonal(m, False)
@@ -51,11 +57,14 @@ def _cases(rng):
         "core": (CoreAttentionFn(0.35), _plain_core,
                  (r(2, 3, 6, 4), r(2, 3, 6, 4), r(2, 3, 6, 5), Tensor(_mask(rng, (2, 3, 6, 6), True))), 3),
         "silu_mul": (SiluMulFn(), _plain_silu_mul, (r(4, 7), r(4, 7)), 2),
+        "gelu_mul": (GeluMulFn(), lambda g, u: _plain_gelu(g) * u, (r(4, 7) * 2, r(4, 7)), 2),
+        "gelu": (GeluFn(), _plain_gelu, (r(4, 7) * 2,), 1),
+        "silu": (SiluFn(), lambda x: x * mint.sigmoid(x), (r(4, 7) * 2,), 1),
     }
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("name", ["rmsnorm", "rope", "core", "silu_mul"])
+@pytest.mark.parametrize("name", ["rmsnorm", "rope", "core", "silu_mul", "gelu_mul", "gelu", "silu"])
 def test_kernel_equals_autodiff_of_the_plain_formula(rng, name, compiled):
     kernel, plain, args, n_grad = _cases(rng)[name]
 

@@ -1,5 +1,6 @@
 """Hot-path functions with a hand-written backward (``nn.Cell.bprop``): RMSNorm, RoPE, causal core
-attention, SiLU·up and the fused LM-head cross-entropy.
+attention, SiLU·up (GELU·up, and the plain SiLU and GELU of a non-gated MLP) and the fused LM-head
+cross-entropy.
 
 Why: on MindSpore 2.10 CPU the *kernels* are fine (GEMM as fast as torch's MKL) but autodiff of the
 obvious formulas is not. Broadcasting elementwise ops run 15–25× slower than same-shape ones, row
@@ -131,6 +132,53 @@ class SiluMulFn(nn.Cell):
     def bprop(self, gate, up, out, dout):
         sg = mint.sigmoid(gate)
         return dout * up * (sg * (1.0 + gate * (1.0 - sg))), dout * (gate * sg)
+
+
+# primitives, so a bprop compiles under ``ms.jit`` (see `_tile`); not ``ops.GeLU()``, which is the tanh approximation
+_erf, _exp = ops.Erf(), ops.Exp()
+_SQRT_HALF, _INV_SQRT_2PI = 0.7071067811865476, 0.3989422804014327
+
+
+def _gelu(x):
+    """The exact GELU ``x·Φ(x)``, ``Φ(x) = (1 + erf(x/√2))/2``."""
+    return 0.5 * x * (1.0 + _erf(x * _SQRT_HALF))
+
+
+def _gelu_grad(x):
+    """``GELU'(x) = Φ(x) + x·φ(x)`` of the exact (erf) GELU."""
+    return 0.5 * (1.0 + _erf(x * _SQRT_HALF)) + x * (_exp(-0.5 * x * x) * _INV_SQRT_2PI)
+
+
+class GeluMulFn(nn.Cell):
+    """GeGLU's ``gelu(gate) · up`` (exact erf GELU: the reference's ``GELU(approximate='none')``, the default
+    its MLP builds — mindformers 2.1.0 pynative/layers/activation.py ``get_activation``)."""
+
+    def construct(self, gate, up):
+        return _gelu(gate) * up
+
+    def bprop(self, gate, up, out, dout):
+        return dout * up * _gelu_grad(gate), dout * _gelu(gate)
+
+
+class GeluFn(nn.Cell):
+    """A non-gated MLP's exact (erf) ``gelu(h)``; ``bprop`` like `GeluMulFn`'s gate lane."""
+
+    def construct(self, h):
+        return _gelu(h)
+
+    def bprop(self, h, out, dout):
+        return (dout * _gelu_grad(h),)
+
+
+class SiluFn(nn.Cell):
+    """A non-gated MLP's ``silu(h) = h·σ(h)``."""
+
+    def construct(self, h):
+        return mint.nn.functional.silu(h)
+
+    def bprop(self, h, out, dout):
+        sg = mint.sigmoid(h)
+        return (dout * (sg * (1.0 + h * (1.0 - sg))),)
 
 
 class HeadCrossEntropyFn(nn.Cell):

@@ -1,4 +1,10 @@
-"""SwiGLU MLP with the reference's row-interleaved ``linear_fc1`` (lane 2j = gate_j, 2j+1 = up_j; §2.11)."""
+"""The dense MLP: gated (SwiGLU / GeGLU) with the reference's row-interleaved ``linear_fc1`` (lane 2j = gate_j,
+2j+1 = up_j; models.md §2.11), or non-gated ``linear_fc2(act(linear_fc1(x)))`` (``gated_linear_unit: false``).
+
+The activation is the reference's ``hidden_act`` (mindformers 2.1.0 pynative/transformers/mlp.py and
+pynative/layers/activation.py ``ACTIVATION_MAP``): ``silu`` / ``fusedswiglu`` (the same SwiGLU) or ``gelu``, the
+exact erf GELU (its ``GELU`` defaults to ``approximate='none'`` and the MLP passes no other).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -47,15 +53,35 @@ class GateUpLinear(Linear):
         return gate.reshape(*lead, gate.shape[-1]), up.reshape(*lead, up.shape[-1])
 
 
-class MLP(nn.Cell):
-    """``linear_fc2(silu(gate) · up)`` with ``(gate, up) = linear_fc1(x)``."""
+# hidden_act → (the gated kernel ``act(gate, up)``, the non-gated kernel ``act(h)``), by registry name
+ACTIVATIONS: dict[str, tuple[str, str]] = {"silu": ("silu_mul", "silu"), "fusedswiglu": ("silu_mul", "silu"),
+                                           "gelu": ("gelu_mul", "gelu")}
 
-    def __init__(self, hidden_size: int, ffn_hidden_size: int) -> None:
+
+def gated_kernel(activation: str):
+    """The ``act(gate, up)`` kernel of a gated MLP (dense, shared or routed experts) for ``hidden_act``."""
+    return kernel(ACTIVATIONS[activation][0])()
+
+
+class MLP(nn.Cell):
+    """Gated: ``linear_fc2(act(gate) · up)`` with ``(gate, up) = linear_fc1(x)`` (``linear_fc1`` is ``2F`` wide);
+    non-gated (``gated_linear_unit=False``): ``linear_fc2(act(linear_fc1(x)))`` with a plain ``F``-wide
+    ``linear_fc1`` — tensor parallel cuts either by rows (whole gate/up pairs, or plain rows) the same way."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, *, activation: str = "silu",
+                 gated_linear_unit: bool = True) -> None:
         super().__init__()
-        self.act = kernel("silu_mul")()
-        self.linear_fc1 = GateUpLinear(hidden_size, ffn_hidden_size)
+        self.glu = bool(gated_linear_unit)
+        if self.glu:
+            self.act = gated_kernel(activation)
+            self.linear_fc1 = GateUpLinear(hidden_size, ffn_hidden_size)
+        else:
+            self.act = kernel(ACTIVATIONS[activation][1])()
+            self.linear_fc1 = Linear(hidden_size, ffn_hidden_size)
         self.linear_fc2 = Linear(ffn_hidden_size, hidden_size)
 
     def construct(self, x):
+        if not self.glu:
+            return self.linear_fc2(self.act(self.linear_fc1(x)))
         gate, up = self.linear_fc1(x)
         return self.linear_fc2(self.act(gate, up))

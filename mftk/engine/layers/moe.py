@@ -1,4 +1,5 @@
-"""Mixture of experts: top-k router, grouped SwiGLU experts, shared experts (models.md §2.12).
+"""Mixture of experts: top-k router, grouped gated experts (SwiGLU, or GeGLU with ``hidden_act: gelu``), shared
+experts (models.md §2.12).
 
 Dispatch is dropless: the flat expert ids are stably sorted on the host, tokens are gathered into
 per-expert rows (padded to the busiest expert, `grouped.padded_layout`; padding weighs 0), all experts
@@ -16,9 +17,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 from .grouped import GroupedExpertsFn, WeightedCombineFn, padded_layout
-from .registry import kernel
 from .linear import Linear
-from .mlp import MLP
+from .mlp import MLP, gated_kernel
 from .ops_cpu import split_last
 
 def _buffer(shape, name: str) -> Parameter:
@@ -141,10 +141,10 @@ class GroupedMLP(nn.Cell):
     once; expert parallel: each owner loops over the rows it receives).
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, *, activation: str = "silu") -> None:
         super().__init__()
         self.e, self.f = num_experts, ffn_hidden_size
-        self.act = kernel("silu_mul")()
+        self.act = gated_kernel(activation)  # silu(gate)·up, or gelu(gate)·up with hidden_act: gelu
         self.grouped = GroupedExpertsFn(self.act, ffn_hidden_size)
         self.combine = WeightedCombineFn()
         w1 = np.zeros((num_experts, hidden_size, 2 * ffn_hidden_size), np.float32)
@@ -189,10 +189,12 @@ class GroupedMLP(nn.Cell):
 
 
 class SharedExpertMLP(MLP):
-    """Dense SwiGLU shared experts, optionally gated by ``sigmoid(shared_experts_gate(x))``."""
+    """Dense gated shared experts (SwiGLU, or GeGLU with ``hidden_act: gelu``), optionally gated by
+    ``sigmoid(shared_experts_gate(x))``."""
 
-    def __init__(self, hidden_size: int, ffn_hidden_size: int, *, gated: bool = False) -> None:
-        super().__init__(hidden_size, ffn_hidden_size)
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, *, gated: bool = False,
+                 activation: str = "silu") -> None:
+        super().__init__(hidden_size, ffn_hidden_size, activation=activation)
         self.shared_experts_gate = Linear(hidden_size, 1) if gated else None
         self._ffn = self.ffn  # compiled by `compile`
 
@@ -224,15 +226,17 @@ class MoELayer(nn.Cell):
     def __init__(self, hidden_size: int, *, num_experts: int, topk: int, ffn_hidden_size: int,
                  shared_ffn_hidden_size: int = 0, shared_gate: bool = False, score_function: str = "sigmoid",
                  n_group: int = 0, topk_group: int = 0, norm_topk_prob: bool = True, scaling_factor: float = 1.0,
-                 enable_expert_bias: bool = False, aux_loss_type: str = "", aux_loss_coeff: float = 0.0) -> None:
+                 enable_expert_bias: bool = False, aux_loss_type: str = "", aux_loss_coeff: float = 0.0,
+                 activation: str = "silu") -> None:
         super().__init__()
         self.e, self.k = num_experts, topk
         self.aux_type = aux_loss_type if aux_loss_coeff > 0 else ""
         self.router = TopKRouter(hidden_size, num_experts, topk, score_function=score_function, n_group=n_group,
                                  topk_group=topk_group, norm_topk_prob=norm_topk_prob, scaling_factor=scaling_factor,
                                  global_aux=self.aux_type == "global_aux_loss")
-        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size)
-        self.shared_experts = (SharedExpertMLP(hidden_size, shared_ffn_hidden_size, gated=shared_gate)
+        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation)
+        self.shared_experts = (SharedExpertMLP(hidden_size, shared_ffn_hidden_size, gated=shared_gate,
+                                               activation=activation)
                                if shared_ffn_hidden_size else None)
         self.expert_bias = _buffer((num_experts,), "expert_bias") if enable_expert_bias else None
         self.tokens_per_expert = _buffer((num_experts,), "tokens_per_expert")

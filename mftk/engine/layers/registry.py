@@ -18,6 +18,9 @@ _REGISTRY: dict[tuple[str, str], Callable[..., Any]] = {
     ("rope", REFERENCE): kernels.RopeFn,
     ("core_attention", REFERENCE): kernels.CoreAttentionFn,
     ("silu_mul", REFERENCE): kernels.SiluMulFn,
+    ("gelu_mul", REFERENCE): kernels.GeluMulFn,
+    ("silu", REFERENCE): kernels.SiluFn,
+    ("gelu", REFERENCE): kernels.GeluFn,
     ("head_cross_entropy", REFERENCE): kernels.HeadCrossEntropyFn,
 }
 

@@ -282,9 +282,11 @@ class GPTModel(nn.Cell):
                 moe.append((aux, counts))
         return h
 
-    def finish(self, h, batch: Batch, moe: list):
+    def finish(self, h, batch: Batch, moe: list, indexer_cells: list | None = None):
         """Final norm, LM loss and MTP on the decoder output; the ``construct`` tuple (objective, lm loss,
-        aux losses, MTP losses, tokens per expert) of the MoE layers in ``moe`` and the MTP layers."""
+        aux losses, MTP losses, tokens per expert) of the MoE layers in ``moe`` and the MTP layers.
+        ``indexer_cells``: whose indexer losses join the objective (default: every one that ran; a pipeline
+        stage names its own, `pipeline_model.StageModel`)."""
         if self.decoder.hc_head is not None:
             h = self.decoder.hc_head(h)  # the residual streams collapsed
         h = self.decoder.final_layernorm(h)
@@ -303,7 +305,7 @@ class GPTModel(nn.Cell):
         aux_losses = tuple(a for a, _ in moe if a is not None)
         for a in aux_losses:
             objective = objective + a * self.spec.aux_loss_coeff
-        indexer = self.indexer_losses()
+        indexer = self.indexer_losses(indexer_cells)
         for a in indexer:
             objective = objective + a * self.spec.indexer_loss_coeff
         # logged as the reference does: the mean over indexer layers (× its coefficient); None without any
@@ -317,13 +319,19 @@ class GPTModel(nn.Cell):
         h = self.run_layers(self.decoder.layers, self.embed(batch.main.ids), batch, moe)
         return self.finish(h, batch, moe)
 
-    def indexer_losses(self) -> list:
-        """This forward's indexer KL losses (DeepSeek-V4 CSA layers in training; α-free), layer order."""
+    def indexer_losses(self, cells: list | None = None) -> list:
+        """This forward's indexer KL losses (DeepSeek-V4 CSA layers in training; α-free), layer order; of
+        ``cells`` only when given."""
+        cells = self.indexer_cells() if cells is None else cells
+        return [c.indexer_loss for c in cells if c.indexer_loss is not None]
+
+    def indexer_cells(self) -> list:
+        """The cells that leave an indexer loss (`csa.indexer_cells`), decoder then MTP layers."""
         if self._indexer_cells is None:
             from mftk.engine.layers.csa import indexer_cells
 
             self._indexer_cells = indexer_cells(self)
-        return [c.indexer_loss for c in self._indexer_cells if c.indexer_loss is not None]
+        return self._indexer_cells
 
     def forward(self, batch: dict) -> ModelOutput:
         """Convenience: run ``construct`` on a dict batch and return numpy results."""

@@ -83,6 +83,15 @@ class StageModel(StagePosition):
         self.records: dict[int, dict] = {}
         self.routers = [m.router for m in moe if hasattr(m.router, "ga_steps")]  # global_aux_loss counts
         self.global_counts: dict[tuple[int, int], list] = {}  # (chunk, micro) -> counts before its forward
+        # DeepSeek-V4's indexer layers (global order) and each chunk's own: a chunk adds its layers' indexer
+        # losses to its objective, and the logged mean is summed over the stages like the aux losses
+        from mftk.engine.layers.csa import indexer_cells
+
+        self.indexer_index = {id(c): i for i, c in enumerate(c for c in model.indexer_cells() if c.with_indexer_loss)}
+        self.chunk_indexers = [[c for i in chunk for c in indexer_cells(model.decoder.layers[i])]
+                               for chunk in self.chunks]
+        if self.chunks and model.mtp is not None:
+            self.chunk_indexers[-1] += [c for layer in model.mtp.layers for c in indexer_cells(layer)]
 
     @property
     def my_layers(self) -> list[int]:
@@ -101,7 +110,8 @@ class StageModel(StagePosition):
         if self.first_chunk(chunk):
             cells.insert(0, m.embedding)
         if self.last_chunk(chunk):
-            cells += [m.decoder.final_layernorm, *(c for c in (m.output_layer, m.mtp) if c is not None)]
+            cells += [m.decoder.final_layernorm, *(c for c in (m.output_layer, m.mtp, m.decoder.hc_head)
+                                                    if c is not None)]
             if m.output_layer is None or m.mtp is not None:
                 cells.append(m.embedding)
         seen, out = set(), []
@@ -151,18 +161,29 @@ class StageModel(StagePosition):
         moe: list = []
         h = m.run_layers(layers, h, batch, moe)
         owners = [self.moe_index[id(layer.mlp)] for layer in layers if layer.is_moe]
+        cells = self.chunk_indexers[chunk]
         if self.last_chunk(chunk):
-            objective, lm, aux, mtp, counts = m.finish(h, batch, moe)
+            objective, lm, aux, mtp, counts = m.finish(h, batch, moe, cells)
             owners += [self.moe_index[id(layer.transformer_layer.mlp)] for layer in (m.mtp.layers if m.mtp else ())
                        if layer.transformer_layer.is_moe]
             self._record(micro, owners, aux, counts, lm=lm, mtp=mtp)
+            self._record_indexer(micro, cells)
             return objective * self.scale
         aux = tuple(a for a, _ in moe if a is not None)
         self._record(micro, owners, aux, tuple(c for _, c in moe))
         extra = Tensor(0.0, h.dtype)
         for a in aux:
             extra = extra + a * m.spec.aux_loss_coeff
+        for a in m.indexer_losses(cells):
+            extra = extra + a * m.spec.indexer_loss_coeff
+        self._record_indexer(micro, cells)
         return h, extra * self.scale
+
+    def _record_indexer(self, micro: int, cells: list) -> None:
+        rec = self.records.setdefault(micro, {"aux": {}, "counts": {}})
+        for c in cells:
+            if c.indexer_loss is not None:
+                rec.setdefault("indexer", {})[self.indexer_index[id(c)]] = float(c.indexer_loss.asnumpy())
 
     def _record(self, micro: int, owners: list[int], aux: tuple, counts: tuple, lm=None, mtp: tuple = ()) -> None:
         rec = self.records.setdefault(micro, {"aux": {}, "counts": {}})
@@ -173,6 +194,15 @@ class StageModel(StagePosition):
         if lm is not None:
             rec["lm"] = float(lm.asnumpy())
             rec["mtp"] = [float(t.asnumpy()) for t in mtp]
+
+    def indexer_values(self) -> np.ndarray:
+        """This stage's per-indexer-layer losses (α-free), means over micro-batches; zero for other stages'."""
+        out = np.zeros(len(self.indexer_index), np.float64)
+        n = max(len(self.records), 1)
+        for r in self.records.values():
+            for i, a in r.get("indexer", {}).items():
+                out[i] += a / n
+        return out
 
     def step_values(self) -> tuple[list[float], np.ndarray, np.ndarray, np.ndarray | None]:
         """This stage's part of the step's logged values: the LM losses (last stage), per-MoE-layer aux
@@ -191,6 +221,9 @@ class StageModel(StagePosition):
             mtp += np.asarray(r.get("mtp") or np.zeros(self.n_mtp), np.float64) / n
         return losses, aux, mtp, counts
 
-    def act_shape(self, local_batch_size: int, seq_length: int, seq_shards: int) -> tuple[int, int, int]:
-        """Activations between stages: this rank's positions (``seq_length / (cp·tp)`` under CP and SP)."""
-        return (local_batch_size, seq_length // seq_shards, int(self.model.spec.hidden_size))
+    def act_shape(self, local_batch_size: int, seq_length: int, seq_shards: int) -> tuple[int, ...]:
+        """Activations between stages: this rank's positions (``seq_length / (cp·tp)`` under CP and SP); with
+        hyper-connections (DeepSeek-V4) every residual stream, ``(B, S, n, H)``."""
+        shape = (local_batch_size, seq_length // seq_shards, int(self.model.spec.hidden_size))
+        head = self.model.decoder.hc_head
+        return shape if head is None else shape[:2] + (int(head.n),) + shape[2:]

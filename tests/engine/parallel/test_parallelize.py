@@ -44,6 +44,30 @@ def test_tp_blocks_are_the_full_weights_slices():
     assert par.table[norm].splits == () and np.array_equal(got[norm], ref[norm])
 
 
+def test_tp_cuts_a_non_gated_mlp_into_blocks_whose_sum_is_the_full_mlp(rng):
+    """Non-gated ``linear_fc1`` ([F, H], plain rows): rank r keeps rows r·F/2…, ``linear_fc2`` the same columns, and
+    Σ_r fc2_r(gelu(fc1_r x)) is the whole MLP (float64 NumPy; what the row-parallel reduce-scatter sums)."""
+    from mftk.engine.models.build import build_model, state_dict
+    from tests.helpers.activations import gelu64
+
+    cfg = make_qwen3(hidden_act="gelu", gated_linear_unit=False)
+    ref = state_dict(build_model(cfg, seed=3))
+    fc1, fc2 = "decoder.layers.1.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight"
+    assert ref[fc1].shape == (cfg.intermediate_size, cfg.hidden_size)
+    x = rng.normal(0, 1, (5, cfg.hidden_size))
+    partial = []
+    for rank in (0, 1):
+        model, _, par = _parallelized(cfg, Layout(world=2, tp=2), rank=rank)
+        got = state_dict(model)
+        half = cfg.intermediate_size // 2
+        np.testing.assert_array_equal(got[fc1], ref[fc1][rank * half:(rank + 1) * half])
+        np.testing.assert_array_equal(got[fc2], ref[fc2][:, rank * half:(rank + 1) * half])
+        assert (par.table[fc1].splits, par.table[fc2].splits) == (((0, "tp"),), ((1, "tp"),))
+        partial.append(gelu64(x @ got[fc1].astype(np.float64).T) @ got[fc2].astype(np.float64).T)
+    whole = gelu64(x @ ref[fc1].astype(np.float64).T) @ ref[fc2].astype(np.float64).T
+    np.testing.assert_allclose(partial[0] + partial[1], whole, rtol=1e-12, atol=1e-12)
+
+
 def test_mla_tp_splits_heads_and_keeps_the_latent_whole():
     from mftk.engine.models.build import build_model, state_dict
 

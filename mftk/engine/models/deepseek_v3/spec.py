@@ -9,7 +9,7 @@ from mftk.engine.layers.mlp import MLP
 from mftk.engine.layers.moe import MoELayer
 from mftk.engine.layers.norm import RMSNorm
 from mftk.engine.layers.rope import rotary_table
-from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec
+from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec, mlp_params
 
 
 def _moe_spec(cfg) -> ModuleSpec:
@@ -21,6 +21,7 @@ def _moe_spec(cfg) -> ModuleSpec:
         "n_group": cfg.n_group or 0, "topk_group": cfg.topk_group or 0, "norm_topk_prob": cfg.norm_topk_prob,
         "scaling_factor": cfg.routed_scaling_factor, "enable_expert_bias": cfg.moe_router_enable_expert_bias,
         "aux_loss_type": cfg.moe_router_load_balancing_type, "aux_loss_coeff": cfg.moe_aux_loss_coeff,
+        **mlp_params(cfg, gated_only=True),
     })
 
 
@@ -33,7 +34,8 @@ def deepseek_v3_spec(cfg) -> ModelSpec:
         "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
         "softmax_scale": cfg.mla_softmax_scale(), "eps": eps, "qk_layernorm": cfg.qk_layernorm,
         "bias": cfg.attention_bias, "track_max_logits": bool(cfg.track_max_attention_logit)})
-    dense = LayerSpec(attention, ModuleSpec(MLP, {"hidden_size": h, "ffn_hidden_size": cfg.ffn_hidden_size()}), norm)
+    dense = LayerSpec(attention, ModuleSpec(MLP, {"hidden_size": h, "ffn_hidden_size": cfg.ffn_hidden_size(),
+                                                    **mlp_params(cfg, gated_only=True)}), norm)
     moe = LayerSpec(attention, _moe_spec(cfg), norm, is_moe=True)
     layers = tuple(moe if is_moe else dense for is_moe in cfg.moe_layer_pattern())
     rp = cfg.rope_params()

@@ -1,11 +1,12 @@
-"""Qwen3 spec builder: GQA attention with qk-norm (always on), SwiGLU MLP, RMSNorm, plain RoPE."""
+"""Qwen3 spec builder: GQA attention with qk-norm (always on), the MLP ``hidden_act`` / ``gated_linear_unit`` name
+(SwiGLU by default; GeGLU, or non-gated GELU/SiLU for a GPT-style model), RMSNorm, plain RoPE."""
 from __future__ import annotations
 
 from mftk.engine.layers.attention import SelfAttention
 from mftk.engine.layers.mlp import MLP
 from mftk.engine.layers.norm import RMSNorm
 from mftk.engine.layers.rope import rotary_table
-from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec
+from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec, mlp_params
 
 
 def qwen3_spec(cfg) -> ModelSpec:
@@ -17,7 +18,7 @@ def qwen3_spec(cfg) -> ModelSpec:
                                              "num_groups": cfg.num_query_groups(), "head_dim": hd, "eps": eps,
                                              "qk_layernorm": True, "bias": cfg.attention_bias,
                                              "track_max_logits": bool(cfg.track_max_attention_logit)}),
-        mlp=ModuleSpec(MLP, {"hidden_size": h, "ffn_hidden_size": cfg.ffn_hidden_size()}),
+        mlp=ModuleSpec(MLP, {"hidden_size": h, "ffn_hidden_size": cfg.ffn_hidden_size(), **mlp_params(cfg)}),
         norm=norm,
     )
     return ModelSpec(
