@@ -67,8 +67,7 @@ def unsupported_model_settings(model: Any) -> list[Problem]:
         value = getattr(model, name, None)
         if getattr(model, "model_type", "") in types and not accepted(value):
             problems.append(Problem(path=f"model.{name}", value=value,
-                                    message=f"{value!r} is not implemented by mftk's engine for "
-                                            f"{model.model_type} yet ({does})",
+                                    message=f"{value!r} {NOT_IN_ENGINE} for {model.model_type} ({does})",
                                     hint="change it, or train this model with MindSpore Transformers"))
     if getattr(model, "model_type", "") == "qwen3":
         if getattr(model, "rope_scaling", None) is not None or getattr(model, "position_embedding_type", "rope") != "rope":

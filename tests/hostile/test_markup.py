@@ -50,7 +50,7 @@ def test_yaml_keys_with_markup(tmp_path):
     r = mftk("validate-config", str(cfg), "--no-check-files")
     assert_clean_failure(r, 1, "training.[bold]steps[/bold]", "unknown key", "[/]top")
     r = mftk("validate-config", str(TEMPLATE), "--no-check-files", "--set", "[final]=1")
-    _ok(r, "[final]: unknown top-level key; ignored")
+    assert_clean_failure(r, 2, "--set [final]=1: '[final]' names no setting")  # an ignored override is an error
 
 
 @pytest.fixture
