@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from commands._options import ConfigArg, DeviceOpt, JsonOpt, NprocOpt, OutputDirOpt, SetOpt, with_device
-from commands.train import JoinOpt, LogDirOpt, MasterAddrOpt, MasterPortOpt, NewRunOpt, NnodesOpt, NodeRankOpt
+from commands.train import (HangTimeoutOpt, JoinOpt, LogDirOpt, MasterAddrOpt, MasterPortOpt, MaxRestartsOpt, NewRunOpt,
+                            NnodesOpt, NodeRankOpt)
 
 EPILOG = """Examples:
 
@@ -36,15 +37,17 @@ def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOp
            overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
            nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
            master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
-           json_out: JsonOpt = False, new_run: NewRunOpt = False, device: DeviceOpt = None) -> None:
+           json_out: JsonOpt = False, new_run: NewRunOpt = False, device: DeviceOpt = None,
+           max_restarts: MaxRestartsOpt = 0, hang_timeout: HangTimeoutOpt = None) -> None:
     """Resume training from a checkpoint (bit-exact with mftk's own checkpoints; reshards to this layout)."""
     from commands.train import launcher_spec, run_command
 
     overrides = with_device(overrides, device)
     source = from_ or _default_source(config, overrides)
     result = run_command(config, overrides, output_dir, nproc, resume_from=source, weights_only=weights_only,
-                         dry_run=dry_run, new_run=new_run,
-                         launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join))
+                         dry_run=dry_run, new_run=new_run, max_restarts=max_restarts,
+                         launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join,
+                                                hang_timeout))
     if dry_run:
         plan = result.resume
         _render_plan(plan, result.total_steps, json_out, [n for n in result.notes if n not in plan.notes])

@@ -204,10 +204,20 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self, state: TrainState) -> TrainState:
+        from mftk.engine.faults import Injector
+        from mftk.engine.heartbeat import BEAT
+
         self.state = state
+        faults = Injector.from_env(self.dist.rank if self.dist is not None else 0)
+        if faults is not None:
+            faults.announce(log)
+        BEAT.step_done(state.global_step)
         try:
             while state.global_step < self.total_steps:
+                if faults is not None:
+                    faults.before_step(state.global_step + 1, self.model)
                 self.train_step(state)
+                BEAT.step_done(state.global_step)
                 self.stop_if_requested(state)
         finally:
             self.dispatch.close()
@@ -458,7 +468,13 @@ class Trainer:
 
     def save(self, state: TrainState, reason: SaveReason) -> bool:
         """Ask the checkpointer to save this step for ``reason``; it decides whether one is due."""
-        return self.checkpointer.save(state.global_step, reason, lambda: self.payload(state), self.sink)
+        from mftk.engine.heartbeat import BEAT
+
+        BEAT.saving(True)  # the watchdog sees a save as progress of its own
+        try:
+            return self.checkpointer.save(state.global_step, reason, lambda: self.payload(state), self.sink)
+        finally:
+            BEAT.saving(False)
 
     def payload(self, state: TrainState) -> Payload:
         """What this rank writes for the current step."""
