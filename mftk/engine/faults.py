@@ -96,6 +96,7 @@ class Injector:
             raise RuntimeError(f"{ENV}: injected failure on rank {fault.rank} at step {step}")
         if fault.kind == "nan" and model is not None:
             import numpy as np
+            from mindspore import Tensor
 
             p = next(iter(model.trainable_params()))
-            p.set_data(p.__class__(np.full(p.shape, np.nan, np.float32)))
+            p.set_data(Tensor(np.full(p.shape, np.nan, np.float32)))

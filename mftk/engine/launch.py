@@ -601,7 +601,8 @@ def init_distributed() -> tuple[int, int]:
 def worker_main(target: str, payload_path: str) -> int:
     """The body msrun runs on every rank (and on the scheduler, which only joins the cluster)."""
     parent = os.environ.get(PARENT_ENV)
-    own_by_parent(int(parent) if parent else None)  # dies with msrun (which dies with the mftk parent)
+    if parent:  # an owned job (not --no-join, whose msrun exits at once): die with msrun, which dies with mftk
+        own_by_parent(int(parent))
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         if os.environ.get("MFTK_NODE_RANK", "0") != "0":
             return 0  # msrun starts a scheduler on every node whose master_addr is local; only node 0 may

@@ -125,3 +125,36 @@ def test_hang_timeout_key_is_read_and_checked():
     with pytest.raises(ConfigError) as info:
         load_data(raw, check_files=False)
     assert any(p.path == "mftk.hang_timeout_s" for p in info.value.problems)
+
+
+def test_the_console_follows_the_last_pipeline_stage():
+    """Ranks are laid out pipeline-outermost (derive.Layout.rank_coords): the last stage starts at (pp-1)·world/pp."""
+    from types import SimpleNamespace
+
+    from mftk.derive import layout_from_config
+    from mftk.engine.workers import loss_rank
+
+    for pp, world, expected in ((1, 2, 0), (2, 2, 1), (2, 4, 2), (4, 8, 6)):
+        par = SimpleNamespace(tensor_parallel=1, pipeline_parallel=pp, context_parallel=1, data_parallel_shard=1,
+                              expert_parallel=1, pipeline_parallel_interleave_num=1)
+        assert loss_rank(SimpleNamespace(parallelism=par), world) == expected, (pp, world)
+        layout = layout_from_config(par, world)
+        assert layout.rank_coords(expected)["pp"] == pp - 1
+        assert expected == 0 or layout.rank_coords(expected - 1)["pp"] == pp - 2
+
+
+@pytest.mark.slow
+def test_injected_nan_stops_a_one_process_run_at_its_step(tmp_path):
+    import yaml
+
+    from tests.helpers.hostile import ENV, ROOT, flat
+    from tests.helpers.tiny import tiny_raw, write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus" / "tiny_text_document")
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "ckpt", steps=4)))
+    r = subprocess.run([sys.executable, "-m", "mftk", "train", str(tmp_path / "q.yaml"), "--output-dir",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**ENV, "MFTK_FAULT": "rank:0,step:2,kind:nan"})
+    assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "is not finite at step 2" in flat(r.stderr)
+    assert "TEST-ONLY FAULT INJECTION is active: rank 0 will nan at step 2" in r.stdout

@@ -198,3 +198,17 @@ def test_max_restarts_recovers_a_death_then_a_hang_to_the_same_bits(job):
     assert parsed.returncode == 0, parsed.stderr[-2000:]
     assert "#1: died of rank 1 after step 2, resumed from step 2" in flat(parsed.stderr)
     assert "#2: hang of rank 0 after step 4, resumed from step 4" in flat(parsed.stderr)
+
+
+def test_pipeline_console_follows_the_stage_that_logs_the_loss(job):
+    """pp2 on two workers: rank 1 (the last stage) logs the loss; the console shows its lines, rank 0's
+    info.log keeps the reference's `loss: N/A` line."""
+    out = job / "out_pp"
+    r = mftk("train", str(job / "six.yaml"), "--nproc", "2", "--output-dir", str(out), "--set",
+             "parallelism.pipeline_parallel=2", "--set", "training.steps=2", "--set",
+             f"checkpoint.save_path={job / 'ckpt_pp'}", timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [line for line in r.stdout.splitlines() if STEP in line]
+    assert len(steps) == 2 and all("N/A" not in s and "loss:" in s for s in steps), steps
+    assert "N/A" in (out / "log" / "rank_0" / "info.log").read_text()
+    assert "last loss" in r.stderr + r.stdout and "N/A" not in (r.stderr + r.stdout).split("trained steps")[-1]
