@@ -153,8 +153,8 @@ class TrainingError(MftkError):
 
 
 class JobFault(TrainingError):
-    """A multi-process job lost a process: a worker died or crashed (``kind`` "died"/"crashed") or made no
-    progress for the hang timeout ("hang"). Unlike the user's errors, a relaunch from the last checkpoint can
+    """A multi-process job lost a process: a worker died or crashed (``kind`` "died"/"crashed"), made no
+    progress for the hang timeout ("hang"), or a collective failed because a peer went ("peer"). Unlike the user's errors, a relaunch from the last checkpoint can
     cure it, so it is the one error ``--max-restarts`` restarts on. ``ranks``: the ranks at fault."""
 
     FIELDS = TrainingError.FIELDS + ("kind", "ranks")

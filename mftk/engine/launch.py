@@ -50,7 +50,8 @@ import attrs
 
 from mftk.engine.heartbeat import BEAT, heartbeat_path
 from mftk.engine.ownership import JOB_ENV, PARENT_ENV, end_job, own_by_parent
-from mftk.engine.watchdog import STACK_SIGNAL, STACK_WAIT_S, Watchdog, dump_stacks, process_states
+from mftk.engine.watchdog import (STACK_SIGNAL, STACK_WAIT_S, Watchdog, dump_stacks, is_collective_failure,
+                                  process_states)
 from mftk.errors import InputError, JobFault, MftkError, TrainingError, TrainingInterrupted
 from mftk.files import write_atomic
 
@@ -469,8 +470,11 @@ def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc
                         step=watchdog.reached() if watchdog is not None else None)
     died = rank is not None and reason.startswith(f"rank {rank} died")
     typed = _read_error(log_dir / f"error_{rank}.json") if rank is not None and not died else None
-    if typed is not None:  # a library error on a worker: the same error (and exit code) as in one process
+    if typed is not None and not is_collective_failure(typed.message):  # the user's error: as in one process
         return typed
+    if typed is not None:  # a collective failed: a peer (here or on another node) stopped or died
+        reason = (f"rank {rank}'s collective failed: a peer rank stopped or died (on another node, or before "
+                  f"this node saw it): {typed.message.splitlines()[0]}")
     log = watcher.logs.get(rank) if rank is not None else None
     tail = _error_tail(log) if log is not None else ""
     who = f"worker {rank}" if rank is not None else "a worker"
@@ -482,10 +486,10 @@ def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc
     if tail:
         text += "\n" + tail
     where = log if log is not None else log_dir / "msrun.log"
-    kind = "died" if died or rc < 0 else "crashed"
+    kind = "died" if died or rc < 0 else "peer" if typed is not None else "crashed"
     reached = watchdog.reached() if watchdog is not None else None
     return JobFault(message=text, hint=f"full log: {where}", step=reached, kind=kind,
-                    ranks=(rank,) if rank is not None else ())
+                    ranks=(rank,) if rank is not None and kind != "peer" else ())
 
 
 def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:

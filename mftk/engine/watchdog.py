@@ -14,6 +14,7 @@ truly hangs is ended by msrun's own ``cluster_time_out``).
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,16 @@ class Watchdog:
                         hint=f"every worker's Python stack is in its log ({where}); raise --hang-timeout "
                         "(mftk.hang_timeout_s) if the steps are legitimately this slow",
                         step=self.reached(), kind="hang", ranks=culprits)
+
+
+_COLLECTIVE_FAILED = re.compile(r"\b(all_?reduce|all_?gather|broadcast|reduce_?scatter|all_?to_?all|send|recv|"
+                                r"barrier)\w*\s+failed", re.IGNORECASE)
+
+
+def is_collective_failure(text: str) -> bool:
+    """True for MindSpore's ``AllReduce failed.``-style errors: what a rank reports when a peer it was exchanging
+    with stopped or died (mindspore-cpu.md §4) -- a fault of the job, not of this rank's input."""
+    return bool(_COLLECTIVE_FAILED.search(text))
 
 
 def process_states(pids: dict[int, int]) -> dict[int, str]:

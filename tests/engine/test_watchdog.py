@@ -158,3 +158,14 @@ def test_injected_nan_stops_a_one_process_run_at_its_step(tmp_path):
     assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "is not finite at step 2" in flat(r.stderr)
     assert "TEST-ONLY FAULT INJECTION is active: rank 0 will nan at step 2" in r.stdout
+
+
+def test_a_failed_collective_is_told_from_the_users_errors():
+    from mftk.engine.watchdog import is_collective_failure
+
+    for text in ("error in the forward/backward pass: AllReduce failed.", "AllGather failed.",
+                 "RuntimeError: Broadcast failed", "ReduceScatter failed."):
+        assert is_collective_failure(text), text
+    for text in ("loss nan / grad_norm nan is not finite at step 3", "cannot read /data/x.bin: failed",
+                 "save failed: disk full"):
+        assert not is_collective_failure(text), text
