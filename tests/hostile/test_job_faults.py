@@ -134,20 +134,27 @@ def test_kill_9_of_msrun_ends_the_job_and_says_so(job):
     assert _released(ckpt)
 
 
-def test_a_stopped_rank_is_found_named_and_its_stack_dumped(job):
-    p, logs, ckpt = _start_long(job, "stop", "--hang-timeout", "12")
-    _wait_for(logs / "worker_0.log", STEP, p, count=2)
-    os.kill(_pid_of(logs / "worker_1.log"), signal.SIGSTOP)
+@pytest.mark.parametrize("nproc, rank, layout", [(2, 1, ()), (4, 3, ("parallelism.pipeline_parallel=2",
+                                                                        "parallelism.data_parallel_shard=1"))],
+                         ids=["dp2", "pp2xdp2"])
+def test_a_stopped_rank_is_found_named_and_its_stack_dumped(job, nproc, rank, layout):
+    sets = [x for kv in layout for x in ("--set", kv)]
+    logs = job / f"msrun_stop{nproc}"
+    p = start_mftk("train", str(job / "long.yaml"), "--nproc", str(nproc), "--output-dir", str(job / f"out_stop{nproc}"),
+                   "--log-dir", str(logs), "--set", f"checkpoint.save_path={job / f'ckpt_stop{nproc}'}",
+                   "--hang-timeout", "12", *sets)
+    _wait_for(logs / f"worker_{rank}.log", STEP, p, count=2, timeout=400)
+    os.kill(_pid_of(logs / f"worker_{rank}.log"), signal.SIGSTOP)
     stopped_at = time.monotonic()
     out, err = p.communicate(timeout=120)
     waited = time.monotonic() - stopped_at
     text = flat(err)
     assert p.returncode == 4 and "Traceback" not in err, err[-3000:]
-    assert "hang detected" in text and "rank 1 is stopped by a signal (SIGSTOP?): last finished step" in text
-    assert "rank 0 waited for it in a collective" in text
+    assert "hang detected" in text and f"rank {rank} is stopped by a signal (SIGSTOP?): last finished step" in text
+    assert "waited for it in a collective" in text and text.count("is stopped by a signal") == 1
     assert waited < 12 + 45, waited  # the hang timeout plus a generous margin for this busy machine
-    for rank in (0, 1):  # faulthandler's dump of every thread, in each worker's own log
-        assert "most recent call first" in (logs / f"worker_{rank}.log").read_text(errors="replace"), rank
+    for r in range(nproc):  # faulthandler's dump of every thread, in each worker's own log
+        assert "most recent call first" in (logs / f"worker_{r}.log").read_text(errors="replace"), r
     assert processes_mentioning(str(logs)) == []
 
 
