@@ -168,42 +168,47 @@ def _tensors(step_dir: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def test_max_restarts_recovers_a_death_then_a_hang_to_the_same_bits(job):
-    """Rank 1 exits as step 3 begins (resume from step 2), then rank 0 hangs at step 5 of the relaunch (resume
-    from step 4): the job ends at step 6 with every tensor (weights and optimizer state) equal to the bit to
-    those of the same job run without faults."""
-    ref = mftk("train", str(job / "six.yaml"), "--nproc", "2", "--output-dir", str(job / "out_ref"), timeout=400)
+@pytest.mark.parametrize("nproc, dead, layout", [(2, 1, ()), (4, 3, ("parallelism.pipeline_parallel=2",
+                                                                        "parallelism.data_parallel_shard=1"))],
+                         ids=["dp2", "pp2xdp2"])
+def test_max_restarts_recovers_a_death_then_a_hang_to_the_same_bits(job, nproc, dead, layout):
+    """Rank ``dead`` exits as step 3 begins (resume from step 2), then rank 0 hangs at step 5 of the relaunch
+    (resume from step 4): the job ends at step 6 with every tensor (weights and optimizer state) equal to the bit
+    to those of the same job run without faults."""
+    sets = [x for kv in layout for x in ("--set", kv)]
+    ref_ckpt, ckpt = job / f"ckpt_ref{nproc}", job / f"ckpt_restarts{nproc}"
+    ref = mftk("train", str(job / "six.yaml"), "--nproc", str(nproc), "--output-dir", str(job / f"out_ref{nproc}"),
+               "--set", f"checkpoint.save_path={ref_ckpt}", *sets, timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    ckpt = job / "ckpt_restarts"
     from tests.helpers import hostile
 
     p = hostile.subprocess.Popen(
-        [hostile.sys.executable, "-m", "mftk", "train", str(job / "six.yaml"), "--nproc", "2",
-         "--output-dir", str(job / "out_restarts"), "--set", f"checkpoint.save_path={ckpt}",
+        [hostile.sys.executable, "-m", "mftk", "train", str(job / "six.yaml"), "--nproc", str(nproc),
+         "--output-dir", str(job / f"out_restarts{nproc}"), "--set", f"checkpoint.save_path={ckpt}", *sets,
          "--max-restarts", "3", "--hang-timeout", "12"],
         stdout=hostile.subprocess.PIPE, stderr=hostile.subprocess.PIPE, text=True, cwd=hostile.ROOT,
-        env={**hostile.ENV, "MFTK_FAULT": "rank:1,step:3,kind:exit;rank:0,step:5,kind:hang,attempt:1"})
-    out, err = p.communicate(timeout=900)
+        env={**hostile.ENV, "MFTK_FAULT": f"rank:{dead},step:3,kind:exit;rank:0,step:5,kind:hang,attempt:1"})
+    out, err = p.communicate(timeout=1200)
     assert p.returncode == 0, (out[-2000:], err[-4000:])
     console = flat(out + err)
-    assert "mftk restart 1/3: reason died, rank 1, step reached 2" in console
+    assert f"mftk restart 1/3: reason died, rank {dead}, step reached 2" in console
     assert "mftk restart 2/3: reason hang, rank 0, step reached 4" in console
-    final_ref, final = job / "ckpt_ref" / "iteration_00000006", ckpt / "iteration_00000006"
+    final_ref, final = ref_ckpt / "iteration_00000006", ckpt / "iteration_00000006"
     a, b = _tensors(final_ref), _tensors(final)
     assert sorted(a) == sorted(b) and any(k.startswith("checkpoint-opt") for k in a), sorted(a)[:8]
     for name in a:
         assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
-    log = job / "out_restarts" / "log" / "rank_0"
+    log = job / f"out_restarts{nproc}" / "log" / "rank_0"
     info = (log / "info.log").read_text()
     assert "mftk restart 1/3: reason died" in info and "mftk restart 2/3: reason hang" in info
     import json
 
     records = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines() if '"event"' in x]
     assert [(r["reason"], r["ranks"], r["resumed_step"], r["steps_lost"]) for r in records] == [
-        ("died", [1], 2, 0), ("hang", [0], 4, 0)]
+        ("died", [dead], 2, 0), ("hang", [0], 4, 0)]
     parsed = mftk("parse-log", str(log / "metrics.jsonl"))
     assert parsed.returncode == 0, parsed.stderr[-2000:]
-    assert "#1: died of rank 1 after step 2, resumed from step 2" in flat(parsed.stderr)
+    assert f"#1: died of rank {dead} after step 2, resumed from step 2" in flat(parsed.stderr)
     assert "#2: hang of rank 0 after step 4, resumed from step 4" in flat(parsed.stderr)
 
 
