@@ -224,3 +224,29 @@ def test_pipeline_console_follows_the_stage_that_logs_the_loss(job):
     assert len(steps) == 2 and all("N/A" not in s and "loss:" in s for s in steps), steps
     assert "N/A" in (out / "log" / "rank_0" / "info.log").read_text()
     assert "last loss" in r.stderr + r.stdout and "N/A" not in (r.stderr + r.stdout).split("trained steps")[-1]
+
+
+def test_kill_9_of_one_nodes_mftk_ends_both_nodes(job):
+    """`--nnodes 2` on this host: node 1's `mftk` is killed; its workers go with it, and node 0's job, whose
+    collectives now wait for a rank that is gone, ends (hang or failed collective, exit 4) instead of hanging."""
+    from mftk.engine.launch import pick_free_port
+
+    port = str(pick_free_port())
+    common = ["train", str(job / "long.yaml"), "--nproc", "1", "--nnodes", "2", "--master-port", port,
+              "--hang-timeout", "12", "--set", f"checkpoint.save_path={job / 'ckpt_nodes'}"]
+    nodes = [start_mftk(*common, "--node-rank", str(i), "--output-dir", str(job / f"out_n{i}"),
+                        "--log-dir", str(job / f"msrun_n{i}")) for i in (0, 1)]
+    try:
+        _wait_for(job / "msrun_n1" / "worker_1.log", STEP, nodes[1])
+        nodes[1].kill()
+        nodes[1].wait(timeout=30)
+        _gone_with_lock_held(str(job / "msrun_n1"), job / "ckpt_nodes")  # node 0 holds the lock meanwhile too
+        out, err = nodes[0].communicate(timeout=180)
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+    text = flat(err)
+    assert nodes[0].returncode == 4 and "Traceback" not in err, err[-3000:]
+    assert "hang detected" in text or "a peer rank stopped or died" in text, text[-2000:]
+    assert processes_mentioning(str(job / "msrun_n0")) == [] and _released(job / "ckpt_nodes")
