@@ -18,6 +18,8 @@ EPILOG = """Examples:
 
   mftk train templates/qwen3_tiny.yaml --nproc 2          # 2 workers through msrun (data parallel / FSDP)
 
+  mftk train my.yaml --nproc 2 --max-restarts 3 --hang-timeout 600   # relaunch from the last checkpoint on a fault
+
   mftk train my.yaml --device CPU                          # whatever context.device_target says
 
   mftk train my.yaml --nproc 1 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 20480   # node 0 of 2

@@ -1,8 +1,8 @@
 """A fault injector FOR TESTS ONLY: ``MFTK_FAULT`` makes one rank fail at one step, on purpose.
 
 The suite must exercise every failure path of a multi-process job (a worker that dies, hangs, raises, or
-produces a NaN) without timing games; this is the switch it uses (in the spirit of Megatron-LM's fault
-injector, megatron/core/... ``--inject-fault``-style env switches). Format: one or more faults separated by
+produces a NaN) without timing games; this is the switch it uses (in the spirit of the fault injector that
+Megatron-LM's in-job restart is tested with, as issue 34 notes). Format: one or more faults separated by
 ``;``, each a comma list of ``key:value``::
 
     MFTK_FAULT="rank:1,step:3,kind:exit"                      # rank 1 exits (code 3) as step 3 begins

@@ -8,6 +8,13 @@ worker dies it kills the others but then waits ~30 s for the scheduler's heartbe
 (mindspore-cpu.md §4). So on the first failure the launcher kills the whole process tree itself
 and raises `TrainingError` with that rank's last error lines within seconds.
 
+Ownership (`engine.ownership`): msrun is started through ``python -m mftk.engine.launch msrun``, which ties it to
+this process with a parent-death signal and lets the scheduler and workers inherit the save path's lock; each
+of them dies with msrun in turn, and `end_job` sweeps up by job id whatever is left, so nothing of the job
+outlives the parent, however the parent or msrun ends. Hangs (`engine.watchdog`): each worker keeps a progress
+file (`engine.heartbeat`); a rank silent past the hang timeout ends the job with every worker's Python stack in
+its log and the stopped ranks named (`JobFault`, which `--max-restarts` relaunches on, `engine.workers`).
+
 Signals: msrun runs in its own session and each worker in its own, so neither a terminal's Ctrl-C nor a
 ``kill`` of the parent reaches them; and msrun's own SIGINT handler SIGKILLs every worker. So while it
 supervises, the parent catches SIGTERM/SIGINT itself and forwards SIGTERM to every worker (those that
