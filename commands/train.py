@@ -74,6 +74,7 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
     from mftk.config.load import load_config
 
     world = launcher.world if launcher is not None else nproc
+    _check_fault_options(world, launcher, max_restarts)
     loaded = load_config(config, overrides=overrides or [], world_size=world)
     if world > 1 and not dry_run:  # the layout was checked by load_config (config.runnable), before any worker starts
         from mftk.ckpt.guard import hold_save_path
@@ -105,6 +106,20 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
         logger.removeHandler(handler)
     render(result, loaded.config)
     return result
+
+
+def _check_fault_options(world: int, launcher: Any, max_restarts: int) -> None:
+    """--max-restarts and --hang-timeout act on an msrun job the parent waits for; elsewhere they are refused."""
+    from mftk.errors import InputError
+
+    given = [name for name, on in (("--max-restarts", max_restarts > 0),
+                                   ("--hang-timeout", launcher is not None and launcher.hang_timeout_s is not None)) if on]
+    if given and world == 1:
+        raise InputError(message=f"{' and '.join(given)} need a multi-process job (--nproc or --nnodes > 1)",
+                         hint="a one-process run has no workers to watch or relaunch: drop the option")
+    if given and launcher is not None and not launcher.join:
+        raise InputError(message=f"{' and '.join(given)} need the parent to wait for the job (not --no-join)",
+                         hint="drop --no-join, or the option")
 
 
 def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: bool, new_run: bool) -> None:

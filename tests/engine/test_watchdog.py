@@ -120,7 +120,11 @@ def test_hang_timeout_key_is_read_and_checked():
 
     raw = tiny_raw("qwen3_tiny.yaml", "corpus", __import__("pathlib").Path("/tmp/x/ckpt"))
     raw["mftk"] = {"hang_timeout_s": 90}
-    assert load_data(raw, check_files=False).config.mftk.hang_timeout_s == 90
+    one = load_data(raw, check_files=False)
+    assert one.config.mftk.hang_timeout_s == 90
+    assert any(p.path == "mftk.hang_timeout_s" and "no effect in a one-process run" in p.message for p in one.notes)
+    two = load_data(raw, check_files=False, world_size=2)
+    assert not any(p.path == "mftk.hang_timeout_s" for p in two.notes)
     raw["mftk"] = {"hang_timeout_s": 0}
     with pytest.raises(ConfigError) as info:
         load_data(raw, check_files=False)
@@ -169,3 +173,14 @@ def test_a_failed_collective_is_told_from_the_users_errors():
     for text in ("loss nan / grad_norm nan is not finite at step 3", "cannot read /data/x.bin: failed",
                  "save failed: disk full"):
         assert not is_collective_failure(text), text
+
+
+@pytest.mark.parametrize("args, said", [(("--max-restarts", "2"), "--max-restarts need a multi-process job"),
+                                        (("--hang-timeout", "30"), "--hang-timeout need a multi-process job"),
+                                        (("--nproc", "2", "--no-join", "--max-restarts", "1"), "not --no-join")])
+def test_fault_options_are_refused_where_they_would_do_nothing(tmp_path, args, said):
+    from tests.helpers.hostile import assert_clean_failure, mftk
+
+    (tmp_path / "q.yaml").write_text("model: {}\n")  # never read: the options are checked first
+    r = mftk("train", str(tmp_path / "q.yaml"), *args)
+    assert_clean_failure(r, 2, said)
