@@ -29,6 +29,7 @@ class Beat:
         self.phase = "start-up"  # start-up | step | collective | save
         self.collectives = 0  # collectives entered so far
         self.saves = 0
+        self.steps_done = 0  # steps this process finished (the resumed step it starts from is not one)
         self.path: Path | None = None
         self._thread: threading.Thread | None = None
 
@@ -39,9 +40,11 @@ class Beat:
         self._thread = threading.Thread(target=self._loop, name="mftk-heartbeat", daemon=True)
         self._thread.start()
 
-    def step_done(self, step: int) -> None:
-        """A finished step is written at once (a rank that dies right after must not look a step behind)."""
+    def step_done(self, step: int, *, start: bool = False) -> None:
+        """A finished step is written at once (a rank that dies right after must not look a step behind);
+        ``start``: the step training starts from (resumed), not one this process ran."""
         self.step, self.phase = int(step), "step"
+        self.steps_done += 0 if start else 1
         self.write()
 
     def enter_collective(self) -> str:
@@ -58,7 +61,7 @@ class Beat:
 
     def record(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "step": self.step, "phase": self.phase, "collectives": self.collectives,
-                "saves": self.saves, "time": time.time()}
+                "saves": self.saves, "steps_done": self.steps_done, "time": time.time()}
 
     def write(self) -> None:
         if self.path is None:

@@ -261,6 +261,7 @@ class _Watcher:
         self.dead_pid: int | None = None
         self.dead_code: int | None = None
         self.dead_ranks: set[int] = set()  # workers found dead (psutil) while another rank reported an error
+        self.stopped: list[int] = []  # workers found stopped by a signal when the job failed
 
     def poll(self) -> None:
         for rank, path in self.logs.items():
@@ -418,6 +419,10 @@ def _settle_blame(watcher: _Watcher, wait_s: float = 2.5) -> None:
     deadline = time.monotonic() + wait_s
     while True:
         states = process_states(watcher.pids)
+        if not watcher.stopped and any(st == "stopped" for st in states.values()):
+            watcher.stopped = sorted(r for r, st in states.items() if st == "stopped")
+            dump_stacks(watcher.pids, states)  # a collective timed out on a stopped peer: its stack, and the others'
+            time.sleep(STACK_WAIT_S)
         dead = [r for r, st in states.items() if st == "dead" and r not in watcher.done and r not in watcher.errors]
         if not dead:
             return
@@ -479,7 +484,11 @@ def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc
     typed = _read_error(log_dir / f"error_{rank}.json") if rank is not None and not died else None
     if typed is not None and not is_collective_failure(typed.message):  # the user's error: as in one process
         return typed
-    if typed is not None:  # a collective failed: a peer (here or on another node) stopped or died
+    stopped = [r for r in watcher.stopped if r != rank]
+    if typed is not None and stopped:  # the peer it waited for is here, stopped by a signal
+        reason = (", ".join(f"rank {r}" for r in stopped) + " is stopped by a signal (SIGSTOP?): "
+                  + f"rank {rank}'s collective failed waiting for it: {typed.message.splitlines()[0]}")
+    elif typed is not None:  # a collective failed: a peer (here or on another node) stopped or died
         reason = (f"rank {rank}'s collective failed: a peer rank stopped or died (on another node, or before "
                   f"this node saw it): {typed.message.splitlines()[0]}")
     log = watcher.logs.get(rank) if rank is not None else None
@@ -493,10 +502,10 @@ def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc
     if tail:
         text += "\n" + tail
     where = log if log is not None else log_dir / "msrun.log"
-    kind = "died" if died or rc < 0 else "peer" if typed is not None else "crashed"
+    kind = "died" if died or rc < 0 else ("hang" if stopped else "peer") if typed is not None else "crashed"
     reached = watchdog.reached() if watchdog is not None else None
-    return JobFault(message=text, hint=f"full log: {where}", step=reached, kind=kind,
-                    ranks=(rank,) if rank is not None and kind != "peer" else ())
+    ranks = tuple(stopped) if kind == "hang" else (rank,) if rank is not None and kind != "peer" else ()
+    return JobFault(message=text, hint=f"full log: {where}", step=reached, kind=kind, ranks=ranks)
 
 
 def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:

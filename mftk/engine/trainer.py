@@ -211,7 +211,7 @@ class Trainer:
         faults = Injector.from_env(self.dist.rank if self.dist is not None else 0)
         if faults is not None:
             faults.announce(log)
-        BEAT.step_done(state.global_step)
+        BEAT.step_done(state.global_step, start=True)
         try:
             while state.global_step < self.total_steps:
                 if faults is not None:

@@ -8,8 +8,9 @@ they all named.
 
 The timeout: ``--hang-timeout`` / ``mftk.hang_timeout_s`` when given; else derived from what this job
 measured: ``max(DEFAULT_MIN_S, STEP_FACTOR × the slowest step, 2 × the start-up)``. Before a rank's first step
-the limit is at least `STARTUP_MIN_S` (loading a large checkpoint makes no step progress; a start-up that
-truly hangs is ended by msrun's own ``cluster_time_out``).
+(until it has finished one step of its own: the first step compiles and warms up) the limit is at least
+`STARTUP_MIN_S` (loading a large checkpoint makes no step progress; a start-up that truly hangs is ended by
+msrun's own ``cluster_time_out``).
 """
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ class Watchdog:
             key = progress_key(rec)
             if rank not in self.last or self.last[rank][0] != key:
                 self.last[rank] = (key, now)
-                self._note_step(rank, int(rec.get("step") or 0), now)
+                if int(rec.get("steps_done") or 0) > 0:  # the first step (compiling, warming up) is start-up too
+                    self._note_step(rank, int(rec.get("step") or 0), now)
             if rank in done:
                 continue
             limit = self.timeout_s() if rank in self.step_at else max(self.timeout_s(), STARTUP_MIN_S)
@@ -68,7 +70,7 @@ class Watchdog:
 
     def _note_step(self, rank: int, step: int, now: float) -> None:
         prev = self.step_at.get(rank)
-        if step <= 0 or (prev is not None and prev[0] == step):
+        if prev is not None and prev[0] == step:
             return
         if prev is None:
             self.startup_s = max(self.startup_s or 0.0, now - self.started)

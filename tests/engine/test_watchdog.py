@@ -45,10 +45,10 @@ def test_fault_exit_kills_the_process_with_code_3():
     assert r.returncode == 3 and "survived" not in r.stdout and "MFTK_FAULT firing" in r.stdout
 
 
-def _beat(d, rank, step, phase, collectives=0):
+def _beat(d, rank, step, phase, collectives=0, done=None):
     path = heartbeat_path(d, rank)
     path.write_text(json.dumps({"pid": 1, "step": step, "phase": phase, "collectives": collectives, "saves": 0,
-                                "time": time.time()}))
+                                "steps_done": step if done is None else done, "time": time.time()}))
 
 
 def test_watchdog_blames_the_rank_not_waiting_in_a_collective(tmp_path):
@@ -75,6 +75,9 @@ def test_watchdog_default_timeout_follows_the_measured_steps(tmp_path):
     dog.poll(0.0, set())
     assert dog.poll(DEFAULT_MIN_S + 1, set()) == []  # before the first step: never under STARTUP_MIN_S
     assert dog.poll(STARTUP_MIN_S - 1, set()) == []
+    _beat(tmp_path, 0, 7, "step", done=0)  # resumed at step 7: its first step is still start-up
+    dog.poll(50.0, set())
+    assert dog.poll(50.0 + DEFAULT_MIN_S + 1, set()) == [] and dog.startup_s is None
     _beat(tmp_path, 0, 1, "step")
     dog.poll(100.0, set())  # start-up took 100 s: the timeout is at least 200 s
     _beat(tmp_path, 0, 2, "step")
