@@ -42,6 +42,7 @@ class Watchdog:
         self.slowest_step_s = 0.0
         self.startup_s: float | None = None
         self.fault: JobFault | None = None
+        self.done: set[int] = set()  # ranks that reported done (as of the last poll)
 
     def timeout_s(self) -> float:
         if self.explicit is not None:
@@ -51,6 +52,7 @@ class Watchdog:
     def poll(self, now: float, done: set[int]) -> list[int]:
         """Read every heartbeat; the ranks silent past their limit (empty when all is well)."""
         silent = []
+        self.done = set(done)
         for rank in self.ranks:
             rec = read_heartbeat(heartbeat_path(self.log_dir, rank))
             if rec is None:
@@ -93,16 +95,21 @@ class Watchdog:
         rec = rec or self.records.get(rank)
         return int(rec["step"]) if rec and "step" in rec else None
 
-    def blame(self, silent: list[int], states: dict[int, str]) -> list[int]:
-        stopped = [r for r in silent if states.get(r) == "stopped"]
+    def blame(self, silent: list[int], states: dict[int, str], now: float) -> list[int]:
+        """The ranks at fault among those silent past the limit and those nearly so (which crosses the limit
+        first is up to a second of heartbeat timing: the stopped rank and the peer waiting for it go quiet
+        together)."""
+        near = [r for r, (_, t) in self.last.items() if r not in self.done and now - t >= 0.5 * self.timeout_s()]
+        candidates = sorted(set(silent) | set(near))
+        stopped = [r for r in candidates if states.get(r) == "stopped"]
         if stopped:
             return stopped
-        busy = [r for r in silent if (self.records.get(r) or {}).get("phase") != "collective"]
+        busy = [r for r in candidates if (self.records.get(r) or {}).get("phase") != "collective"]
         return busy or silent
 
     def hang_fault(self, silent: list[int], states: dict[int, str], now: float, logs: dict[int, Path]) -> JobFault:
         """The error naming the ranks that stopped, the last step each finished, and where the stacks are."""
-        culprits = self.blame(silent, states)
+        culprits = self.blame(silent, states, now)
         parts = []
         for r in culprits:
             how = "is stopped by a signal (SIGSTOP?)" if states.get(r) == "stopped" else "stopped making progress"

@@ -64,6 +64,15 @@ def test_watchdog_blames_the_rank_not_waiting_in_a_collective(tmp_path):
     assert isinstance(fault, JobFault) and fault.kind == "hang" and fault.ranks == (1,)
     assert "rank 1 stopped making progress: last finished step 4" in fault.message
     assert "rank 0 waited for it in a collective" in fault.message and fault.step == 4
+    d2 = tmp_path / "second"
+    d2.mkdir()
+    dog2 = Watchdog(d2, [0, 1], timeout_s=10.0, started=0.0)
+    _beat(d2, 0, 4, "collective", 41)
+    dog2.poll(0.5, set())  # rank 0's wait in a collective reached the parent first ...
+    _beat(d2, 1, 4, "step", 40)
+    dog2.poll(1.0, set())  # ... rank 1 (the one about to stop) was seen last at 1.0
+    assert dog2.poll(10.8, set()) == [0]  # the waiting rank crossed the limit first ...
+    assert dog2.hang_fault([0], {0: "running", 1: "running"}, 10.8, {}).ranks == (1,)  # ... the blame is rank 1's
     stopped = dog.hang_fault([0, 1], {0: "running", 1: "stopped"}, 12.5, {})
     assert stopped.ranks == (1,) and "rank 1 is stopped by a signal" in stopped.message
 
