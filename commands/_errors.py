@@ -88,6 +88,7 @@ TABLE: list[tuple[type[BaseException], int | None, Callable]] = [  # None: the e
     (E.AnomaliesFound, EXIT_ANOMALIES, _render_plain),
     (E.SubcommandFailed, None, _render_plain),
     (E.TrainingInterrupted, EXIT_SIGNAL_SAVED, _render_plain),
+    (E.JobFault, EXIT_TRAINING, _render_plain),
     (E.TrainingError, EXIT_TRAINING, _render_plain),
     (E.MftkError, EXIT_INVALID, _render_plain),
     (KeyboardInterrupt, EXIT_INTERRUPT, lambda exc: err_console.print("[yellow]interrupted[/]")),

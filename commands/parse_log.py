@@ -93,9 +93,19 @@ def parse_log(
             notice("warning", warning)
         for note in run.summary.notes:
             notice("note", note)
+    if not to_stdout:
+        _restarts(logs)
     for path in report.written:
         say("wrote ", path, err=True)
     report.raise_for_anomalies()
+
+
+def _restarts(logs: list[Path]) -> None:
+    """The restarts `--max-restarts` made (`mftk.logs.restarts`), one line each, after the summary."""
+    from mftk.logs.restarts import describe, read_restarts
+
+    for record in read_restarts(logs):
+        notice("restart", describe(record))
 
 
 def _follow(logs, options, every: int, rows: int, poll: float, updates, timeout):

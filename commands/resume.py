@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from commands._options import ConfigArg, DeviceOpt, JsonOpt, NprocOpt, OutputDirOpt, SetOpt, with_device
-from commands.train import JoinOpt, LogDirOpt, MasterAddrOpt, MasterPortOpt, NewRunOpt, NnodesOpt, NodeRankOpt
+from commands.train import (HangTimeoutOpt, JoinOpt, LogDirOpt, MasterAddrOpt, MasterPortOpt, MaxRestartsOpt, NewRunOpt,
+                            NnodesOpt, NodeRankOpt)
 
 EPILOG = """Examples:
 
@@ -42,7 +43,8 @@ def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOp
            nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
            master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
            json_out: JsonOpt = False, new_run: NewRunOpt = False, device: DeviceOpt = None,
-           model_from_checkpoint: ModelFromCheckpointOpt = False) -> None:
+           model_from_checkpoint: ModelFromCheckpointOpt = False,
+           max_restarts: MaxRestartsOpt = 0, hang_timeout: HangTimeoutOpt = None) -> None:
     """Resume training from a checkpoint (bit-exact with mftk's own checkpoints; reshards to this layout)."""
     from commands.train import launcher_spec, run_command
 
@@ -50,7 +52,9 @@ def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOp
     source = from_ or _default_source(config, overrides)
     result = run_command(config, overrides, output_dir, nproc, resume_from=source, weights_only=weights_only,
                          dry_run=dry_run, new_run=new_run, model_from_checkpoint=model_from_checkpoint,
-                         launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join))
+                         max_restarts=max_restarts,
+                         launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join,
+                                                hang_timeout))
     if dry_run:
         plan = result.resume
         _render_plan(plan, result.total_steps, json_out, [n for n in result.notes if n not in plan.notes])

@@ -18,6 +18,8 @@ EPILOG = """Examples:
 
   mftk train templates/qwen3_tiny.yaml --nproc 2          # 2 workers through msrun (data parallel / FSDP)
 
+  mftk train my.yaml --nproc 2 --max-restarts 3 --hang-timeout 600   # relaunch from the last checkpoint on a fault
+
   mftk train my.yaml --device CPU                          # whatever context.device_target says
 
   mftk train my.yaml --nproc 1 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 20480   # node 0 of 2
@@ -36,6 +38,12 @@ LogDirOpt = Annotated[Optional[Path], typer.Option("--log-dir", help="Where msru
                                                    "(default: OUTPUT/msrun_log).")]
 JoinOpt = Annotated[bool, typer.Option("--join/--no-join", help="Wait for the workers (default) or start them "
                                        "and return at once.")]
+MaxRestartsOpt = Annotated[int, typer.Option(
+    "--max-restarts", min=0, help="With --nproc/--nnodes > 1: when a worker dies or a rank hangs, end the job and "
+    "relaunch it from the newest checkpoint in checkpoint.save_path, up to N times (0: fail at once).")]
+HangTimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--hang-timeout", min=0.001, help="With --nproc/--nnodes > 1: seconds a rank may make no progress before the "
+    "job is ended as hung, naming the ranks (default: mftk.hang_timeout_s, else derived from the step time).")]
 NewRunOpt = Annotated[bool, typer.Option("--new-run", help="Start at step 0 although checkpoint.save_path holds "
                                          "checkpoints of another run (they are kept; the tracker moves to this run).")]
 
@@ -43,27 +51,31 @@ NewRunOpt = Annotated[bool, typer.Option("--new-run", help="Start at step 0 alth
 def train(config: ConfigArg, overrides: SetOpt = None, output_dir: OutputDirOpt = None, nproc: NprocOpt = 1,
           nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0, master_addr: MasterAddrOpt = "127.0.0.1",
           master_port: MasterPortOpt = None, log_dir: LogDirOpt = None, join: JoinOpt = True,
-          new_run: NewRunOpt = False, device: DeviceOpt = None) -> None:
+          new_run: NewRunOpt = False, device: DeviceOpt = None, max_restarts: MaxRestartsOpt = 0,
+          hang_timeout: HangTimeoutOpt = None) -> None:
     """Train a model from one YAML (validated first; a bad config never starts a run)."""
     run_command(config, with_device(overrides, device), output_dir, nproc, new_run=new_run,
-                launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join))
+                launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join,
+                                       hang_timeout), max_restarts=max_restarts)
 
 
 def launcher_spec(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: Optional[int],
-                  log_dir: Optional[Path], join: bool) -> Any:
+                  log_dir: Optional[Path], join: bool, hang_timeout: Optional[float] = None) -> Any:
     from mftk.engine.launch import LaunchSpec
 
     return LaunchSpec(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                      master_port=master_port, log_dir=log_dir, join=join)
+                      master_port=master_port, log_dir=log_dir, join=join, hang_timeout_s=hang_timeout)
 
 
 def run_command(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], nproc: int, *,
                 resume_from: Optional[Path] = None, weights_only: bool = False, dry_run: bool = False,
-                launcher: Any = None, new_run: bool = False, model_from_checkpoint: bool = False) -> Any:
+                launcher: Any = None, new_run: bool = False, model_from_checkpoint: bool = False,
+                max_restarts: int = 0) -> Any:
     """Shared by `train` and `resume`: load + validate, attach the console log, run, render the result."""
     from mftk.config.load import load_config
 
     world = launcher.world if launcher is not None else nproc
+    _check_fault_options(world, launcher, max_restarts)
     loaded = load_config(config, overrides=overrides or [], world_size=world)
     if world > 1 and not dry_run:  # the layout was checked by load_config (config.runnable), before any worker starts
         from mftk.ckpt.guard import hold_save_path
@@ -71,10 +83,15 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
 
         device = select(loaded.config.context.device_target)  # one device for every worker, checked here first
         ck = loaded.config.checkpoint  # this process outlives every worker: it holds the save path (node 0)
-        with hold_save_path(ck.save_path, enabled=ck.enable_save and launcher.join and launcher.node_rank == 0):
+        if launcher.hang_timeout_s is None and loaded.config.mftk.hang_timeout_s is not None:
+            import attrs
+
+            launcher = attrs.evolve(launcher, hang_timeout_s=loaded.config.mftk.hang_timeout_s)
+        with hold_save_path(ck.save_path, enabled=ck.enable_save and launcher.join and launcher.node_rank == 0) as lock:
             _check_save_path(loaded.config, resume_from, weights_only, new_run)
             return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run,
-                                    loaded.config, device, model_from_checkpoint)
+                                    loaded.config, device, model_from_checkpoint, max_restarts=max_restarts,
+                                    keep_fds=(lock.fd,) if lock is not None and lock.fd is not None else ())
     from mftk.engine.run import train as run_train
     from mftk.logs.sinks import mf_console_handler, train_logger
 
@@ -108,6 +125,20 @@ def _trained_config(result: Any, config: Any, model_from_checkpoint: bool) -> An
     return attrs.evolve(config, model=model) if model is not None else config
 
 
+def _check_fault_options(world: int, launcher: Any, max_restarts: int) -> None:
+    """--max-restarts and --hang-timeout act on an msrun job the parent waits for; elsewhere they are refused."""
+    from mftk.errors import InputError
+
+    given = [name for name, on in (("--max-restarts", max_restarts > 0),
+                                   ("--hang-timeout", launcher is not None and launcher.hang_timeout_s is not None)) if on]
+    if given and world == 1:
+        raise InputError(message=f"{' and '.join(given)} need a multi-process job (--nproc or --nnodes > 1)",
+                         hint="a one-process run has no workers to watch or relaunch: drop the option")
+    if given and launcher is not None and not launcher.join:
+        raise InputError(message=f"{' and '.join(given)} need the parent to wait for the job (not --no-join)",
+                         hint="drop --no-join, or the option")
+
+
 def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: bool, new_run: bool) -> None:
     """The checkpoint-folder guard of `mftk.ckpt.guard`, from the resume source's location alone."""
     from mftk.ckpt.guard import check_save_path
@@ -126,9 +157,12 @@ def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: boo
 def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
                      resume_from: Optional[Path], weights_only: bool, new_run: bool = False,
                      loaded_config: Any = None, device: Optional[str] = None,
-                     model_from_checkpoint: bool = False) -> Any:
-    """msrun with ``launcher.nproc`` workers here; rank 0's log lines are echoed to stdout as they come."""
-    from mftk.engine.workers import train_distributed
+                     model_from_checkpoint: bool = False, max_restarts: int = 0,
+                     keep_fds: tuple[int, ...] = ()) -> Any:
+    """msrun with ``launcher.nproc`` workers here; the log lines of the rank that logs the loss (rank 0, or
+    the last pipeline stage's first rank) are echoed to stdout as they come."""
+    from commands._render import say
+    from mftk.engine.workers import loss_rank, train_distributed
 
     display = LiveDisplay()
 
@@ -136,11 +170,18 @@ def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: O
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
+    def restarted(restart: Any) -> None:
+        display.close()
+        say(f"{restart.line()}\n  because: {restart.message.splitlines()[0]}")
+
     try:
         result = train_distributed(config, overrides=overrides or [], output_dir=output_dir or Path("output"),
                                    spec=launcher, resume_from=resume_from, weights_only=weights_only,
                                    on_log_line=echo, sinks=[display], new_run=new_run, device=device,
-                                   model_from_checkpoint=model_from_checkpoint)
+                                   model_from_checkpoint=model_from_checkpoint,
+                                   max_restarts=max_restarts, on_restart=restarted, keep_fds=keep_fds,
+                                   save_path=loaded_config.checkpoint.save_path if loaded_config.checkpoint.enable_save
+                                   else None, follow_rank=loss_rank(loaded_config, launcher.world))
     finally:
         display.close()
     render(result, _trained_config(result, loaded_config, model_from_checkpoint))

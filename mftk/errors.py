@@ -152,6 +152,20 @@ class TrainingError(MftkError):
         self.step = step
 
 
+class JobFault(TrainingError):
+    """A multi-process job lost a process: a worker died or crashed (``kind`` "died"/"crashed"), made no
+    progress for the hang timeout ("hang"), or a collective failed because a peer went ("peer"). Unlike the user's errors, a relaunch from the last checkpoint can
+    cure it, so it is the one error ``--max-restarts`` restarts on. ``ranks``: the ranks at fault."""
+
+    FIELDS = TrainingError.FIELDS + ("kind", "ranks")
+
+    def __init__(self, *, message: str, hint: str = "", step: int | None = None, kind: str = "died",
+                 ranks: tuple[int, ...] | list[int] = ()) -> None:
+        super().__init__(message=message, hint=hint, step=step)
+        self.kind = kind
+        self.ranks = tuple(ranks)
+
+
 class TrainingInterrupted(MftkError):
     """SIGTERM/SIGINT arrived; a checkpoint was saved at ``step`` (when ``saved_path`` is set)."""
 

@@ -48,6 +48,7 @@ class LockInfo(NamedTuple):
 
     path: Path
     took_over_stale: Holder | None = None
+    fd: int | None = None  # the flock'ed descriptor (None without flock): a child given it holds the lock too
 
 
 def lock_path(path: str | os.PathLike) -> Path:
@@ -71,7 +72,7 @@ def exclusive_output(path: str | os.PathLike, what: str) -> Iterator[LockInfo]:
         raise InputError(message=f"{target}: cannot create the lock file ({exc.strerror or exc})",
                          path=str(target), hint="choose a writable output location") from None
     try:
-        yield LockInfo(target, stale)
+        yield LockInfo(target, stale, fd)
     finally:
         _release(target, fd)
 

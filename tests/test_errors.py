@@ -31,6 +31,7 @@ def test_documented_exit_codes():
     assert _errors.exit_code_for(E.NotBuiltError(message="x")) == 2
     assert _errors.exit_code_for(E.AnomaliesFound(message="x")) == 3
     assert _errors.exit_code_for(E.TrainingError(message="x")) == 4
+    assert _errors.exit_code_for(E.JobFault(message="x", kind="hang", ranks=[1])) == 4
     assert _errors.exit_code_for(E.TrainingInterrupted(message="x")) == 75
     assert _errors.exit_code_for(KeyboardInterrupt()) == 130
     assert _errors.exit_code_for(ValueError("bug")) is None

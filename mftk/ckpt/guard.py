@@ -17,23 +17,25 @@ from typing import Iterator
 
 from mftk.ckpt.layout import TRACKER, iteration_dir_name, iteration_dirs, parse_iteration_dir_name, read_tracker
 from mftk.errors import CheckpointError
-from mftk.lock import exclusive_output
+from mftk.lock import LockInfo, exclusive_output
 
 SAVE_LOCK_WHAT = "mftk training checkpoints (checkpoint.save_path)"
 
 
 @contextlib.contextmanager
-def hold_save_path(save_path: str | os.PathLike, enabled: bool = True) -> Iterator[None]:
+def hold_save_path(save_path: str | os.PathLike, enabled: bool = True) -> Iterator[LockInfo | None]:
     """The exclusive right to write checkpoints into ``save_path`` for a whole run (`mftk.lock`).
 
     Two runs saving into one folder would interleave trackers and iteration dirs, and each one's
     retention would count the other's saves. The process that owns the run holds it: a single-process
     run itself; an msrun job's parent on node 0 (it starts before any worker, so a second job is
     refused at once, and ends after the last one, so the lock outlives every save); rank 0 when the
-    parent does not wait (``--no-join``). The second run gets an error naming the holder's pid.
+    parent does not wait (``--no-join``). The second run gets an error naming the holder's pid. Yields the
+    lock (None when not taken): its ``fd`` can be handed to the processes of the job, so that the lock lives
+    as long as any of them.
     """
     if not enabled or not save_path:
-        yield
+        yield None
         return
     try:
         Path(save_path).mkdir(parents=True, exist_ok=True)  # the run needs it; the lock file sits beside it
@@ -41,8 +43,8 @@ def hold_save_path(save_path: str | os.PathLike, enabled: bool = True) -> Iterat
         raise CheckpointError(message=f"cannot write checkpoints to {save_path}: {exc.strerror or exc}",
                               path=str(save_path), hint="set checkpoint.save_path to a writable directory, or "
                               "enable_save: false") from None
-    with exclusive_output(os.path.realpath(save_path), SAVE_LOCK_WHAT):  # one lock however the path is spelt
-        yield
+    with exclusive_output(os.path.realpath(save_path), SAVE_LOCK_WHAT) as lock:  # one lock however it is spelt
+        yield lock
 
 
 def check_save_path(save_path: str | os.PathLike, *, resume_dir: str | os.PathLike | None, weights_only: bool,

@@ -68,6 +68,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True,
     _check_lora(config, r)
     _check_run_mode(config, r)
     _check_device(config, r)
+    _check_mftk(config, world_size, r)
     from mftk.config.status import check_statuses
 
     reported = reported | frozenset(p.path for p in r.problems if p.severity == "error")
@@ -106,6 +107,16 @@ def _check_training(c: Config, r: _Rules) -> None:
     elif n > 0 and not t.use_skip_step_on_nan:
         r.note("training.max_consecutive_skipped_steps", "has no effect without use_skip_step_on_nan: a non-finite "
                "step stops mftk at once (MindSpore Transformers applies it and continues)", n)
+
+
+def _check_mftk(c: Config, world: int, r: _Rules) -> None:
+    h = c.mftk.hang_timeout_s
+    if h is not None and not h > 0:
+        r.error("mftk.hang_timeout_s", f"must be a positive number of seconds, got {h}", h,
+                "e.g. 600, or null for the default derived from the measured step time")
+    elif h is not None and world == 1:
+        r.note("mftk.hang_timeout_s", "has no effect in a one-process run: only a multi-process job's parent "
+               "watches for hung ranks", h)
 
 
 def _check_rampup(c: Config, r: _Rules) -> None:

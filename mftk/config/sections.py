@@ -363,6 +363,11 @@ class MftkConfig:
         "per step and full tensors only for checkpoints, which either path resumes. null: on for a GPU or Ascend "
         "run, off on CPU, where the host numpy update is faster; true forces it on CPU (CI tests it so); false "
         "keeps the host update on a device. Not with pipeline_parallel > 1 or optimizer.type: Muon (refused).")
+    hang_timeout_s: Optional[float] = field(
+        None, "Multi-process runs: seconds a rank may make no progress (no step, collective or save) before the "
+        "job is ended as hung, with every worker's Python stack in its log and the stopped ranks named; "
+        "--hang-timeout overrides it. null: max(60 s, 10x the slowest step, 2x the start-up), and never under "
+        "300 s before a rank's first step.")
 
 
 # Top-level keys the reference reads with getattr although they have no schema: accepted with a

@@ -192,7 +192,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
     "inference": {n: _inert("read by the reference only with run_mode: predict; mftk trains", rule=True)
                   for n in ("max_new_tokens", "batch_size", "output", "input_data")},
     "mftk": {"low_priority_dispatch": _impl("tests/engine/test_dispatch.py"),
-             "update_on_device": _impl("tests/engine/test_device_update.py")},
+             "update_on_device": _impl("tests/engine/test_device_update.py"),
+             "hang_timeout_s": _impl("tests/engine/test_watchdog.py")},
     "": {"run_mode": _impl("tests/config/test_compat21.py", only="train", rule=True)},
 }
 

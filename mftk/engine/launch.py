@@ -8,6 +8,13 @@ worker dies it kills the others but then waits ~30 s for the scheduler's heartbe
 (mindspore-cpu.md §4). So on the first failure the launcher kills the whole process tree itself
 and raises `TrainingError` with that rank's last error lines within seconds.
 
+Ownership (`engine.ownership`): msrun is started through ``python -m mftk.engine.launch msrun``, which ties it to
+this process with a parent-death signal and lets the scheduler and workers inherit the save path's lock; each
+of them dies with msrun in turn, and `end_job` sweeps up by job id whatever is left, so nothing of the job
+outlives the parent, however the parent or msrun ends. Hangs (`engine.watchdog`): each worker keeps a progress
+file (`engine.heartbeat`); a rank silent past the hang timeout ends the job with every worker's Python stack in
+its log and the stopped ranks named (`JobFault`, which `--max-restarts` relaunches on, `engine.workers`).
+
 Signals: msrun runs in its own session and each worker in its own, so neither a terminal's Ctrl-C nor a
 ``kill`` of the parent reaches them; and msrun's own SIGINT handler SIGKILLs every worker. So while it
 supervises, the parent catches SIGTERM/SIGINT itself and forwards SIGTERM to every worker (those that
@@ -29,6 +36,7 @@ finalisation.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import os
@@ -41,12 +49,17 @@ import tempfile
 import threading
 import time
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import attrs
 
-from mftk.errors import InputError, MftkError, TrainingError, TrainingInterrupted
+from mftk.engine.heartbeat import BEAT, heartbeat_path
+from mftk.engine.ownership import JOB_ENV, PARENT_ENV, end_job, own_by_parent
+from mftk.engine.watchdog import (STACK_SIGNAL, STACK_WAIT_S, Watchdog, dump_stacks, is_collective_failure,
+                                  process_states)
+from mftk.errors import InputError, JobFault, MftkError, TrainingError, TrainingInterrupted
 from mftk.files import write_atomic
 
 START_MARK = "MFTK_WORKER_START"
@@ -73,6 +86,7 @@ class LaunchSpec:
     join: bool = True
     cluster_time_out_s: int = 120
     kill_grace_s: float = 3.0  # SIGTERM → SIGKILL delay when the user interrupts
+    hang_timeout_s: float | None = None  # None: derived from the measured step and start-up times (`Watchdog`)
 
     @property
     def world(self) -> int:
@@ -98,12 +112,16 @@ class LaunchResult:
 
 def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSpec,
            on_line: LineCallback | None = None, timeout_s: float | None = None,
-           env: dict[str, str] | None = None) -> LaunchResult:
+           env: dict[str, str] | None = None, follow_rank: int | None = None,
+           keep_fds: tuple[int, ...] = ()) -> LaunchResult:
     """Run ``target`` (``"pkg.module:function"``) on every worker of ``spec`` through msrun.
 
-    ``payload`` must be JSON-serialisable; each worker calls ``function(**payload)``. Rank 0's
-    log lines (on the node holding it, else this node's first rank) go to ``on_line``.
-    Raises `TrainingError` when any worker fails or ``timeout_s`` passes; nothing is left running.
+    ``payload`` must be JSON-serialisable; each worker calls ``function(**payload)``. The log lines of
+    ``follow_rank`` (default rank 0 on the node holding it, else this node's first rank) go to ``on_line``.
+    Raises `TrainingError` when a worker fails or ``timeout_s`` passes, `JobFault` when a worker died or a
+    rank hung (the watchdog, ``spec.hang_timeout_s``); nothing of the job is left running when it returns.
+    ``keep_fds`` (the save path's lock) are inherited by the msrun launcher, so that the lock stays held
+    while it lives even if this process is killed.
     """
     _check_spec(spec, target)
     if spec.master_port is not None and spec.node_rank == 0:  # node 0 runs the scheduler, which binds it
@@ -119,25 +137,32 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
     started = time.monotonic()
     if not spec.join:
-        proc = _start(cmd, log_dir, spec, env)
+        proc = _start(cmd, log_dir, spec, env, owned=False)
         proc.wait()
         return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=proc.returncode,
                             elapsed_s=time.monotonic() - started, worker_logs=logs, results={}, detached=True)
-    watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=first, on_line=on_line)
+    follow = follow_rank if follow_rank is not None and follow_rank in logs else first
+    watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=follow, on_line=on_line)
+    watchdog = Watchdog(log_dir, list(logs), spec.hang_timeout_s, started)
     forward = _Forwarder(watcher)
+    job = uuid.uuid4().hex
     with forward:  # from before msrun starts: a signal can never leave it running without us
-        proc = _start(cmd, log_dir, spec, env)
+        proc = _start(cmd, log_dir, spec, {**(env or {}), JOB_ENV: job}, keep_fds=keep_fds)
         try:
-            rc = _supervise(proc, watcher, started, timeout_s, forward, done_grace_s=_done_grace_s(spec))
+            rc = _supervise(proc, watcher, started, timeout_s, forward, done_grace_s=_done_grace_s(spec),
+                            watchdog=watchdog)
         except BaseException:
             _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
             raise
         finally:
             _stop_tree(proc.pid, grace_s=0.0)
+            end_job(job)  # whatever msrun left (its own death orphans the scheduler and workers) goes too
     elapsed = time.monotonic() - started
     failure = watcher.failure()
+    if watchdog.fault is not None:
+        raise watchdog.fault
     if failure is not None or rc != 0:
-        raise _failure_error(failure, watcher, rc, log_dir, elapsed)
+        raise _failure_error(failure, watcher, rc, log_dir, elapsed, watchdog)
     stopped = _read_rank_files(log_dir, logs, "stopped")
     if stopped:  # (a signal that came as every worker was finishing changed nothing: the job completed)
         raise _interrupted_error(stopped, forward.signal)
@@ -145,10 +170,15 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
                         worker_logs=logs, results=_read_rank_files(log_dir, logs, "result"))
 
 
-def _start(cmd: list[str], log_dir: Path, spec: LaunchSpec, env: dict[str, str] | None) -> subprocess.Popen:
+def _start(cmd: list[str], log_dir: Path, spec: LaunchSpec, env: dict[str, str] | None, *, owned: bool = True,
+           keep_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """msrun in its own session; ``owned``: through `_msrun_main`, which ties its life to this process's."""
+    if owned:
+        cmd = [sys.executable, "-m", "mftk.engine.launch", "msrun", "--parent", str(os.getpid()),
+               "--keep-fds", ",".join(map(str, keep_fds)), "--", *cmd[3:]]
     with open(log_dir / "msrun.log", "w", encoding="utf-8") as msrun_out:
         return subprocess.Popen(cmd, stdout=msrun_out, stderr=subprocess.STDOUT, env=_worker_env(spec, env),
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=keep_fds)
 
 
 def _check_spec(spec: LaunchSpec, target: str) -> None:
@@ -247,6 +277,8 @@ class _Watcher:
         self.pids: dict[int, int] = {}  # worker pid -> rank
         self.dead_pid: int | None = None
         self.dead_code: int | None = None
+        self.dead_ranks: set[int] = set()  # workers found dead (psutil) while another rank reported an error
+        self.stopped: list[int] = []  # workers found stopped by a signal when the job failed
 
     def poll(self) -> None:
         for rank, path in self.logs.items():
@@ -297,7 +329,15 @@ class _Watcher:
                 return
 
     def failure(self) -> tuple[int | None, str] | None:
-        """(rank, reason) of the first failure seen, else None."""
+        """(rank, reason) of the first failure seen, else None; a worker that died comes before the errors of
+        its peers (theirs are the echo of its death: a collective with a dead peer fails)."""
+        dead_rank = self.pids.get(self.dead_pid) if self.dead_pid is not None else None
+        if dead_rank is not None and (dead_rank not in self.errors):
+            return dead_rank, (f"rank {dead_rank} died: worker process exited with code {self.dead_code} "
+                               "(killed or crashed without a traceback)")
+        if self.dead_ranks - set(self.errors):
+            rank = min(self.dead_ranks - set(self.errors))
+            return rank, f"rank {rank} died: worker process gone without a traceback"
         if self.errors:
             rank = next(iter(self.errors))
             return rank, self.errors[rank]
@@ -359,8 +399,8 @@ def _done_grace_s(spec: LaunchSpec) -> float:
 
 
 def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeout_s: float | None,
-               forward: _Forwarder | None, *, done_grace_s: float) -> int:
-    """Poll logs until msrun exits, a worker fails, or the time limit passes; returns msrun's code."""
+               forward: _Forwarder | None, *, done_grace_s: float, watchdog: Watchdog | None = None) -> int:
+    """Poll logs until msrun exits, a worker fails or hangs, or the time limit passes; returns msrun's code."""
     done_at: float | None = None
     while True:
         watcher.poll()
@@ -369,9 +409,16 @@ def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeou
         rc = proc.poll()
         if rc is not None:
             watcher.poll()
+            _settle_blame(watcher)
             return rc
         if watcher.failure() is not None:
+            _settle_blame(watcher)
             return 1
+        if watchdog is not None and forward is not None and forward.signal is None:
+            silent = watchdog.poll(time.monotonic(), watcher.done)
+            if silent:
+                _end_hung(watcher, watchdog, silent)
+                return 1
         if watcher.all_done():
             # every worker finished; msrun only waits for MindSpore's teardown now
             done_at = done_at or time.monotonic()
@@ -381,6 +428,37 @@ def _supervise(proc: subprocess.Popen, watcher: _Watcher, started: float, timeou
             watcher.errors.setdefault(-1, f"job exceeded its time limit of {timeout_s:g} s")
             return 124
         time.sleep(_POLL_S)
+
+
+def _settle_blame(watcher: _Watcher, wait_s: float = 2.5) -> None:
+    """A rank's error may be the echo of a peer's death (its collective failed because the peer is gone): before
+    the first error is blamed, look for a dead worker and give msrun a moment to report its exit code."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        states = process_states(watcher.pids)
+        if not watcher.stopped and any(st == "stopped" for st in states.values()):
+            watcher.stopped = sorted(r for r, st in states.items() if st == "stopped")
+            dump_stacks(watcher.pids, states)  # a collective timed out on a stopped peer: its stack, and the others'
+            time.sleep(STACK_WAIT_S)
+        dead = [r for r, st in states.items() if st == "dead" and r not in watcher.done and r not in watcher.errors]
+        if not dead:
+            return
+        if watcher.dead_pid is not None or time.monotonic() > deadline:
+            watcher.dead_ranks.update(dead)
+            return
+        time.sleep(_POLL_S)
+        watcher.poll()
+
+
+def _end_hung(watcher: _Watcher, watchdog: Watchdog, silent: list[int]) -> None:
+    """Stacks of every worker into its log (a stopped one is continued for it), then the error naming the hung."""
+    states = process_states(watcher.pids)
+    watchdog.fault = watchdog.hang_fault(silent, states, time.monotonic(), watcher.logs)
+    dump_stacks(watcher.pids, states)
+    deadline = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < deadline:  # faulthandler writes at once; the logs are read for the record
+        time.sleep(_POLL_S)
+        watcher.poll()
 
 
 def _stop_tree(pid: int, *, grace_s: float) -> None:
@@ -411,21 +489,40 @@ def _stop_tree(pid: int, *, grace_s: float) -> None:
 
 
 def _failure_error(failure: tuple[int | None, str] | None, watcher: _Watcher, rc: int, log_dir: Path,
-                   elapsed: float) -> MftkError:
+                   elapsed: float, watchdog: Watchdog | None = None) -> MftkError:
     rank, reason = failure if failure is not None else (None, f"msrun exited with code {rc}")
     if rank == -1:
         return TrainingError(message=f"distributed job stopped: {reason}", hint=f"worker logs are in {log_dir}")
-    typed = _read_error(log_dir / f"error_{rank}.json") if rank is not None else None
-    if typed is not None:  # a library error on a worker: the same error (and exit code) as in one process
+    if rc < 0 and not watcher.errors and watcher.dead_pid is None:  # msrun itself was killed: its workers died with it
+        return JobFault(message=f"the msrun launcher was killed (signal {-rc}); every worker of the job was ended "
+                        "with it", hint=f"worker logs are in {log_dir}", kind="died",
+                        step=watchdog.reached() if watchdog is not None else None)
+    died = rank is not None and reason.startswith(f"rank {rank} died")
+    typed = _read_error(log_dir / f"error_{rank}.json") if rank is not None and not died else None
+    if typed is not None and not is_collective_failure(typed.message):  # the user's error: as in one process
         return typed
+    stopped = [r for r in watcher.stopped if r != rank]
+    if typed is not None and stopped:  # the peer it waited for is here, stopped by a signal
+        reason = (", ".join(f"rank {r}" for r in stopped) + " is stopped by a signal (SIGSTOP?): "
+                  + f"rank {rank}'s collective failed waiting for it: {typed.message.splitlines()[0]}")
+    elif typed is not None:  # a collective failed: a peer (here or on another node) stopped or died
+        reason = (f"rank {rank}'s collective failed: a peer rank stopped or died (on another node, or before "
+                  f"this node saw it): {typed.message.splitlines()[0]}")
     log = watcher.logs.get(rank) if rank is not None else None
     tail = _error_tail(log) if log is not None else ""
     who = f"worker {rank}" if rank is not None else "a worker"
-    text = f"{who} failed after {elapsed:.1f} s: {reason}"
+    step = watchdog.last_step(rank, fresh=True) if watchdog is not None and rank is not None else None
+    text = f"{who} failed after {elapsed:.1f} s: {reason}" + (f"; last finished step {step}" if step is not None else "")
+    echoed = sorted(r for r in watcher.errors if r != rank)
+    if died and echoed:
+        text += "; " + ", ".join(f"rank {r}" for r in echoed) + " then failed as a consequence"
     if tail:
         text += "\n" + tail
     where = log if log is not None else log_dir / "msrun.log"
-    return TrainingError(message=text, hint=f"full log: {where}")
+    kind = "died" if died or rc < 0 else ("hang" if stopped else "peer") if typed is not None else "crashed"
+    reached = watchdog.reached() if watchdog is not None else None
+    ranks = tuple(stopped) if kind == "hang" else (rank,) if rank is not None and kind != "peer" else ()
+    return JobFault(message=text, hint=f"full log: {where}", step=reached, kind=kind, ranks=ranks)
 
 
 def _error_tail(path: Path, n: int = _ERROR_TAIL_LINES) -> str:
@@ -493,7 +590,8 @@ def _read_rank_files(log_dir: Path, logs: dict[int, Path], kind: str) -> dict[in
 
 def _clear_old_outputs(log_dir: Path) -> None:
     """A reused --log-dir must not let a previous job's markers or results look like this job's."""
-    for pattern in ("worker_*.log", "result_*.json", "stopped_*.json", "error_*.json", "scheduler.log", "msrun.log"):
+    for pattern in ("worker_*.log", "result_*.json", "stopped_*.json", "error_*.json", "hb_*.json", "scheduler.log",
+                    "msrun.log"):
         for p in log_dir.glob(pattern):
             p.unlink()
 
@@ -539,6 +637,9 @@ def init_distributed() -> tuple[int, int]:
 
 def worker_main(target: str, payload_path: str) -> int:
     """The body msrun runs on every rank (and on the scheduler, which only joins the cluster)."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent:  # an owned job (not --no-join, whose msrun exits at once): die with msrun, which dies with mftk
+        own_by_parent(int(parent))
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         if os.environ.get("MFTK_NODE_RANK", "0") != "0":
             return 0  # msrun starts a scheduler on every node whose master_addr is local; only node 0 may
@@ -548,9 +649,14 @@ def worker_main(target: str, payload_path: str) -> int:
         return 0
     rank = int(os.environ.get("RANK_ID", "-1"))
     _keep_signals()  # before the parent can know our pid: a signal from now on is never lost
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)  # the watchdog's stack dump
     _emit(f"{START_MARK} rank={rank} pid={os.getpid()}")
     try:
+        if rank >= 0:
+            BEAT.start(heartbeat_path(Path(payload_path).parent, rank))
         rank, _ = init_distributed()
+        if BEAT.path is None:
+            BEAT.start(heartbeat_path(Path(payload_path).parent, rank))
         payload = json.loads(Path(payload_path).read_text(encoding="utf-8"))
         result = resolve_target(target)(**payload)
         out = Path(payload_path).with_name(f"result_{rank}.json")
@@ -600,7 +706,31 @@ def _emit(line: str) -> None:
     sys.stdout.flush()
 
 
+def _msrun_main(parent: int, msrun_args: list[str], keep_fds: tuple[int, ...] = ()) -> int:
+    """msrun itself, tied to the `mftk` parent (`own_by_parent`); the processes it starts learn its pid and
+    inherit ``keep_fds`` (the save path's lock: held, as one lock, until the last of them is gone)."""
+    import runpy
+
+    own_by_parent(parent)
+    os.environ[PARENT_ENV] = str(os.getpid())
+    if keep_fds:
+        _popen_init = subprocess.Popen.__init__
+
+        def popen_init(self: subprocess.Popen, *args: Any, pass_fds: Any = (), **kw: Any) -> None:
+            _popen_init(self, *args, pass_fds=tuple(pass_fds) + keep_fds, **kw)
+
+        subprocess.Popen.__init__ = popen_init  # msrun's own Popen calls close every other descriptor
+    sys.argv = ["msrun", *msrun_args]
+    runpy.run_module("mindspore.parallel.cluster.run", run_name="__main__", alter_sys=True)
+    return 0
+
+
 def _main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["msrun"]:  # msrun --parent PID -- MSRUN_ARGS...
+        rest, head = argv[argv.index("--") + 1:], argv[:argv.index("--")]
+        fds = head[head.index("--keep-fds") + 1] if "--keep-fds" in head else ""
+        return _msrun_main(int(head[head.index("--parent") + 1]), rest, tuple(int(f) for f in fds.split(",") if f))
     parser = argparse.ArgumentParser(prog="python -m mftk.engine.launch")
     sub = parser.add_subparsers(dest="role", required=True)
     w = sub.add_parser("worker", help="entry point msrun starts on every rank")

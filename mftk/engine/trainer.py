@@ -207,15 +207,25 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self, state: TrainState) -> TrainState:
+        from mftk.engine.faults import Injector
+        from mftk.engine.heartbeat import BEAT
+
         self.state = state
+        faults = Injector.from_env(self.dist.rank if self.dist is not None else 0)
+        if faults is not None:
+            faults.announce(log)
+        BEAT.step_done(state.global_step, start=True)
         try:
             while state.global_step < self.total_steps:
+                if faults is not None:
+                    faults.before_step(state.global_step + 1, self.model)
                 try:
                     self.train_step(state)
                 except DataFormatError as exc:  # a data file changed under the run, read before any update
                     if self.dist is not None or self.fault is not None:
                         raise  # the other ranks are in this step's collectives: no save they could join
                     self.fault_found(exc)  # one process: the state after the last step is sound, saved below
+                BEAT.step_done(state.global_step)
                 self.check_faults()
                 self.stop_if_requested(state)
         finally:
@@ -495,7 +505,13 @@ class Trainer:
 
     def save(self, state: TrainState, reason: SaveReason) -> bool:
         """Ask the checkpointer to save this step for ``reason``; it decides whether one is due."""
-        return self.checkpointer.save(state.global_step, reason, lambda: self.payload(state), self.sink)
+        from mftk.engine.heartbeat import BEAT
+
+        BEAT.saving(True)  # the watchdog sees a save as progress of its own
+        try:
+            return self.checkpointer.save(state.global_step, reason, lambda: self.payload(state), self.sink)
+        finally:
+            BEAT.saving(False)
 
     def payload(self, state: TrainState) -> Payload:
         """What this rank writes for the current step."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -47,6 +48,15 @@ def train_worker(config: str, overrides: list[str], output_dir: str, resume_from
     return attrs.asdict(result)
 
 
+def loss_rank(config: Any, world: int) -> int:
+    """The first rank of the last pipeline stage: the one whose step lines carry the loss (rank 0 without PP;
+    ranks are laid out pipeline-outermost, `derive.Layout.rank_coords`)."""
+    from mftk.derive import layout_from_config
+
+    pp = layout_from_config(config.parallelism, world).pp
+    return (pp - 1) * (world // pp) if pp > 1 else 0
+
+
 def result_from_json(data: dict[str, Any]) -> TrainResult:
     """The `TrainResult` a worker returned (lists back to tuples, the scenario back to its enum)."""
     d = dict(data)
@@ -60,14 +70,84 @@ def result_from_json(data: dict[str, Any]) -> TrainResult:
     return TrainResult(**d, resume=plan)
 
 
+RESTART_BACKOFF_S = 2.0  # between ending a failed attempt and relaunching: ports and files settle
+
+
 def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (),
                       output_dir: str | os.PathLike = "output", spec: Any, resume_from: Any = None,
                       weights_only: bool = False, on_log_line: Any = None, sinks: Iterable[StepSink] = (),
                       timeout_s: float | None = None, new_run: bool = False, device: str | None = None,
+                      max_restarts: int = 0, save_path: str | None = None, on_restart: Any = None,
+                      follow_rank: int | None = None, keep_fds: tuple[int, ...] = (),
                       model_from_checkpoint: bool = False) -> TrainResult:
-    """Run `train_worker` on every rank through msrun (`engine.launch`); rank 0's log lines go to
-    ``on_log_line`` and its step lines (parsed) to ``sinks``; ``device`` (`engine.device.select`'s) is every
-    worker's device (CPU when None). A failing worker raises TrainingError."""
+    """Run `train_worker` on every rank through msrun (`engine.launch`); ``follow_rank``'s (default rank 0's)
+    log lines go to ``on_log_line`` and its step lines (parsed) to ``sinks``; ``device``
+    (`engine.device.select`'s) is every worker's device (CPU when None). A failing worker raises TrainingError.
+
+    ``max_restarts``: when the job fails with a `JobFault` (a worker died or crashed, a rank hung), the whole job
+    is ended, and after `RESTART_BACKOFF_S` relaunched as a resume of ``save_path`` (its newest checkpoint; the
+    original source while it has none), up to that many times; each restart is written to every local rank's
+    info.log and metrics.jsonl (`logs.restarts`) and given to ``on_restart``. The last attempt's error is raised.
+    """
+    from mftk.errors import JobFault
+
+    attempt, source, fresh = 0, resume_from, (new_run, weights_only)
+    while True:
+        started = time.monotonic()
+        try:
+            return _launch_once(config, overrides=overrides, output_dir=output_dir, spec=spec, resume_from=source,
+                                weights_only=fresh[1], on_log_line=on_log_line, sinks=sinks, timeout_s=timeout_s,
+                                new_run=fresh[0], device=device, attempt=attempt, follow_rank=follow_rank,
+                                keep_fds=keep_fds, model_from_checkpoint=model_from_checkpoint)
+        except JobFault as fault:
+            if attempt >= max_restarts:
+                raise
+            attempt += 1
+            restart, resumed = _plan_restart(fault, attempt, max_restarts, save_path, time.monotonic() - started)
+            if resumed:
+                source, fresh = Path(save_path), (False, False)
+            out = Path(output_dir).resolve()
+            first = spec.node_rank * spec.nproc
+            from mftk.logs.restarts import write_restart
+
+            write_restart(restart, [out / "log" / f"rank_{r}" for r in range(first, first + spec.nproc)])
+            if on_restart is not None:
+                on_restart(restart)
+            time.sleep(RESTART_BACKOFF_S)
+
+
+def _plan_restart(fault: Any, attempt: int, max_restarts: int, save_path: str | None,
+                  attempt_s: float) -> tuple[Any, bool]:
+    """The restart record, and whether the relaunch resumes from ``save_path`` (it holds a checkpoint)."""
+    from mftk.ckpt.layout import iteration_dir_name, read_tracker
+    from mftk.errors import CheckpointError
+    from mftk.logs.restarts import Restart
+
+    step = None
+    if save_path:
+        try:
+            step = read_tracker(save_path)
+        except CheckpointError:
+            step = None
+    where = Path(save_path) / iteration_dir_name(step) if step is not None else None
+    resumed = where is not None and where.is_dir()
+    lost_s = attempt_s
+    if resumed:
+        lost_s = max(0.0, time.time() - where.stat().st_mtime)
+    reached = fault.step
+    resumed_step = step if resumed else 0
+    return Restart(attempt=attempt, max_restarts=max_restarts, reason=fault.kind, ranks=tuple(fault.ranks),
+                   step_reached=reached, resumed_from=str(where) if resumed else "", resumed_step=resumed_step,
+                   steps_lost=reached - resumed_step if reached is not None else None, seconds_lost=lost_s,
+                   message=fault.message.splitlines()[0]), resumed
+
+
+def _launch_once(config: str | os.PathLike, *, overrides: Iterable[str], output_dir: str | os.PathLike, spec: Any,
+                 resume_from: Any, weights_only: bool, on_log_line: Any, sinks: Iterable[StepSink],
+                 timeout_s: float | None, new_run: bool, device: str | None, attempt: int,
+                 follow_rank: int | None, keep_fds: tuple[int, ...], model_from_checkpoint: bool) -> TrainResult:
+    """One launch of the job (`train_distributed` without restarts)."""
+    from mftk.engine.faults import ATTEMPT_ENV
     from mftk.engine.launch import launch
     from mftk.logs.format import parse_step_line
 
@@ -94,10 +174,16 @@ def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (
         spec = attrs.evolve(spec, log_dir=out / "msrun_log")
     from mftk.engine.device import ENV
 
-    env = {ENV: device} if device else None
-    result = launch(WORKER_TARGET, payload, spec=spec, on_line=on_line, timeout_s=timeout_s, env=env)
+    env = {ENV: device} if device else {}
+    env[ATTEMPT_ENV] = str(attempt)
+    result = launch(WORKER_TARGET, payload, spec=spec, on_line=on_line, timeout_s=timeout_s, env=env,
+                    follow_rank=follow_rank, keep_fds=keep_fds)
     if not result.results:
         return TrainResult(start_step=0, final_step=0, total_steps=0, consumed_samples=0, losses=(), grad_norms=(),
                            skipped_steps=0, checkpoint="", output_dir=str(out), log_file="", metrics_file="",
                            phases=(), notes=(f"job detached; worker logs in {result.log_dir}",))
-    return result_from_json(result.results[min(result.results)])
+    job = result_from_json(result.results[min(result.results)])
+    if follow_rank in result.results and follow_rank != min(result.results):  # the loss is the last stage's
+        last = result.results[follow_rank]
+        job = attrs.evolve(job, losses=tuple(last.get("losses") or ()), grad_norms=tuple(last.get("grad_norms") or ()))
+    return job

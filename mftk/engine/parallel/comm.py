@@ -28,6 +28,7 @@ from typing import Sequence
 from mindspore import Tensor, nn, ops
 from mindspore.mint import distributed as dist
 
+from mftk.engine.heartbeat import BEAT
 from mftk.engine.parallel.groups import AxisGroup
 
 _OPS = ("sum", "avg", "max", "min")
@@ -41,9 +42,11 @@ class _Clock:
 
     def run(self, fn, *args, **kw):
         t = time.perf_counter()
+        previous = BEAT.enter_collective()  # the hang watchdog's view: inside a collective, and how many so far
         try:
             return fn(*args, **kw)
         finally:
+            BEAT.leave_collective(previous)
             self.seconds += time.perf_counter() - t
             self.calls += 1
 
