@@ -488,6 +488,10 @@ def _check_recompute_swap(c: Config, world: int, r: _Rules) -> None:
     if replays and world > 1 and getattr(m, "hidden_dropout", 0.0):
         r.error("recompute.mode", "recompute replays forwards in the backward, so model.hidden_dropout must be 0 "
                 "(the dropout masks would differ)", rc.mode, "set model.hidden_dropout: 0.0 or recompute.mode: None")
+    if replays and world > 1 and c.lora_config is not None and c.lora_config.lora_dropout:
+        r.error("recompute.mode", "recompute replays forwards in the backward, so lora_config.lora_dropout must be "
+                "0 (the dropout masks would differ)", rc.mode,
+                "set lora_config.lora_dropout: 0.0 or recompute.mode: None")
     if not sw.enable:
         return
     r.error("swap.enable", "swapping activations to host memory is not built in mftk: on CPU they already live in "
