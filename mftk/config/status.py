@@ -209,7 +209,11 @@ MODEL: dict[str, Status] = {
                   "use_shared_expert_gating n_routed_experts num_experts_per_tok routed_scaling_factor n_group "
                   "topk_group norm_topk_prob moe_layer_freq first_k_dense_replace moe_router_score_function "
                   "moe_router_enable_expert_bias moe_router_bias_update_rate moe_router_load_balancing_type "
-                  "moe_aux_loss_coeff moe_router_pre_softmax moe_grouped_gemm"),
+                  "moe_aux_loss_coeff moe_grouped_gemm"),
+    "moe_router_pre_softmax": _inert(
+        "routing always takes the softmax over all experts before top-k, as MindSpore Transformers 2.1's PyNative "
+        "router does (pynative/transformers/moe/router.py, TopKRouter.construct: scores, then topk); the field "
+        "only lifts the reference's top-1 softmax check (transformer_config.py)"),
     **_same("tests/engine/test_model.py", "num_nextn_predict_layers mtp_loss_scaling_factor"),
     **{n: _inert(_FP32, rule=True) for n in ("compute_dtype", "params_dtype", "embedding_params_dtype")},
     **{n: _inert(_FP32) for n in ("layernorm_compute_dtype", "rotary_dtype", "moe_router_dtype")},

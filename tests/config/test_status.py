@@ -180,3 +180,15 @@ def test_print_resolved_output_is_yaml_with_long_status_comments(tmp_path):
     assert r.exit_code == 0, r.output
     assert yaml.safe_load(r.stdout)["checkpoint"]["load_worker_number"] == 1  # no comment wrapped onto a line
     assert "# no effect: the reference ignores it too (2.0 §1.5)" in r.stdout
+
+
+def test_moe_router_pre_softmax_says_it_does_not_change_routing():
+    """The reference's PyNative router ignores the field in routing: mftk says so rather than accept it silently —
+    a note when set, and a note when false would mean Megatron's other order (softmax, no renormalisation)."""
+    data = _template("deepseek_v3_tiny.yaml")
+    data["model"].update(moe_router_score_function="softmax", norm_topk_prob=False, moe_router_enable_expert_bias=False)
+    notes = {p.path: p.message for p in load_data(data, check_files=False).notes if p.severity == "note"}
+    assert "Megatron's order" in notes["model.moe_router_pre_softmax"]
+    data["model"]["moe_router_pre_softmax"] = True
+    notes = {p.path: p.message for p in load_data(data, check_files=False).notes if p.severity == "note"}
+    assert notes["model.moe_router_pre_softmax"].startswith("no effect")
