@@ -49,7 +49,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_layout(config, layout, r)
     _check_model_vs_data(config, r)
     _check_callbacks(config, r)
-    _check_checkpoint(config, r)
+    _check_checkpoint(config, world_size, r)
     _check_optimizer(config, r)
     _check_lr(config, r)
     _check_dataset(config, r, check_files=check_files)
@@ -229,8 +229,11 @@ def _check_choices(r: _Rules, path: str, value: str, choices: set[str]) -> None:
 
 # ------------------------------------------------------------------ checkpoint, optimizer, schedule
 
-def _check_checkpoint(c: Config, r: _Rules) -> None:
+def _check_checkpoint(c: Config, world: int, r: _Rules) -> None:
     ck = c.checkpoint
+    if ck.async_save and world > 1:
+        r.note("checkpoint.async_save", "no effect with more than one process: every rank writes its files "
+               "synchronously between the save's barriers (async_save applies to one-process runs)", True)
     if ck.enable_save and not ck.save_path:
         r.error("checkpoint.save_path", "required when checkpoint.enable_save is true", "",
                 "set save_path, e.g. ./output/checkpoint, or enable_save: false")

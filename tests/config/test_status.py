@@ -192,3 +192,20 @@ def test_moe_router_pre_softmax_says_it_does_not_change_routing():
     data["model"]["moe_router_pre_softmax"] = True
     notes = {p.path: p.message for p in load_data(data, check_files=False).notes if p.severity == "note"}
     assert notes["model.moe_router_pre_softmax"].startswith("no effect")
+
+
+def test_async_save_says_it_has_no_effect_with_several_processes():
+    data = _template()
+    data["checkpoint"]["async_save"] = True
+    assert "checkpoint.async_save" not in {p.path for p in load_data(data, check_files=False).notes}
+    data["training"]["global_batch_size"] = 2 * data["training"]["local_batch_size"]
+    notes = {p.path: p.message for p in load_data(data, check_files=False, world_size=2).notes}
+    assert "no effect with more than one process" in notes["checkpoint.async_save"]
+
+
+@pytest.mark.parametrize("key", ["enable_fused_opt", "use_fused"])
+def test_fused_optimizer_switches_say_they_have_no_effect(key):
+    data = _template()
+    data["optimizer"][key] = True
+    notes = {p.path: p.message for p in load_data(data, check_files=False).notes}
+    assert notes[f"optimizer.{key}"].startswith("no effect")
