@@ -58,6 +58,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True) -> l
     _check_profiler_monitor(config, r)
     _check_lora(config, r)
     _check_run_mode(config, r)
+    _note_device_traffic(config, r)
     _check_device(config, r)
     from mftk.config.status import check_statuses
 
@@ -610,6 +611,18 @@ def _check_lora(c: Config, r: _Rules) -> None:
             r.error(f"lora_config.{name}", f"must be > 0, got {getattr(lora, name)}", getattr(lora, name))
     if not 0 <= lora.lora_dropout < 1:
         r.error("lora_config.lora_dropout", f"must be in [0, 1), got {lora.lora_dropout}", lora.lora_dropout)
+
+
+def _note_device_traffic(c: Config, r: _Rules) -> None:
+    """On a GPU/Ascend device (or with ``mftk.update_on_device: true``) the device-resident update runs: say what
+    still crosses the host each step (`runnable.DEVICE_HOST_TRAFFIC`), so the promise is not larger than it is."""
+    from mftk.config.runnable import DEVICE_HOST_TRAFFIC
+
+    device = (c.context.device_target or "").upper()
+    on = c.mftk.update_on_device is True or (c.mftk.update_on_device is None and device in ("GPU", "ASCEND"))
+    if on:
+        r.note("mftk.update_on_device", "weights, gradients and AdamW moments stay on the device between saves; "
+               "still crossing the host: " + "; ".join(DEVICE_HOST_TRAFFIC), c.mftk.update_on_device)
 
 
 def _check_run_mode(c: Config, r: _Rules) -> None:

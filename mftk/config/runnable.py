@@ -193,9 +193,25 @@ def _muon(lay: Layout, s: LayoutSettings) -> list[Refusal]:
     return []
 
 
+# What still crosses between host and device on the device-resident update (`engine.device_step`), per
+# micro-batch unless said: no weight, gradient or moment does between saves. Counted by
+# tests/engine/test_device_update.py::test_device_path_moves_no_weight_sized_tensor_between_saves on Qwen3
+# (11 reads and 18 writes per step of 2 micro-batches, each at most one micro-batch's seq×seq mask).
+DEVICE_HOST_TRAFFIC = (
+    "the step's scalars: one read per step (losses, aux terms, expert counts, squared norm)",
+    "the batch: its columns are written, and the model reads ids, labels and loss_mask back to build its "
+    "targets, RoPE and mask on the host (written again)",
+    "the loss: the fused cross-entropy reads each token's probability back and writes the per-token losses",
+    "MoE: the dispatch sorts the tokens by expert on the host (token-sized index arrays each MoE layer)",
+    "DeepSeek-V4: the hyper-connections' Sinkhorn and the CSA indexer's top-k run on host numpy",
+    "FSDP: the unit gathers and gradient reduce-scatters go through host numpy buffers (several processes)",
+)
+
+
 def device_update_gaps(lay: Layout, s: LayoutSettings) -> list[Refusal]:
     """What the device-resident update (`engine.device_optim`) does not run: refused when
-    ``mftk.update_on_device: true`` asks for it; with null, a device run takes the host update and logs why."""
+    ``mftk.update_on_device: true`` asks for it; with null, a device run takes the host update and logs why.
+    What it runs but still moves across the host is `DEVICE_HOST_TRAFFIC` (a note of `validate-config`)."""
     out = []
     if lay.pp > 1:
         out.append(Refusal("device_update", "mftk.update_on_device", f"mftk.update_on_device: true with "

@@ -1,6 +1,7 @@
 """The config-field status table (`mftk.config.status`): every field has a row, every refused field is refused."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import attrs
@@ -45,7 +46,18 @@ def test_row_is_well_formed(path):
     st = ST.status_of(path)
     assert st.kind in (ST.IMPLEMENTED, ST.NO_EFFECT, ST.REFUSED)
     if st.kind == ST.IMPLEMENTED:
-        assert (ROOT / st.why).is_file(), f"{path}: the test module {st.why!r} showing its effect does not exist"
+        node = st.test_for(path)
+        module, _, func = node.partition("::")
+        assert (ROOT / module).is_file(), f"{path}: the test module {module!r} showing its effect does not exist"
+        if st.only:
+            return  # its proof is the refusal of every other value (below)
+        assert func, f"{path}: name the test function (pytest node id) that proves the field's effect"
+        name, _, param = func.partition("[")
+        assert re.search(rf"^def {name}\(", (ROOT / module).read_text(), re.M), f"{path}: no test {node}"
+        if param and module == "tests/engine/test_field_effects.py":
+            from tests.engine import test_field_effects as fx
+
+            assert param[:-1] in {**fx.EFFECTS, **fx.MONITOR_SETTINGS, **fx.RECOMPUTE_SETTINGS}, node
     elif not st.rule:
         assert st.why, f"{path}: a no-effect or refused row says why / what to use instead"
 

@@ -1,0 +1,129 @@
+"""Run every implemented config field's proving test under its "forgetting" mutant; list the fields that survive.
+
+Usage: python scripts/field_effects.py [--fast] [--field PATH ...] [--list]
+
+The status table (`mftk/config/status.py`) names, for each ``implemented`` field, the pytest node id of the
+test that proves its effect. For each field this script runs that test twice in one pytest session: once as
+it is (it must pass: a failing baseline proves nothing), then with ``MFTK_TEST_FORGET_FIELD=<field>``, which
+makes config loading reset the field to its default after validation (`mftk/config/mutant.py`). The mutant
+must fail. A field whose test still passes under its mutant *survives*: the test does not show the field
+has an effect. Fields implemented for their default value only (``only`` rows) have nothing to forget:
+their proof is the refusal of any other value (`tests/config/test_status.py`).
+
+--fast   only the rows not marked ``slow`` (the proving test runs in under ~5 s here): what CI runs
+         (`tests/config/test_field_effects.py`).
+--field  only these fields (repeatable).
+--list   print field → node id and exit.
+
+Exit code 0 when no field survives, 1 otherwise. Prints each field's outcome, the survivors, and the time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mftk.config.mutant import ENV  # noqa: E402
+from mftk.config.status import proving_tests  # noqa: E402
+
+
+class MutantRunner:
+    """A pytest plugin that runs each collected item once unmutated, then once per field it proves."""
+
+    def __init__(self, jobs: dict[str, list[str]]) -> None:
+        self.jobs = jobs
+        self.results: dict[str, str] = {}  # field → killed / survived / killed (crash: …) / baseline failed / …
+        self.seconds: dict[str, float] = {}  # node id → baseline seconds
+        self.seen: set[str] = set()
+
+    def pytest_runtestloop(self, session):  # noqa: ANN001 - pytest hook
+        from _pytest.runner import runtestprotocol
+
+        for item in session.items:
+            fields = self.jobs.get(item.nodeid)
+            if not fields:
+                continue
+            self.seen.add(item.nodeid)
+            t0 = time.perf_counter()
+            base = runtestprotocol(item, nextitem=None, log=False)
+            self.seconds[item.nodeid] = time.perf_counter() - t0
+            if not all(r.passed for r in base if r.when == "call") or any(r.failed for r in base):
+                for f in fields:
+                    self.results[f] = "baseline failed (the test fails without a mutant)"
+                continue
+            for field in fields:
+                os.environ[ENV] = field
+                try:
+                    reports = runtestprotocol(item, nextitem=None, log=False)
+                finally:
+                    del os.environ[ENV]
+                self.results[field] = _outcome(reports)
+        return True
+
+
+def _outcome(reports) -> str:  # noqa: ANN001
+    failed = [r for r in reports if r.failed]
+    if not failed:
+        return "survived"
+    text = str(failed[0].longrepr)
+    if "AssertionError" in text or "assert " in text or "Failed: DID NOT RAISE" in text:
+        return "killed"
+    last = [line for line in text.splitlines() if line.startswith("E ")]
+    return f"killed (error: {last[-1][2:].strip()[:100] if last else 'see the test'})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fast", action="store_true")
+    ap.add_argument("--field", action="append", default=[])
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    rows = {f: (node, slow) for f, node, slow in proving_tests()}
+    if args.field:
+        unknown = [f for f in args.field if f not in rows]
+        if unknown:
+            print(f"not implemented fields (no proving test): {unknown}")
+            return 2
+        rows = {f: rows[f] for f in args.field}
+    if args.fast:
+        rows = {f: r for f, r in rows.items() if not r[1]}
+    if args.list:
+        for f, (node, slow) in rows.items():
+            print(f"{f}\t{node}{'  (slow)' if slow else ''}")
+        return 0
+    jobs: dict[str, list[str]] = {}
+    for f, (node, _) in rows.items():
+        jobs.setdefault(node, []).append(f)
+    import pytest
+
+    runner = MutantRunner(jobs)
+    t0 = time.perf_counter()
+    os.chdir(ROOT)
+    pytest.main([*jobs, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--durations=0", "-o", "addopts="],
+                plugins=[runner])
+    elapsed = time.perf_counter() - t0
+    for node in jobs:
+        if node not in runner.seen:
+            for f in jobs[node]:
+                runner.results[f] = f"test not collected: {node}"
+    print()
+    for f in rows:
+        node = rows[f][0]
+        print(f"{runner.results.get(f, 'not run'):<40} {f}  ({node}, {runner.seconds.get(node, 0.0):.1f}s)")
+    survivors = [f for f in rows if not runner.results.get(f, "").startswith("killed")]
+    slow_fast = [n for n, s in runner.seconds.items() if s > 5.0 and not any(rows[f][1] for f in jobs[n])]
+    print(f"\n{len(rows)} fields, {len(jobs)} tests, {elapsed:.0f}s; surviving or unproven: {len(survivors)}")
+    for f in survivors:
+        print(f"  {f}: {runner.results.get(f, 'not run')}")
+    if slow_fast:
+        print(f"tests over 5 s in rows not marked slow: {slow_fast}")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
