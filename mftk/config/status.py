@@ -166,7 +166,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "total_steps": _inert("forced to training.steps, as in the reference"),
     },
     "train_dataset": {
-        "drop_remainder": _impl(_FX),
+        "drop_remainder": _impl(f"{_MINDRECORD}::test_loader_samples"),  # the Megatron loader reads whole steps
         "num_parallel_workers": _inert(PERF), "prefetch_size": _inert(PERF), "numa_enable": _inert(PERF),
         "use_distribute_dataset": _inert("every rank reads its own micro-batches: the same samples the "
                                          "broadcast would deliver"),
@@ -181,7 +181,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "python_multiprocessing": _inert(PERF),
     },
     "train_dataset.dataloader.config": {
-        **_fx("seed seq_length data_path train_data_path split eod pad eod_mask_loss reset_position_ids "
+        "seq_length": _impl("tests/config/test_rules.py", rule=True, only="model.seq_length (the loader reads that)"),
+        **_fx("seed data_path train_data_path split eod pad eod_mask_loss reset_position_ids "
               "reset_attention_mask create_attention_mask create_compressed_eod_mask eod_pad_length "
               "add_extra_token_to_sequence path_to_cache mock"),
         "drop_last_partial_validation_sequence": _inert("it changes only the validation split's indices (and the "
@@ -238,7 +239,7 @@ MODEL: dict[str, Status] = {
     **_fx("seq_length initializer_range rms_norm_eps rope_theta rope_scaling attention_bias position_embedding_type "
           "tie_word_embeddings track_max_attention_logit vocab_size hidden_size intermediate_size num_hidden_layers "
           "num_attention_heads num_key_value_heads head_dim max_position_embeddings hidden_dropout pad_token_id "
-          "multi_latent_attention q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim qk_layernorm "
+          "q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim qk_layernorm "
           "rotary_scaling_factor beta_fast beta_slow mscale mscale_all_dim"),
     # the family: read while the YAML is structured, before any rule or mutant
     "model_type": _impl("tests/config/test_model.py::test_bad_model_type", loader=True),
@@ -249,6 +250,7 @@ MODEL: dict[str, Status] = {
           "first_k_dense_replace moe_router_score_function moe_router_enable_expert_bias moe_router_bias_update_rate "
           "moe_router_load_balancing_type moe_aux_loss_coeff"),
     "moe_grouped_gemm": _impl(_SUPPORT, rule=True, only="true", example=False),
+    "multi_latent_attention": _impl("tests/config/test_model.py", rule=True, only="true (DeepSeek-V3)", example=False),
     "moe_router_pre_softmax": _inert(
         "routing always takes the softmax over all experts before top-k, as MindSpore Transformers 2.1's PyNative "
         "router does (pynative/transformers/moe/router.py, TopKRouter.construct: scores, then topk); the field "

@@ -37,13 +37,15 @@ SCHED = {"lr_scheduler": {"type": "ConstantWithCoolDownLR", "learning_rate": 3.0
 class E:
     """One field's effect: set ``path`` to ``value`` on ``template`` (with ``extra`` on both sides) and compare
     ``what``: "run" (a 2-step run: losses, norms, metrics, checkpoint) or "lr" (the schedule over 24 steps);
-    ``log``: a regex of log lines that count too; ``steps``: the run's length (one step: the saved weights
+    ``log``: a regex of log lines that count too; ``also``: what the value needs with it (a paired key);
+    ``steps``: the run's length (one step: the saved weights
     show the update, the learning rate being the peak from the first step)."""
 
     def __init__(self, value: Any, *, extra: dict | None = None, template: str = Q3, what: str = "run",
-                 log: str = "", steps: int = 1) -> None:
+                 log: str = "", steps: int = 1, also: dict | None = None) -> None:
         self.value, self.extra, self.template, self.what, self.log, self.steps = (
             value, extra or {}, template, what, log, steps)
+        self.also = also or {}  # settings the field's value needs on its side only (None: removed)
 
 
 def _cd(**kw: Any) -> dict:
@@ -110,13 +112,14 @@ EFFECTS: dict[str, E] = {
     "optimizer.adamw_betas": E([0.5, 0.6], extra=MUON),
     "optimizer.adamw_eps": E(0.5, extra=MUON),
     "optimizer.adamw_include": E(["*linear_proj*"], extra=MUON),
-    "optimizer.qk_clip_threshold": E(1e-3, extra=MUON, steps=2),
-    "optimizer.qk_clip_enabled": E(False, extra=_merge(MUON, {"optimizer": {"qk_clip_threshold": 1e-3}}), steps=2),
+    "optimizer.qk_clip_threshold": E(1e-3, extra=MUON, template=DS3, steps=2),  # QK-clip: MLA only
+    "optimizer.qk_clip_enabled": E(False, extra=_merge(MUON, {"optimizer": {"qk_clip_threshold": 1e-3}}),
+                                   template=DS3, steps=2),
     # schedules
     "lr_scheduler.type": E("LinearWithWarmUpLR", what="lr"),
     "lr_scheduler.learning_rate": E(1e-3, extra=SCHED, what="lr"),
     "lr_scheduler.warmup_steps": E(5, extra=SCHED, what="lr"),
-    "lr_scheduler.warmup_ratio": E(0.5, extra=_cd(warmup_steps=None), what="lr"),
+    "lr_scheduler.warmup_ratio": E(0.5, extra=_cd(type="CosineWithWarmUpLR", warmup_steps=None), what="lr"),
     "lr_scheduler.warmup_lr_init": E(1e-4, extra=SCHED, what="lr"),
     "lr_scheduler.lr_end": E(1e-4, extra=_cd(type="CosineWithWarmUpLR"), what="lr"),
     "lr_scheduler.num_cycles": E(2.0, extra=SCHED, what="lr"),
@@ -127,24 +130,20 @@ EFFECTS: dict[str, E] = {
     "lr_scheduler.keep_steps": E(4, extra=SCHED, what="lr"),
     "lr_scheduler.final_steps": E(4, extra=SCHED, what="lr"),
     "lr_scheduler.lr_end1": E(1e-4, extra=SCHED, what="lr"),
-    "lr_scheduler.lr_end2": E(1e-5, extra=_cd(final_steps=4), what="lr"),
+    "lr_scheduler.lr_end2": E(1e-5, extra=_cd(final_steps=2, decay_steps=4), what="lr"),
     "lr_scheduler.power": E(2.0, extra=_cd(type="PolynomialWithWarmUpLR"), what="lr"),
     # data: the first micro-batches the run's loader yields (`builders.build_data`), its length, its cache files
-    "train_dataset.drop_remainder": E(False, extra=_merge({"training": {"local_batch_size": 2, "global_batch_size": 2}},
-                                                          {"train_dataset": {"dataloader": {"sizes": [65, 0, 0]}}}),
-                                      what="data"),
     "train_dataset.dataloader.sizes": E([200, 0, 0], what="data"),
     "train_dataset.dataloader.shuffle": E(True, what="data"),
-    "train_dataset.dataloader.column_names": E(["input_ids", "labels", "loss_mask"], what="data"),
+    "train_dataset.dataloader.column_names": E(["input_ids", "labels"], extra=_data(eod_mask_loss=True)),
     "train_dataset.dataloader.config.seed": E(7, what="data"),
     "train_dataset.dataloader.config.split": E("1, 1, 0", what="data"),
     "train_dataset.dataloader.config.data_path": E(["1", "@corpus2"], what="data"),
-    "train_dataset.dataloader.config.train_data_path": E(["1", "@corpus2"], what="data"),
-    "train_dataset.dataloader.config.seq_length": E(16, what="data"),
+    "train_dataset.dataloader.config.train_data_path": E(["1", "@corpus2"], also=_data(data_path=None), what="data"),
     "train_dataset.dataloader.config.path_to_cache": E("elsewhere_cache", what="data"),
     "train_dataset.dataloader.config.eod": E(5, extra=_merge(_data(eod_mask_loss=True), _cols("loss_mask")),
                                              what="data"),
-    "train_dataset.dataloader.config.pad": E(5, extra=_cols("loss_mask"), what="data"),
+    "train_dataset.dataloader.config.pad": E(35, extra=_cols("loss_mask"), what="data"),  # a token of batch 1
     "train_dataset.dataloader.config.eod_mask_loss": E(True, extra=_cols("loss_mask"), what="data"),
     "train_dataset.dataloader.config.reset_position_ids": E(True, extra=_cols("position_ids"), what="data"),
     "train_dataset.dataloader.config.reset_attention_mask": E(True, extra=_merge(
@@ -154,16 +153,16 @@ EFFECTS: dict[str, E] = {
     "train_dataset.dataloader.config.create_compressed_eod_mask": E(True, extra=_cols("actual_seq_len"), what="data"),
     "train_dataset.dataloader.config.eod_pad_length": E(64, extra=_merge(_data(create_compressed_eod_mask=True),
                                                                          _cols("actual_seq_len")), what="data"),
-    "train_dataset.dataloader.config.mock": E(True, what="data"),
+    "train_dataset.dataloader.config.mock": E(True, also=_data(data_path=None), what="data"),
     "train_dataset.dataloader.config.add_extra_token_to_sequence": E(False, what="data"),
     # monitors
     "monitor.train_state.local_loss": E(True, log=r"local_loss"),
-    "monitor.train_state.local_norm": E("*", log=r"local_norm"),
+    "monitor.train_state.local_norm": E("linear", log=r"local_norm"),
     "monitor.train_state.device_norm": E(True, log=r"device_norm"),
     "monitor.train_state.device_loss": E(True, log=r"device_loss"),
     "monitor.tensorboard.output_dir": E("tb"),
     "monitor.tensorboard.log_interval": E(2, extra={"monitor": {"tensorboard": {"output_dir": "tb"}}}, steps=2),
-    "callbacks.type": E([{"type": "MaxLogitsMonitor"}], log=r"max_attention_logit|max_logit"),
+    "callbacks.type": E("MaxLogitsMonitor", log=r"max_attention_logit|max_logit"),
     # LoRA
     "lora_config.target_modules": E(r"linear_qkv$", extra={"lora_config": DENSE_LORA}),
     "lora_config.exclude_layers": E(r"layers\.0\.", extra={"lora_config": DENSE_LORA}),
@@ -186,7 +185,7 @@ EFFECTS: dict[str, E] = {
     "model.num_key_value_heads": E(4),
     "model.head_dim": E(8),
     "model.hidden_dropout": E(0.5),
-    "model.qk_layernorm": E(False),
+    "model.qk_layernorm": E(False, template=DS3),
     "model.track_max_attention_logit": E(True, log=r"max_attention_logit|max_logit"),
     # model: DeepSeek-V3 (MLA, MoE, YaRN, MTP)
     "model.q_lora_rank": E(8, template=DS3),
@@ -194,28 +193,28 @@ EFFECTS: dict[str, E] = {
     "model.qk_nope_head_dim": E(4, template=DS3),
     "model.qk_rope_head_dim": E(4, template=DS3),
     "model.v_head_dim": E(4, template=DS3),
-    "model.multi_latent_attention": E(False, template=DS3),
     "model.rotary_scaling_factor": E(2.0, template=DS3),
-    "model.beta_fast": E(8.0, template=DS3),
-    "model.beta_slow": E(2.0, template=DS3),
+    "model.beta_fast": E(4.0, template=DS3, extra={"model": {"max_position_embeddings": 4096}}),  # YaRN's ramp
+    "model.beta_slow": E(0.1, template=DS3),
     "model.mscale": E(2.0, template=DS3),
     "model.mscale_all_dim": E(2.0, template=DS3),
     "model.moe_intermediate_size": E(8, template=DS3),
-    "model.n_shared_experts": E(2, template=DS3),
+    "model.n_shared_experts": E(0, template=DS3),
     "model.moe_shared_expert_intermediate_size": E(8, template=DS3),
     "model.use_shared_expert_gating": E(True, template=DS3),
     "model.n_routed_experts": E(16, template=DS3),
     "model.num_experts_per_tok": E(4, template=DS3),
     "model.routed_scaling_factor": E(0.5, template=DS3),
     "model.n_group": E(2, template=DS3),
-    "model.topk_group": E(2, template=DS3),
+    "model.topk_group": E(1, template=DS3),
     "model.norm_topk_prob": E(False, template=DS3),
-    "model.moe_layer_freq": E(2, template=DS3),
+    "model.moe_layer_freq": E([1, 0], template=DS3),
     "model.first_k_dense_replace": E(0, template=DS3),
     "model.moe_router_score_function": E("sqrtsoftplus", template=DS3),
     "model.moe_router_enable_expert_bias": E(False, template=DS3, steps=2),
     "model.moe_router_bias_update_rate": E(0.5, template=DS3, steps=2),
-    "model.moe_router_load_balancing_type": E("aux_loss", template=DS3, extra={"model": {"moe_aux_loss_coeff": 0.1}}),
+    "model.moe_router_load_balancing_type": E("aux_loss", template=DS3, extra={  # two sequences: aux ≠ seq_aux
+        "model": {"moe_aux_loss_coeff": 0.1}, "training": {"local_batch_size": 2, "global_batch_size": 2}}),
     "model.moe_aux_loss_coeff": E(0.5, template=DS3),
     "model.num_nextn_predict_layers": E(0, template=DS3),
     "model.mtp_loss_scaling_factor": E(0.9, template=DS3),
@@ -235,15 +234,15 @@ EFFECTS: dict[str, E] = {
     "model.mhc_init_gating_factor": E(0.5, template=DS4),
     "model.hc_eps": E(0.1, template=DS4),
     "model.num_hash_layers": E(0, template=DS4),
-    "model.original_max_position_embeddings": E(16, template=DS4),
+    "model.original_max_position_embeddings": E(4096, template=DS4),
     # model: the rest
-    "model.seq_length": E(16, what="data"),
-    "model.max_position_embeddings": E(16, template=DS3),
+    "model.seq_length": E(16, also=_data(seq_length=16)),
+    "model.max_position_embeddings": E(4096, template=DS3),  # DeepSeek-V3: YaRN's original length
     "model.pad_token_id": E(5),
     "model.rope_scaling": E({"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}, template=DS3),
     "model.position_embedding_type": E("rope", template=DS3),
     # model: Qwen3-MoE
-    "model.num_experts": E(8, template=Q3M),
+    "model.num_experts": E(4, template=Q3M),
     "model.decoder_sparse_step": E(2, template=Q3M),
     "model.mlp_only_layers": E([1], template=Q3M),
 }
@@ -257,8 +256,10 @@ def _raw(e: E, corpus, d: Path, path: str | None) -> dict:
     raw["checkpoint"]["save_interleaved_steps"] = 2
     raw["lr_scheduler"] = {"type": "CosineWithWarmUpLR", "learning_rate": 3.0e-3, "warmup_steps": 0}
     raw = _merge(raw, e.extra)
-    if path is not None:
-        raw = _merge(raw, _nest(path, e.value))
+    if path is not None and path.startswith("callbacks."):  # a list of callbacks: one, with the field set
+        raw["callbacks"] = [{**e.extra.get("callback", {}), path.split(".")[1]: e.value}]
+    elif path is not None:
+        raw = _merge(_merge(raw, e.also), _nest(path, e.value))
     _drop_nones(raw)
     text = json.dumps(raw)
     if "@corpus2" in text:
@@ -332,8 +333,8 @@ def observe(e: E, corpus, d: Path, path: str | None, monkeypatch) -> dict:
         batches = data.loader.iter_batches(data.loader.start_batch(0))
         got = [{k: hashlib.sha256(v.tobytes()).hexdigest()[:16] + str(v.shape) for k, v in next(batches).items()}
                for _ in range(3)]
-        cache = sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())
-        return {"batches": got, "len": len(data.loader), "cache": cache}
+        cache = sorted({p.parent.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()})  # where, not
+        return {"batches": got, "len": len(data.loader), "cache": cache}  # the md5 names (a config echo)
     from mftk.engine.run import train
 
     monkeypatch.chdir(d)  # a forgotten save_path writes here

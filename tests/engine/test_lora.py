@@ -7,6 +7,7 @@ of the unmerged export, and an uninterrupted run for resume.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -74,7 +75,7 @@ def test_base_weights_are_bit_identical_and_adapters_moved(run):
         assert np.array_equal(end[name], start[name]), f"base weight {name} changed"
     for name in lora:
         assert not np.array_equal(end[name], start[name]), f"adapter {name} did not move"
-    assert result.losses[-1] == result.losses[-1]  # finite
+    assert all(math.isfinite(x) for x in result.losses)
 
 
 def test_experts_and_attention_get_adapters_under_the_reference_names(run):
