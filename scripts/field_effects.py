@@ -1,6 +1,6 @@
 """Run every implemented config field's proving test under its "forgetting" mutant; list the fields that survive.
 
-Usage: python scripts/field_effects.py [--fast] [--field PATH ...] [--list]
+Usage: python scripts/field_effects.py [--fast] [--field PATH ...] [--shard I/N] [--skip-baseline] [--list]
 
 The status table (`mftk/config/status.py`) names, for each ``implemented`` field, the pytest node id of the
 test that proves its effect. For each field this script runs that test twice in one pytest session: once as
@@ -13,6 +13,8 @@ their proof is the refusal of any other value (`tests/config/test_status.py`).
 --fast   only the rows not marked ``slow`` (the proving test runs in under ~5 s here): what CI runs
          (`tests/config/test_field_effects.py`).
 --field  only these fields (repeatable).
+--shard  run the I-th of N equal parts of the fields (1-based), e.g. to use two processes.
+--skip-baseline  do not run each test unmutated first (when the suite has just shown they pass).
 --list   print field → node id and exit.
 
 Exit code 0 when no field survives, 1 otherwise. Prints each field's outcome, the survivors, and the time.
@@ -35,8 +37,8 @@ from mftk.config.status import proving_tests  # noqa: E402
 class MutantRunner:
     """A pytest plugin that runs each collected item once unmutated, then once per field it proves."""
 
-    def __init__(self, jobs: dict[str, list[str]]) -> None:
-        self.jobs = jobs
+    def __init__(self, jobs: dict[str, list[str]], baseline: bool = True) -> None:
+        self.jobs, self.baseline = jobs, baseline
         self.results: dict[str, str] = {}  # field → killed / survived / killed (crash: …) / baseline failed / …
         self.seconds: dict[str, float] = {}  # node id → baseline seconds
         self.seen: set[str] = set()
@@ -49,21 +51,30 @@ class MutantRunner:
             if not fields:
                 continue
             self.seen.add(item.nodeid)
-            t0 = time.perf_counter()
-            base = runtestprotocol(item, nextitem=None, log=False)
-            self.seconds[item.nodeid] = time.perf_counter() - t0
-            if not all(r.passed for r in base if r.when == "call") or any(r.failed for r in base):
-                for f in fields:
-                    self.results[f] = "baseline failed (the test fails without a mutant)"
-                continue
+            if self.baseline:
+                t0 = time.perf_counter()
+                base = runtestprotocol(item, nextitem=None, log=False)
+                self.seconds[item.nodeid] = time.perf_counter() - t0
+                if not all(r.passed for r in base if r.when == "call") or any(r.failed for r in base):
+                    for f in fields:
+                        self.results[f] = "baseline failed (the test fails without a mutant)"
+                        _progress(f, self.results[f])
+                    continue
             for field in fields:
                 os.environ[ENV] = field
+                t0 = time.perf_counter()
                 try:
                     reports = runtestprotocol(item, nextitem=None, log=False)
                 finally:
                     del os.environ[ENV]
+                self.seconds.setdefault(item.nodeid, time.perf_counter() - t0)
                 self.results[field] = _outcome(reports)
+                _progress(field, self.results[field])
         return True
+
+
+def _progress(field: str, result: str) -> None:
+    print(f"[field_effects] {result}: {field}", file=sys.stderr, flush=True)
 
 
 def _outcome(reports) -> str:  # noqa: ANN001
@@ -82,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast", action="store_true")
     ap.add_argument("--field", action="append", default=[])
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--shard", default="1/1")
+    ap.add_argument("--skip-baseline", action="store_true")
     args = ap.parse_args(argv)
     rows = {f: (node, slow) for f, node, slow in proving_tests()}
     if args.field:
@@ -92,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = {f: rows[f] for f in args.field}
     if args.fast:
         rows = {f: r for f, r in rows.items() if not r[1]}
+    i, n = (int(x) for x in args.shard.split("/"))
+    rows = {f: r for k, (f, r) in enumerate(rows.items()) if k % n == i - 1}
     if args.list:
         for f, (node, slow) in rows.items():
             print(f"{f}\t{node}{'  (slow)' if slow else ''}")
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs.setdefault(node, []).append(f)
     import pytest
 
-    runner = MutantRunner(jobs)
+    runner = MutantRunner(jobs, baseline=not args.skip_baseline)
     t0 = time.perf_counter()
     os.chdir(ROOT)
     pytest.main([*jobs, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--durations=0", "-o", "addopts="],

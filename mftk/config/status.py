@@ -76,7 +76,7 @@ _NAN = "tests/engine/test_nan_limit.py::test_the_config_sets_skipping_and_its_li
 _LORA = "tests/engine/test_lora.py"
 _PP = "tests/commands/test_train_pipeline.py"
 _LAYOUTS = "tests/commands/test_train_layouts.py::test_layout_matches_single_process"
-_MINDRECORD = "tests/data/test_mindrecord.py"
+_MR = "tests/data/test_mindrecord.py::test_the_config_selects_mindrecord_and_keeps_a_partial_last_batch"
 
 
 def _fx(names: str) -> dict[str, Status]:
@@ -166,7 +166,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "total_steps": _inert("forced to training.steps, as in the reference"),
     },
     "train_dataset": {
-        "drop_remainder": _impl(f"{_MINDRECORD}::test_loader_samples"),  # the Megatron loader reads whole steps
+        "drop_remainder": _impl(f"{_MR}[dataset_files]"),  # the Megatron loader reads whole steps only
         "num_parallel_workers": _inert(PERF), "prefetch_size": _inert(PERF), "numa_enable": _inert(PERF),
         "use_distribute_dataset": _inert("every rank reads its own micro-batches: the same samples the "
                                          "broadcast would deliver"),
@@ -175,9 +175,9 @@ SECTIONS: dict[str, dict[str, Status]] = {
     },
     "train_dataset.dataloader": {
         **_fx("sizes shuffle column_names"),
-        "type": _impl(f"{_MINDRECORD}::test_loader_samples"),
+        "type": _impl(f"{_MR}[dataset_files]"),
         "datasets_type": _impl("tests/config/test_rules.py", rule=True, only="GPTDataset"),
-        **_same(f"{_MINDRECORD}::test_loader_samples", "dataset_files dataset_dir"),
+        **{n: _impl(f"{_MR}[{n}]") for n in ("dataset_files", "dataset_dir")},
         "python_multiprocessing": _inert(PERF),
     },
     "train_dataset.dataloader.config": {
@@ -226,8 +226,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
     "lora_config": _fx("target_modules exclude_layers lora_rank lora_alpha lora_dropout lora_a_std lora_b_std"),
     "inference": {n: _inert("read by the reference only with run_mode: predict; mftk trains", rule=True)
                   for n in ("max_new_tokens", "batch_size", "output", "input_data")},
-    "mftk": {"low_priority_dispatch": _impl("tests/engine/test_dispatch.py::"
-                                            "test_low_priority_dispatch_trains_identically_and_lowers_only_the_spinners"),
+    "mftk": {"low_priority_dispatch": _impl("tests/engine/test_field_effects.py::"
+                                            "test_low_priority_dispatch_reaches_the_trainer"),
              "update_on_device": _impl("tests/engine/test_device_update.py::"
                                        "test_device_path_ran_on_request_and_host_path_by_default_on_cpu")},
     "": {"run_mode": _impl("tests/config/test_compat21.py", only="train", rule=True)},
