@@ -182,9 +182,11 @@ SECTIONS: dict[str, dict[str, Status]] = {
     },
     "train_dataset.dataloader.config": {
         "seq_length": _impl("tests/config/test_rules.py", rule=True, only="model.seq_length (the loader reads that)"),
-        **_fx("seed data_path train_data_path split eod pad eod_mask_loss reset_position_ids "
+        **_fx("seed data_path train_data_path split eod pad eod_mask_loss "
               "reset_attention_mask create_attention_mask create_compressed_eod_mask eod_pad_length "
               "add_extra_token_to_sequence path_to_cache mock"),
+        "reset_position_ids": _inert("it resets the position_ids column at each EOD, which the model ignores, as "
+                                     "the reference's does: RoPE positions are always 0..S-1 (models.md §7.10)"),
         "drop_last_partial_validation_sequence": _inert("it changes only the validation split's indices (and the "
                                                         "cache description, as the reference writes it); "
                                                         "no evaluation runs"),
@@ -201,8 +203,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
     },
     "monitor.train_state": _fx("local_norm local_loss device_norm device_loss"),
     "monitor.tensorboard": {**_fx("output_dir log_interval"), "queue_size": _impl(_MON)},
-    "monitor.moe_monitor": _same("tests/engine/test_moe_monitor.py::test_metrics_hold_the_expert_load_at_the_interval",
-                                 "save_tokens_per_expert_interval target_layers"),
+    "monitor.moe_monitor": _fx("save_tokens_per_expert_interval target_layers"),
     "context": {
         "mode": _inert("PyNative is always used (the reference ignores the section too)"),
         "max_device_memory": _inert("the reference ignores the section too"),

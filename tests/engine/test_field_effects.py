@@ -135,7 +135,8 @@ EFFECTS: dict[str, E] = {
     # data: the first micro-batches the run's loader yields (`builders.build_data`), its length, its cache files
     "train_dataset.dataloader.sizes": E([200, 0, 0], what="data"),
     "train_dataset.dataloader.shuffle": E(True, what="data"),
-    "train_dataset.dataloader.column_names": E(["input_ids", "labels"], extra=_data(eod_mask_loss=True)),
+    # without the loss_mask column the model masks its pad id (0, the EOD here); the column counts every token
+    "train_dataset.dataloader.column_names": E(["input_ids", "labels"]),
     "train_dataset.dataloader.config.seed": E(7, what="data"),
     "train_dataset.dataloader.config.split": E("1, 1, 0", what="data"),
     "train_dataset.dataloader.config.data_path": E(["1", "@corpus2"], what="data"),
@@ -145,7 +146,6 @@ EFFECTS: dict[str, E] = {
                                              what="data"),
     "train_dataset.dataloader.config.pad": E(35, extra=_cols("loss_mask"), what="data"),  # a token of batch 1
     "train_dataset.dataloader.config.eod_mask_loss": E(True, extra=_cols("loss_mask"), what="data"),
-    "train_dataset.dataloader.config.reset_position_ids": E(True, extra=_cols("position_ids"), what="data"),
     "train_dataset.dataloader.config.reset_attention_mask": E(True, extra=_merge(
         _data(create_attention_mask=True), _cols("attention_mask")), what="data"),
     "train_dataset.dataloader.config.create_attention_mask": E(True, extra=_merge(
@@ -162,6 +162,9 @@ EFFECTS: dict[str, E] = {
     "monitor.train_state.device_loss": E(True, log=r"device_loss"),
     "monitor.tensorboard.output_dir": E("tb"),
     "monitor.tensorboard.log_interval": E(2, extra={"monitor": {"tensorboard": {"output_dir": "tb"}}}, steps=2),
+    "monitor.moe_monitor.save_tokens_per_expert_interval": E(1, template=DS3, log=r"tokens_per_expert"),
+    "monitor.moe_monitor.target_layers": E([1], template=DS3, log=r"tokens_per_expert", extra={
+        "monitor": {"moe_monitor": {"save_tokens_per_expert_interval": 1}}}),
     "callbacks.type": E("MaxLogitsMonitor", log=r"max_attention_logit|max_logit"),
     # LoRA
     "lora_config.target_modules": E(r"linear_qkv$", extra={"lora_config": DENSE_LORA}),
