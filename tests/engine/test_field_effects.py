@@ -341,7 +341,7 @@ def observe(e: E, corpus, d: Path, path: str | None, monkeypatch) -> dict:
     from mftk.engine.run import train
 
     monkeypatch.chdir(d)  # a forgotten save_path writes here
-    result = train(load(raw), output_dir=d / "out", install_signals=False, lock_save_path=False)
+    result = _capped_train(load(raw), d, cap=e.steps + 2)
     rows = [json.loads(line) for line in Path(result.metrics_file).read_text().splitlines() if line.strip()]
     obs = {"losses": result.losses, "norms": result.grad_norms, "consumed": result.consumed_samples,
            "metrics": [{k: v for k, v in r.items() if not TIMING.search(k) and k != "per_step_time"} for r in rows],
@@ -350,6 +350,32 @@ def observe(e: E, corpus, d: Path, path: str | None, monkeypatch) -> dict:
         pattern = re.compile(e.log)
         obs["log"] = [_mask(line, d) for line in Path(result.log_file).read_text().splitlines() if pattern.search(line)]
     return obs
+
+
+def _capped_train(loaded: Any, d: Path, *, cap: int) -> Any:
+    """The run, stopped (as a signal would) after ``cap`` steps: a forgotten ``training.steps`` would otherwise
+    train the default 1000. The stopped run's observation is its metrics and files so far."""
+    from types import SimpleNamespace
+
+    from mftk.engine.run import train
+    from mftk.engine.trainer import StopFlag
+    from mftk.errors import TrainingInterrupted
+    from mftk.progress import BaseSink
+
+    stop = StopFlag()
+
+    class Cap(BaseSink):
+        def on_step(self, metrics: dict) -> None:
+            if metrics.get("step", 0) >= cap:
+                stop.request("cap")
+
+    try:
+        return train(loaded, output_dir=d / "out", install_signals=False, lock_save_path=False, stop=stop,
+                     sinks=[Cap()])
+    except TrainingInterrupted:
+        log = d / "out" / "log" / "rank_0"
+        return SimpleNamespace(losses=("stopped",), grad_norms=(), consumed_samples=-1,
+                               metrics_file=str(log / "metrics.jsonl"), log_file=str(log / "info.log"))
 
 
 def attrs_evolve_steps(config: Any, steps: int) -> Any:
