@@ -68,7 +68,7 @@ PERF = "a loader performance setting: the same batches in the same order"
 # process config/rules.py notes that it has no effect. Its proving test loads the config for two.
 NO_EVAL = "no evaluation runs in PyNative pretraining (the reference builds it and never uses it)"
 
-_FX = "tests/engine/test_field_effects.py::test_field_changes_what_the_engine_does[]"  # per field: a run with it vs without
+_FX = "tests/engine/test_field_effects.py::test_field_changes_what_the_engine_does[]"  # a run with it vs without
 _MON = "tests/engine/test_field_effects.py::test_monitor_setting_reaches_the_profiler_or_writer[]"
 _RC = "tests/engine/test_field_effects.py::test_recompute_setting_changes_the_replayed_cells[]"
 _SETUP = "tests/engine/test_field_effects.py::test_process_setup_takes_the_device_and_determinism_from_the_config"
@@ -223,7 +223,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
                                                                                "op_swap")},
     },
     "callbacks": {"type": _impl(_FX),
-                  "step_interval": _impl("tests/engine/test_max_logits.py::test_monitor_logs_every_step_interval_steps")},
+                  "step_interval": _impl("tests/engine/test_max_logits.py::"
+                                         "test_monitor_logs_every_step_interval_steps")},
     "lora_config": _fx("target_modules exclude_layers lora_rank lora_alpha lora_dropout lora_a_std lora_b_std"),
     "inference": {n: _inert("read by the reference only with run_mode: predict; mftk trains", rule=True)
                   for n in ("max_new_tokens", "batch_size", "output", "input_data")},

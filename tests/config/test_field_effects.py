@@ -57,10 +57,12 @@ def test_reset_covers_list_items_and_absent_sections():
 
 @pytest.mark.slow
 def test_no_fast_field_survives_its_mutant():
-    """CI's part: every field whose proving test runs in under ~5 s (rows not marked slow)."""
+    """CI's part: every field whose proving test runs in under ~5 s (rows not marked slow). Without the
+    unmutated baseline runs: the suite runs those same tests, so a failing one is red there already. About
+    40 minutes on this 2-core machine under load (177 fields, two or three tiny runs each)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(ENV, None)
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "field_effects.py"), "--fast"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    script = [sys.executable, str(ROOT / "scripts" / "field_effects.py"), "--fast", "--skip-baseline"]
+    r = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True)
     tail = r.stdout[-6000:]
     assert r.returncode == 0 and "surviving or unproven: 0" in r.stdout, tail

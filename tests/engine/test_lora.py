@@ -231,10 +231,8 @@ def test_lora_dropout_changes_the_losses(tmp_path, corpus):
     """Dropout on the adapters' input is active in training: 0.5 gives other losses than 0.0 (the adapters
     are built after the model is put in training mode; they follow it). At step 1 the adapters' B is small
     but not zero (lora_b_std), so the first loss already differs."""
-    import math
-
-    a = _train(_raw("qwen3_tiny.yaml", corpus, tmp_path / "a", target=DENSE, steps=2, lora_dropout=0.0), tmp_path / "a" / "o")
-    b = _train(_raw("qwen3_tiny.yaml", corpus, tmp_path / "b", target=DENSE, steps=2, lora_dropout=0.5), tmp_path / "b" / "o")
+    a, b = (_train(_raw("qwen3_tiny.yaml", corpus, tmp_path / n, target=DENSE, steps=2, lora_dropout=p),
+                   tmp_path / n / "o") for n, p in (("a", 0.0), ("b", 0.5)))
     assert all(math.isfinite(x) for x in (*a.losses, *b.losses))
     assert list(a.losses) != list(b.losses)
 
