@@ -181,7 +181,7 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "python_multiprocessing": _inert(PERF),
     },
     "train_dataset.dataloader.config": {
-        "seq_length": _impl("tests/config/test_rules.py", rule=True, only="model.seq_length (the loader reads that)"),
+        "seq_length": _impl("tests/config/test_rules.py", rule=True, only="model.seq_length (validated equal)"),
         **_fx("seed data_path train_data_path split eod pad eod_mask_loss "
               "reset_attention_mask create_attention_mask create_compressed_eod_mask eod_pad_length "
               "add_extra_token_to_sequence path_to_cache mock"),
@@ -238,7 +238,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
 _FP32 = "mftk computes and stores in float32 on CPU"
 _SUPPORT = "tests/config/test_support.py"
 MODEL: dict[str, Status] = {
-    **_fx("seq_length initializer_range rms_norm_eps rope_theta rope_scaling attention_bias position_embedding_type "
+    "seq_length": _impl("tests/engine/test_field_effects.py::test_model_seq_length_is_what_each_step_counts"),
+    **_fx("initializer_range rms_norm_eps rope_theta rope_scaling attention_bias position_embedding_type "
           "tie_word_embeddings track_max_attention_logit vocab_size hidden_size intermediate_size num_hidden_layers "
           "num_attention_heads num_key_value_heads head_dim max_position_embeddings hidden_dropout pad_token_id "
           "q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim qk_layernorm "

@@ -239,7 +239,6 @@ EFFECTS: dict[str, E] = {
     "model.num_hash_layers": E(0, template=DS4),
     "model.original_max_position_embeddings": E(4096, template=DS4),
     # model: the rest
-    "model.seq_length": E(16, also=_data(seq_length=16)),
     "model.max_position_embeddings": E(4096, template=DS3),  # DeepSeek-V3: YaRN's original length
     "model.pad_token_id": E(5),
     "model.rope_scaling": E({"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}, template=DS3),
@@ -399,6 +398,11 @@ def _files(d: Path) -> dict[str, str]:
             continue
         if p.suffix == ".safetensors":
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+        elif "tfevents" in p.name:  # named by time and host: what it holds is its scalars' tags and steps
+            from tests.helpers.tfevents import scalars
+
+            tags, _ = scalars(p)
+            out[f"{p.parent.relative_to(d).as_posix()}/<events>"] = sorted((t, [s for s, _ in v]) for t, v in tags.items())
         elif p.name == "common.json":
             out[rel] = p.read_text()
         else:
@@ -568,3 +572,13 @@ def test_low_priority_dispatch_reaches_the_trainer(corpus, tmp_path, monkeypatch
         raw["mftk"] = {"low_priority_dispatch": setting}
         train(load(raw), output_dir=d / "out", install_signals=False, lock_save_path=False)
     assert made == [False, True]
+
+
+def test_model_seq_length_is_what_each_step_counts(corpus, tmp_path, monkeypatch):
+    """model.seq_length (validated equal to the data's) is the sequence length the trainer counts tokens by
+    (and pipeline stages size their activations by): 16-token sequences, 16 tokens per sample in the metrics."""
+    raw = tiny_raw(Q3, corpus, tmp_path / "ck", steps=1, gbs=1, seq=16)
+    monkeypatch.chdir(tmp_path)
+    result = _capped_train(load(raw), tmp_path, cap=3)
+    rows = [json.loads(line) for line in Path(result.metrics_file).read_text().splitlines() if line.strip()]
+    assert [r["tokens"] for r in rows] == [16]
