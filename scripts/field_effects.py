@@ -17,12 +17,18 @@ their proof is the refusal of any other value (`tests/config/test_status.py`).
 --skip-baseline  do not run each test unmutated first (when the suite has just shown they pass).
 --list   print field → node id and exit.
 
+Each pytest session runs in a worker process; after an engine error (a mutant that crashes MindSpore can
+leave its state broken for the next run) or a failing baseline, a fresh worker goes on with the fields left.
+
 Exit code 0 when no field survives, 1 otherwise. Prints each field's outcome, the survivors, and the time.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -37,8 +43,8 @@ from mftk.config.status import proving_tests  # noqa: E402
 class MutantRunner:
     """A pytest plugin that runs each collected item once unmutated, then once per field it proves."""
 
-    def __init__(self, jobs: dict[str, list[str]], baseline: bool = True) -> None:
-        self.jobs, self.baseline = jobs, baseline
+    def __init__(self, jobs: dict[str, list[str]], baseline: bool = True, out: str | None = None) -> None:
+        self.jobs, self.baseline, self.out = jobs, baseline, out
         self.results: dict[str, str] = {}  # field → killed / survived / killed (crash: …) / baseline failed / …
         self.seconds: dict[str, float] = {}  # node id → baseline seconds
         self.seen: set[str] = set()
@@ -59,7 +65,8 @@ class MutantRunner:
                     for f in fields:
                         self.results[f] = "baseline failed (the test fails without a mutant)"
                         _progress(f, self.results[f])
-                    continue
+                    self._save()
+                    return True  # a fresh process goes on (this one's MindSpore state may be broken)
             for field in fields:
                 os.environ[ENV] = field
                 t0 = time.perf_counter()
@@ -70,7 +77,14 @@ class MutantRunner:
                 self.seconds.setdefault(item.nodeid, time.perf_counter() - t0)
                 self.results[field] = _outcome(reports)
                 _progress(field, self.results[field])
+                self._save()
+                if self.results[field].startswith("killed (error"):
+                    return True  # an engine error can leave MindSpore's state broken: a fresh process goes on
         return True
+
+    def _save(self) -> None:
+        if self.out:
+            Path(self.out).write_text(json.dumps({"results": self.results, "seconds": self.seconds}))
 
 
 def _progress(field: str, result: str) -> None:
@@ -95,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--shard", default="1/1")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: one pytest session, results here
     args = ap.parse_args(argv)
     rows = {f: (node, slow) for f, node, slow in proving_tests()}
     if args.field:
@@ -111,21 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         for f, (node, slow) in rows.items():
             print(f"{f}\t{node}{'  (slow)' if slow else ''}")
         return 0
+    if args.worker:
+        return _worker(rows, args.worker, baseline=not args.skip_baseline)
+    t0 = time.perf_counter()
+    results, seconds = _run_in_processes(list(rows), skip_baseline=args.skip_baseline)
+    elapsed = time.perf_counter() - t0
     jobs: dict[str, list[str]] = {}
     for f, (node, _) in rows.items():
         jobs.setdefault(node, []).append(f)
-    import pytest
-
-    runner = MutantRunner(jobs, baseline=not args.skip_baseline)
-    t0 = time.perf_counter()
-    os.chdir(ROOT)
-    pytest.main([*jobs, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--durations=0", "-o", "addopts="],
-                plugins=[runner])
-    elapsed = time.perf_counter() - t0
-    for node in jobs:
-        if node not in runner.seen:
-            for f in jobs[node]:
-                runner.results[f] = f"test not collected: {node}"
+    runner = argparse.Namespace(results=results, seconds=seconds)
     print()
     for f in rows:
         node = rows[f][0]
@@ -138,6 +147,43 @@ def main(argv: list[str] | None = None) -> int:
     if slow_fast:
         print(f"tests over 5 s in rows not marked slow: {slow_fast}")
     return 1 if survivors else 0
+
+
+def _worker(rows: dict, out: str, *, baseline: bool) -> int:
+    """One pytest session over ``rows``' tests; stops early after an engine error (see `MutantRunner`)."""
+    import pytest
+
+    jobs: dict[str, list[str]] = {}
+    for f, (node, _) in rows.items():
+        jobs.setdefault(node, []).append(f)
+    runner = MutantRunner(jobs, baseline=baseline, out=out)
+    os.chdir(ROOT)
+    pytest.main([*jobs, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts="], plugins=[runner])
+    runner._save()
+    return 0
+
+
+def _run_in_processes(fields: list[str], *, skip_baseline: bool) -> tuple[dict[str, str], dict[str, float]]:
+    """Every field's outcome, from as many fresh worker processes as engine errors require."""
+    results: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    remaining = fields
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        while remaining:
+            out.write_text(json.dumps({"results": {}, "seconds": {}}))
+            cmd = [sys.executable, __file__, "--worker", str(out), *[a for f in remaining for a in ("--field", f)]]
+            subprocess.run(cmd + (["--skip-baseline"] if skip_baseline else []), cwd=ROOT,
+                           stdout=subprocess.DEVNULL)
+            got = json.loads(out.read_text())
+            if not got["results"]:
+                for f in remaining:
+                    results[f] = "not run (the worker process failed)"
+                break
+            results.update(got["results"])
+            seconds.update(got["seconds"])
+            remaining = [f for f in remaining if f not in results]
+    return results, seconds
 
 
 if __name__ == "__main__":
