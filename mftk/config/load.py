@@ -89,7 +89,9 @@ def load_data(data: Any, *, lines: LineMap | None = None, source: str = "<config
     errors = [p for p in problems if p.severity == "error"]
     if errors or config is None:
         raise ConfigError(message=f"{len(errors)} problem(s) in {source}", source=source, problems=problems)
-    return LoadedConfig(config=config, notes=problems, source=source, raw=raw)
+    from mftk.config.mutant import forget_from_env
+
+    return LoadedConfig(config=forget_from_env(config), notes=problems, source=source, raw=raw)
 
 
 def _model_key(model_raw: Any) -> Any:

@@ -105,7 +105,8 @@ class DeepseekV3ModelConfig(TransformerFields):
     moe_router_load_balancing_type: str = _f("sub_seq_aux_loss", "aux_loss / seq_aux_loss / global_aux_loss (when coeff > 0).")
     moe_aux_loss_coeff: float = _f(0.0, "Auxiliary balance-loss weight α (0: off).")
     moe_router_force_expert_balance: bool = _f(False, "Debug: round-robin routing.")
-    moe_router_pre_softmax: bool = _f(False, "Only lifts the top-1 softmax routing check; no other effect.")
+    moe_router_pre_softmax: bool = _f(False, "Only lifts the top-1 softmax routing check: routing always takes the "
+                                      "softmax over all experts before top-k, as the reference's PyNative router.")
     moe_router_dtype: str = _f("float32", "Router weight and logits dtype.")
     moe_grouped_gemm: bool = _f(False, "Must be true: the reference's pynative MoE has only the grouped-GEMM path.")
     moe_permute_fusion: bool = _f(False, "Ascend permute kernels; same result.")
@@ -619,6 +620,13 @@ def _check_router(cfg: DeepseekV3ModelConfig, ps: list[Problem]) -> None:
     elif cfg.moe_router_enable_expert_bias and cfg.moe_router_score_function == "softmax":
         _err(ps, "moe_router_enable_expert_bias", True, "expert bias needs a sigmoid or sqrtsoftplus score function, "
              "got softmax", "set moe_router_score_function: sigmoid, or moe_router_enable_expert_bias: false")
+    if K > 1 and cfg.moe_router_score_function == "softmax" and not cfg.moe_router_pre_softmax \
+            and not cfg.norm_topk_prob:
+        ps.append(Problem(path="model.moe_router_pre_softmax", value=False, severity="note", message=(
+            "routing takes the softmax over all experts before top-k whatever this says, as MindSpore Transformers "
+            "2.1's PyNative router (pynative/transformers/moe/router.py, TopKRouter.construct); Megatron's order "
+            "for false (top-k, then softmax over the k) is not applied — the same weights only with "
+            "norm_topk_prob: true")))
     if K == 1 and cfg.moe_router_score_function == "softmax" and not cfg.moe_router_pre_softmax:
         _err(ps, "num_experts_per_tok", 1, "top-1 softmax routing is rejected by the reference",
              "set moe_router_pre_softmax: true, or use K > 1")

@@ -58,7 +58,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True,
     _check_layout(config, layout, r)
     _check_model_vs_data(config, r)
     _check_callbacks(config, r)
-    _check_checkpoint(config, r)
+    _check_checkpoint(config, world_size, r)
     _check_optimizer(config, r)
     _check_lr(config, r)
     _check_dataset(config, r, check_files=check_files)
@@ -67,6 +67,7 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True,
     _check_profiler_monitor(config, r)
     _check_lora(config, r)
     _check_run_mode(config, r)
+    _note_device_traffic(config, r)
     _check_device(config, r)
     _check_mftk(config, world_size, r)
     from mftk.config.status import check_statuses
@@ -263,8 +264,11 @@ def _check_choices(r: _Rules, path: str, value: str, choices: set[str]) -> None:
 
 # ------------------------------------------------------------------ checkpoint, optimizer, schedule
 
-def _check_checkpoint(c: Config, r: _Rules) -> None:
+def _check_checkpoint(c: Config, world: int, r: _Rules) -> None:
     ck = c.checkpoint
+    if ck.async_save and world > 1:
+        r.note("checkpoint.async_save", "no effect with more than one process: every rank writes its files "
+               "synchronously between the save's barriers (async_save applies to one-process runs)", True)
     if ck.enable_save and not ck.save_path:
         r.error("checkpoint.save_path", "required when checkpoint.enable_save is true", "",
                 "set save_path, e.g. ./output/checkpoint, or enable_save: false")
@@ -552,6 +556,10 @@ def _check_recompute_swap(c: Config, world: int, r: _Rules) -> None:
     if replays and world > 1 and getattr(m, "hidden_dropout", 0.0):
         r.error("recompute.mode", "recompute replays forwards in the backward, so model.hidden_dropout must be 0 "
                 "(the dropout masks would differ)", rc.mode, "set model.hidden_dropout: 0.0 or recompute.mode: None")
+    if replays and world > 1 and c.lora_config is not None and c.lora_config.lora_dropout:
+        r.error("recompute.mode", "recompute replays forwards in the backward, so lora_config.lora_dropout must be "
+                "0 (the dropout masks would differ)", rc.mode,
+                "set lora_config.lora_dropout: 0.0 or recompute.mode: None")
     if not sw.enable:
         return
     r.error("swap.enable", "swapping activations to host memory is not built in mftk: on CPU they already live in "
@@ -667,6 +675,18 @@ def _check_lora(c: Config, r: _Rules) -> None:
             r.error(f"lora_config.{name}", f"must be > 0, got {getattr(lora, name)}", getattr(lora, name))
     if not 0 <= lora.lora_dropout < 1:
         r.error("lora_config.lora_dropout", f"must be in [0, 1), got {lora.lora_dropout}", lora.lora_dropout)
+
+
+def _note_device_traffic(c: Config, r: _Rules) -> None:
+    """On a GPU/Ascend device (or with ``mftk.update_on_device: true``) the device-resident update runs: say what
+    still crosses the host each step (`runnable.DEVICE_HOST_TRAFFIC`), so the promise is not larger than it is."""
+    from mftk.config.runnable import DEVICE_HOST_TRAFFIC
+
+    device = (c.context.device_target or "").upper()
+    on = c.mftk.update_on_device is True or (c.mftk.update_on_device is None and device in ("GPU", "ASCEND"))
+    if on:
+        r.note("mftk.update_on_device", "weights, gradients and AdamW moments stay on the device between saves; "
+               "still crossing the host: " + "; ".join(DEVICE_HOST_TRAFFIC), c.mftk.update_on_device)
 
 
 def _check_run_mode(c: Config, r: _Rules) -> None:

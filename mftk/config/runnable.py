@@ -49,7 +49,7 @@ RULES: dict[str, tuple[str, str]] = {
     "cp_seq": ("cp", "seq_length divisible by cp (2·cp for colossal's load-balanced causal split)"),
     "pp_layers": ("pp", "num_hidden_layers split over pp·interleave ('auto') or an explicit per-stage list"),
     "pp_order": ("pp", "pipeline stages hold the layers in order"),
-    "pp_dropout": ("pp", "hidden_dropout 0 (pipeline stages recompute their forward)"),
+    "pp_dropout": ("pp", "hidden_dropout and lora_dropout 0 (pipeline stages recompute their forward)"),
     "pp_interleave": ("pp", "interleaved 1F1B: pp > 1, a 1f1b schedule, micro-batches a multiple of pp"),
     "track_logits": ("tp", "max attention logit tracking only without TP, CP and PP"),
     "family_dims": ("world", "the model family has a plan for this parallel dimension"),
@@ -84,6 +84,7 @@ class LayoutSettings:
     muon: bool = False  # optimizer.type: Muon
     qk_clip: bool = False  # Muon's QK-clip is active (`optimizer_muon.qk_clip_active`)
     update_on_device: bool | None = None  # mftk.update_on_device (None: by device, `device_update_gaps` decides)
+    lora_dropout: float = 0.0  # lora_config.lora_dropout (0 without lora_config)
 
 
 def settings_of(config: Any, *, track_max_logits: bool = False) -> LayoutSettings:
@@ -98,7 +99,8 @@ def settings_of(config: Any, *, track_max_logits: bool = False) -> LayoutSetting
                           global_batch_size=t.global_batch_size, local_batch_size=t.local_batch_size,
                           rampup=tuple(t.rampup_batch_size) if t.rampup_batch_size else None,
                           track_max_logits=track_max_logits, muon=config.optimizer.type == "Muon",
-                          qk_clip=qk_clip_active(config), update_on_device=config.mftk.update_on_device)
+                          qk_clip=qk_clip_active(config), update_on_device=config.mftk.update_on_device,
+                          lora_dropout=config.lora_config.lora_dropout if config.lora_config is not None else 0.0)
 
 
 def ulysses_degree(method: str, cp: int, degree: int | None) -> int:
@@ -189,9 +191,25 @@ def _muon(lay: Layout, s: LayoutSettings) -> list[Refusal]:
     return []
 
 
+# What still crosses between host and device on the device-resident update (`engine.device_step`), per
+# micro-batch unless said: no weight, gradient or moment does between saves. Counted by
+# tests/engine/test_device_update.py::test_device_path_moves_no_weight_sized_tensor_between_saves on Qwen3
+# (11 reads and 18 writes per step of 2 micro-batches, each at most one micro-batch's seq×seq mask).
+DEVICE_HOST_TRAFFIC = (
+    "the step's scalars: one read per step (losses, aux terms, expert counts, squared norm)",
+    "the batch: its columns are written, and the model reads ids, labels and loss_mask back to build its "
+    "targets, RoPE and mask on the host (written again)",
+    "the loss: the fused cross-entropy reads each token's probability back and writes the per-token losses",
+    "MoE: the dispatch sorts the tokens by expert on the host (token-sized index arrays each MoE layer)",
+    "DeepSeek-V4: the hyper-connections' Sinkhorn and the CSA indexer's top-k run on host numpy",
+    "FSDP: the unit gathers and gradient reduce-scatters go through host numpy buffers (several processes)",
+)
+
+
 def device_update_gaps(lay: Layout, s: LayoutSettings) -> list[Refusal]:
     """What the device-resident update (`engine.device_optim`) does not run: refused when
-    ``mftk.update_on_device: true`` asks for it; with null, a device run takes the host update and logs why."""
+    ``mftk.update_on_device: true`` asks for it; with null, a device run takes the host update and logs why.
+    What it runs but still moves across the host is `DEVICE_HOST_TRAFFIC` (a note of `validate-config`)."""
     out = []
     if lay.pp > 1:
         out.append(Refusal("device_update", "mftk.update_on_device", f"mftk.update_on_device: true with "
@@ -340,6 +358,10 @@ def _pipeline(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
                            "in its backward, so hidden_dropout must be 0 (the masks would differ): dropout under "
                            f"pipeline parallel {NOT_IN_ENGINE}",
                            "set model.hidden_dropout: 0.0, or pipeline_parallel: 1"))
+    if s.lora_dropout:
+        out.append(Refusal("pp_dropout", "lora_config.lora_dropout", "pipeline parallel recomputes each stage's "
+                           "forward in its backward, so lora_dropout must be 0 (the masks would differ)",
+                           "set lora_config.lora_dropout: 0.0, or pipeline_parallel: 1"))
     if v > 1:
         if s.schedule == "gpipe":
             out.append(Refusal("pp_interleave", "parallelism.pipeline_parallel_schedule",

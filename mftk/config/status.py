@@ -1,7 +1,9 @@
 """What every config field does in mftk: one table, next to the config model, with three answers.
 
-- ``implemented`` — the engine applies the field (the test module that shows its effect is named);
-  ``only`` says which values, the others are refused with what the engine does instead.
+- ``implemented`` — the engine applies the field; the row names the pytest node id of the test that shows
+  its effect (it sets the field and asserts a difference from the default); ``only`` says which values,
+  the others are refused with what the engine does instead. `scripts/field_effects.py` runs each such test
+  with the field forgotten after validation (`config.mutant`) and lists the fields whose test still passes.
 - ``no effect`` — accepted on purpose and without effect, with why (an Ascend kernel switch whose math
   is the same, a setting the reference ignores too); `validate-config` shows a note when it is set.
 - ``refused`` — not applied by mftk: a value other than the default is an error naming the YAML path
@@ -27,11 +29,17 @@ IMPLEMENTED, NO_EFFECT, REFUSED = "implemented", "no effect", "refused"
 @attrs.frozen
 class Status:
     kind: str
-    why: str = ""  # implemented: the test module; no effect: why; refused: what to use instead
+    why: str = ""  # implemented: the proving test's node id ("[]": the field's path); no effect: why; refused: instead
     rule: bool = False  # the owning rule module reports it (own message)
     only: str = ""  # implemented for these values only (the others are refused, by the owning rule)
     example: Any = None  # a refused value, for the test that sets it (default: the opposite bool)
     multi_only: bool = False  # refused only with more than one process (the reference reads it only then)
+    slow: bool = False  # implemented: the proving test takes more than ~5 s (CI runs the mutants of the others)
+    loader: bool = False  # implemented: read while the config is loaded (the family, a spelling): no mutant applies
+
+    def test_for(self, path: str) -> str:
+        """The proving test's node id for the field at ``path`` (implemented rows)."""
+        return self.why[:-2] + f"[{path}]" if self.why.endswith("[]") else self.why
 
     @property
     def label(self) -> str:
@@ -57,44 +65,62 @@ def _same(test: str, names: str) -> dict[str, Status]:
 ASCEND = "an Ascend kernel / communication-overlap switch: the same numbers, mftk has no such kernel"
 PERF = "a loader performance setting: the same batches in the same order"
 # recompute replays layers only with several processes, as the reference (engine/recompute.py); on one
-# process config/rules.py notes that it has no effect.
-_RECOMPUTE = "tests/engine/test_recompute.py"
+# process config/rules.py notes that it has no effect. Its proving test loads the config for two.
 NO_EVAL = "no evaluation runs in PyNative pretraining (the reference builds it and never uses it)"
 
-_T = "tests/engine/test_trainer.py"
-_CK = "tests/ckpt/test_save.py"
-_RES = "tests/commands/test_resume.py"
-_PAR = "tests/commands/test_train_layouts.py"
-_DATA = "tests/data/test_gpt_dataset.py"
-_LOAD = "tests/data/test_loader.py"
-_MON = "tests/engine/test_monitor.py"
-_MODEL = "tests/engine/test_hf_parity.py"
-_MOE = "tests/engine/test_moe.py"
+_FX = "tests/engine/test_field_effects.py::test_field_changes_what_the_engine_does[]"  # a run with it vs without
+_MON = "tests/engine/test_field_effects.py::test_monitor_setting_reaches_the_profiler_or_writer[]"
+_RC = "tests/engine/test_field_effects.py::test_recompute_setting_changes_the_replayed_cells[]"
+_SETUP = "tests/engine/test_field_effects.py::test_process_setup_takes_the_device_and_determinism_from_the_config"
+_NAN = "tests/engine/test_nan_limit.py::test_the_config_sets_skipping_and_its_limit"
 _LORA = "tests/engine/test_lora.py"
+_PP = "tests/commands/test_train_pipeline.py"
+_LAYOUTS = "tests/commands/test_train_layouts.py::test_layout_matches_single_process"
+_MR = "tests/data/test_mindrecord.py::test_the_config_selects_mindrecord_and_keeps_a_partial_last_batch"
+
+
+def _fx(names: str) -> dict[str, Status]:
+    return {n: _impl(_FX) for n in names.split()}
+
+
+def _slow(test: str, **kw: Any) -> Status:
+    return _impl(test, slow=True, **kw)
+
 
 SECTIONS: dict[str, dict[str, Status]] = {
     "checkpoint": {
-        **_same(_CK, "enable_save save_path save_max save_interleaved_steps no_save_optim async_save prefix "
-                     "remove_redundancy"),
-        **_same(_RES, "load_path no_load_optim"),
-        "load_balanced": _impl("tests/engine/test_balanced_load.py"),
+        **_fx("enable_save save_path save_max save_interleaved_steps no_save_optim async_save prefix load_path "
+              "no_load_optim"),
+        "remove_redundancy": _refused("a de-duplicated save is not implemented by mftk: every data-parallel replica "
+                                      "writes its own shard files; set remove_redundancy: false", multi_only=True),
+        "load_balanced": _slow("tests/commands/test_train_distributed.py::"
+                               "test_balanced_resume_reads_each_shard_once_and_is_bit_exact"),
         "load_worker_number": _inert("the reference ignores it too (2.0 §1.5)"),
         "save_global_layout_cache": _inert("metadata is computed from the placement table on every save, "
                                            "at no cost to cache"),
         "reshard_worker_num": _inert("HF checkpoints are read in one process: the same tensors"),
-        "save_trainable_only": _impl(_LORA),
-        "base_load_path": _impl(_LORA),
+        "save_trainable_only": _slow(f"{_LORA}::test_adapter_only_saves_start_from_the_base_and_resume_bit_exactly"),
+        "base_load_path": _slow(f"{_LORA}::test_the_base_is_what_the_run_trains_on"),
     },
     "training": {
-        **_same(_T, "steps local_batch_size global_batch_size max_norm seed rampup_batch_size"),
-        "deterministic": _impl("tests/engine/test_state.py"),
-        **_same("tests/engine/test_nan_limit.py", "use_skip_step_on_nan max_consecutive_skipped_steps"),
+        **_fx("steps local_batch_size global_batch_size max_norm seed rampup_batch_size"),
+        "deterministic": _impl(_SETUP),
+        **_same(_NAN, "use_skip_step_on_nan max_consecutive_skipped_steps"),
     },
     "parallelism": {
-        **_same(_PAR, "data_parallel_shard tensor_parallel pipeline_parallel pipeline_parallel_layers_per_stage "
-                      "pipeline_parallel_schedule pipeline_parallel_interleave_num sequence_parallel expert_parallel"),
-        **_same("tests/commands/test_train_context_parallel.py",
-                "context_parallel context_parallel_method ulysses_degree_in_cp context_parallel_mask_type"),
+        # several processes (msrun): slow, run by `scripts/field_effects.py` without --fast
+        "data_parallel_shard": _slow("tests/commands/test_train_distributed.py::test_multi_process_checkpoint_layout"),
+        "tensor_parallel": _slow("tests/commands/test_train_model_parallel.py::test_tp2_matches_single_process"),
+        "expert_parallel": _slow("tests/commands/test_train_model_parallel.py::test_ep2_matches_single_process"),
+        "pipeline_parallel": _slow(f"{_PP}::test_pp2_log_lines_per_stage"),
+        **{n: _slow(f"{_PP}::test_pp2_gpipe_explicit_uneven_split_matches_single_process")
+           for n in ("pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule")},
+        "pipeline_parallel_interleave_num": _slow(f"{_LAYOUTS}[qwen3_pp2_v2]"),
+        "context_parallel": _slow("tests/commands/test_train_context_parallel.py::test_cp2_matches_single_process"),
+        **{n: _slow(f"{_LAYOUTS}[qwen3_cp4_hybrid]") for n in ("context_parallel_method", "ulysses_degree_in_cp")},
+        # tensor parallel always splits the sequence (refused with false); causal is the one mask
+        "sequence_parallel": _impl("tests/config/test_runnable.py", rule=True, only="true with tensor_parallel > 1"),
+        "context_parallel_mask_type": _impl("tests/config/test_rules.py", rule=True, only="causal"),
         "data_parallel_shard_strategy": _inert("the reference ignores it too (2.0 §1.5)"),
         "reshard_after_forward_policy": _inert("an FSDP memory / communication trade-off: the same numbers "
                                                "(the memory estimate of plan-parallel reads it)"),
@@ -118,10 +144,12 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "expert_parallel_use_safe_tokens": _inert("mftk's all-to-all handles empty experts either way"),
     },
     "optimizer": {
-        **_same("tests/engine/test_optim.py", "type betas eps weight_decay weight_decay_include weight_decay_exclude "
-                                              "enable_fused_opt use_fused"),
-        **_same("tests/engine/test_muon.py", "matched_adamw_rms momentum nesterov ns_steps ns_coefficients "
-                                             "adamw_betas adamw_eps adamw_include qk_clip_enabled qk_clip_threshold"),
+        **_fx("type betas eps weight_decay weight_decay_include weight_decay_exclude"),
+        **{n: _inert("the reference's fused AdamW kernel computes the same update; mftk has one implementation "
+                     "(it does not reproduce the fused path's lr(-1) on the first step)")
+           for n in ("enable_fused_opt", "use_fused")},
+        **_fx("matched_adamw_rms momentum nesterov ns_steps ns_coefficients adamw_betas adamw_eps adamw_include "
+              "qk_clip_enabled qk_clip_threshold"),
         "comm_strategy": _inert("allgather_deredundency is a communication variant of the same Muon update; "
                                 "mftk has one implementation"),
         "use_fused_adamw": _inert(ASCEND),
@@ -133,27 +161,35 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "enable_cpu_offload": _refused("", rule=True),
     },
     "lr_scheduler": {
-        **_same("tests/engine/test_schedule.py", "type learning_rate warmup_steps warmup_ratio warmup_lr_init lr_end "
-                "num_cycles decay_steps decay_ratio decay_start_steps decay_start_ratio keep_steps final_steps "
-                "lr_end1 lr_end2 power"),
+        **_fx("type learning_rate warmup_steps warmup_ratio warmup_lr_init lr_end num_cycles decay_steps decay_ratio "
+              "decay_start_steps decay_start_ratio keep_steps final_steps lr_end1 lr_end2 power"),
         "total_steps": _inert("forced to training.steps, as in the reference"),
     },
     "train_dataset": {
-        "drop_remainder": _impl(_LOAD),
+        "drop_remainder": _impl(f"{_MR}[dataset_files]"),  # the Megatron loader reads whole steps only
         "num_parallel_workers": _inert(PERF), "prefetch_size": _inert(PERF), "numa_enable": _inert(PERF),
         "use_distribute_dataset": _inert("every rank reads its own micro-batches: the same samples the "
                                          "broadcast would deliver"),
-        "balance_enabled": _impl("tests/config/test_compat21.py", rule=True),
+        "balance_enabled": _slow("tests/commands/test_train_distributed.py::"
+                                 "test_balanced_dp2_moves_micro_batches_between_ranks_and_keeps_the_losses", rule=True),
     },
     "train_dataset.dataloader": {
-        **_same(_LOAD, "type datasets_type sizes shuffle column_names"),
-        **_same("tests/data/test_mindrecord.py", "dataset_files dataset_dir"),
+        **_fx("sizes shuffle column_names"),
+        "type": _impl(f"{_MR}[dataset_files]"),
+        "datasets_type": _impl("tests/config/test_rules.py", rule=True, only="GPTDataset"),
+        **{n: _impl(f"{_MR}[{n}]") for n in ("dataset_files", "dataset_dir")},
         "python_multiprocessing": _inert(PERF),
     },
     "train_dataset.dataloader.config": {
-        **_same(_DATA, "seed seq_length data_path train_data_path split eod pad eod_mask_loss reset_position_ids "
-                       "reset_attention_mask create_attention_mask create_compressed_eod_mask eod_pad_length "
-                       "add_extra_token_to_sequence drop_last_partial_validation_sequence path_to_cache mock"),
+        "seq_length": _impl("tests/config/test_rules.py", rule=True, only="model.seq_length (validated equal)"),
+        **_fx("seed data_path train_data_path split eod pad eod_mask_loss "
+              "reset_attention_mask create_attention_mask create_compressed_eod_mask eod_pad_length "
+              "add_extra_token_to_sequence path_to_cache mock"),
+        "reset_position_ids": _inert("it resets the position_ids column at each EOD, which the model ignores, as "
+                                     "the reference's does: RoPE positions are always 0..S-1 (models.md §7.10)"),
+        "drop_last_partial_validation_sequence": _inert("it changes only the validation split's indices (and the "
+                                                        "cache description, as the reference writes it); "
+                                                        "no evaluation runs"),
         "valid_data_path": _inert(NO_EVAL), "test_data_path": _inert(NO_EVAL),
         "create_seq_len_vector": _refused("", rule=True),
         "compressed_eod_mask_length": _inert("the reference overrides it with eod_pad_length"),
@@ -165,35 +201,38 @@ SECTIONS: dict[str, dict[str, Status]] = {
         n: _inert("the reference ignores the whole section (2.0 §1.5)")
         for n in ("embedding_local_norm_threshold", "global_norm_skip_threshold", "global_norm_skip_time")
     },
-    "monitor.train_state": _same(_MON, "local_norm local_loss device_norm device_loss"),
-    "monitor.tensorboard": _same("tests/engine/test_monitor_run.py", "output_dir log_interval queue_size"),
-    "monitor.moe_monitor": _same("tests/engine/test_moe_monitor.py", "save_tokens_per_expert_interval target_layers"),
+    "monitor.train_state": _fx("local_norm local_loss device_norm device_loss"),
+    "monitor.tensorboard": {**_fx("output_dir log_interval"), "queue_size": _impl(_MON)},
+    "monitor.moe_monitor": _fx("save_tokens_per_expert_interval target_layers"),
     "context": {
         "mode": _inert("PyNative is always used (the reference ignores the section too)"),
         "max_device_memory": _inert("the reference ignores the section too"),
-        "device_target": _impl("tests/engine/test_device.py"),
+        "device_target": _impl(_SETUP),
     },
-    "profiler": _same("tests/engine/test_monitor_run.py", "enable_profiling start_step end_step output_path "
-                      "profiler_rank profiler_level mstx profile_memory profile_cpu with_stack"),
+    "profiler": _same(_MON, "enable_profiling start_step end_step output_path profiler_rank profiler_level mstx "
+                      "profile_memory profile_cpu with_stack"),
     "recompute": {
-        **_same(_RECOMPUTE, "mode full_recompute_layer select_module exclude_op"),
+        **_same(_RC, "mode full_recompute_layer select_module exclude_op"),
     },
     "recompute_comm": {
-        **_same(_RECOMPUTE, "enable select_module"),
+        **_same(_RC, "enable select_module"),
     },
     "swap": {
         "enable": _refused("swapping activations to host memory is not built: set swap.enable: false", rule=True),
         **{n: _inert("read only with swap.enable, which is refused") for n in ("default_prefetch", "layer_swap",
                                                                                "op_swap")},
     },
-    "callbacks": _same("tests/engine/test_max_logits.py", "type step_interval"),
-    "lora_config": _same(_LORA, "target_modules exclude_layers lora_rank lora_alpha lora_dropout lora_a_std "
-                                "lora_b_std"),
+    "callbacks": {"type": _impl(_FX),
+                  "step_interval": _impl("tests/engine/test_max_logits.py::"
+                                         "test_monitor_logs_every_step_interval_steps")},
+    "lora_config": _fx("target_modules exclude_layers lora_rank lora_alpha lora_dropout lora_a_std lora_b_std"),
     "inference": {n: _inert("read by the reference only with run_mode: predict; mftk trains", rule=True)
                   for n in ("max_new_tokens", "batch_size", "output", "input_data")},
-    "mftk": {"low_priority_dispatch": _impl("tests/engine/test_dispatch.py"),
-             "update_on_device": _impl("tests/engine/test_device_update.py"),
-             "hang_timeout_s": _impl("tests/engine/test_watchdog.py")},
+    "mftk": {"low_priority_dispatch": _impl("tests/engine/test_field_effects.py::"
+                                            "test_low_priority_dispatch_reaches_the_trainer"),
+             "update_on_device": _impl("tests/engine/test_device_update.py::"
+                                       "test_device_path_ran_on_request_and_host_path_by_default_on_cpu"),
+             "hang_timeout_s": _impl("tests/engine/test_watchdog.py::test_hang_timeout_key_is_read_and_checked")},
     "": {"run_mode": _impl("tests/config/test_compat21.py", only="train", rule=True)},
 }
 
@@ -201,18 +240,27 @@ _FP32 = "mftk computes and stores in float32 on CPU"
 _SUPPORT = "tests/config/test_support.py"
 _MLP = "tests/engine/test_mlp_variants.py"
 MODEL: dict[str, Status] = {
-    **_same(_MODEL, "seq_length initializer_range rms_norm_eps rope_theta rope_scaling attention_bias "
-                    "position_embedding_type tie_word_embeddings track_max_attention_logit model_type architectures "
-                    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
-                    "num_key_value_heads head_dim max_position_embeddings hidden_dropout pad_token_id "
-                    "multi_latent_attention q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim "
-                    "qk_layernorm rotary_scaling_factor beta_fast beta_slow mscale mscale_all_dim"),
-    **_same(_MOE, "moe_intermediate_size n_shared_experts moe_shared_expert_intermediate_size "
-                  "use_shared_expert_gating n_routed_experts num_experts_per_tok routed_scaling_factor n_group "
-                  "topk_group norm_topk_prob moe_layer_freq first_k_dense_replace moe_router_score_function "
-                  "moe_router_enable_expert_bias moe_router_bias_update_rate moe_router_load_balancing_type "
-                  "moe_aux_loss_coeff moe_router_pre_softmax moe_grouped_gemm"),
-    **_same("tests/engine/test_model.py", "num_nextn_predict_layers mtp_loss_scaling_factor"),
+    "seq_length": _impl("tests/engine/test_field_effects.py::test_model_seq_length_is_what_each_step_counts"),
+    **_fx("initializer_range rms_norm_eps rope_theta rope_scaling attention_bias position_embedding_type "
+          "tie_word_embeddings track_max_attention_logit vocab_size hidden_size intermediate_size num_hidden_layers "
+          "num_attention_heads num_key_value_heads head_dim max_position_embeddings hidden_dropout pad_token_id "
+          "q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim qk_layernorm "
+          "rotary_scaling_factor beta_fast beta_slow mscale mscale_all_dim"),
+    # the family: read while the YAML is structured, before any rule or mutant
+    "model_type": _impl("tests/config/test_model.py::test_bad_model_type", loader=True),
+    "architectures": _impl("tests/config/test_convert.py::"
+                           "test_model_structure_is_lifted_one_level_with_a_string_architecture", loader=True),
+    **_fx("moe_intermediate_size n_shared_experts moe_shared_expert_intermediate_size use_shared_expert_gating "
+          "n_routed_experts num_experts_per_tok routed_scaling_factor n_group topk_group norm_topk_prob moe_layer_freq "
+          "first_k_dense_replace moe_router_score_function moe_router_enable_expert_bias moe_router_bias_update_rate "
+          "moe_router_load_balancing_type moe_aux_loss_coeff"),
+    "moe_grouped_gemm": _impl(_SUPPORT, rule=True, only="true", example=False),
+    "multi_latent_attention": _impl("tests/config/test_model.py", rule=True, only="true (DeepSeek-V3)", example=False),
+    "moe_router_pre_softmax": _inert(
+        "routing always takes the softmax over all experts before top-k, as MindSpore Transformers 2.1's PyNative "
+        "router does (pynative/transformers/moe/router.py, TopKRouter.construct: scores, then topk); the field "
+        "only lifts the reference's top-1 softmax check (transformer_config.py)"),
+    **_fx("num_nextn_predict_layers mtp_loss_scaling_factor"),
     **{n: _inert(_FP32, rule=True) for n in ("compute_dtype", "params_dtype", "embedding_params_dtype")},
     **{n: _inert(_FP32) for n in ("layernorm_compute_dtype", "rotary_dtype", "moe_router_dtype")},
     # DeepSeek-V4: silu / fusedswiglu only; gated_linear_unit false: dense models only (support.py says why)
@@ -228,8 +276,8 @@ MODEL: dict[str, Status] = {
     "calculate_per_token_loss": _refused("", rule=True),
     "attention_dropout": _inert("the reference's attention has no dropout either (models.md §1.3)"),
     # model.py's grammar owns these two (one error per path: issue 36)
-    "normalization": _impl(_MODEL, rule=True, only="RMSNorm", example="LayerNorm"),
-    "fused_norm": _impl(_MODEL, rule=True, only="true", example=False),
+    "normalization": _impl("tests/engine/test_hf_parity.py", rule=True, only="RMSNorm", example="LayerNorm"),
+    "fused_norm": _impl("tests/engine/test_hf_parity.py", rule=True, only="true", example=False),
     "ignore_token_id": _impl("tests/engine/test_model.py", only="-100", example=0),
     "use_eod_attn_mask_compression": _refused(
         "document-packed (TND) attention is not implemented by mftk: set it false (reset_attention_mask: true "
@@ -239,17 +287,16 @@ MODEL: dict[str, Status] = {
     "is_dynamic": _inert("every batch has seq_length tokens: the mask is never sliced"),
     "chunk_loss_num": _inert("the chunked cross-entropy gives the same value; mftk computes it in one piece"),
     # DeepSeek-V4 and Qwen3-MoE
-    **_same("tests/engine/test_deepseek_v4.py", "o_groups o_lora_rank compress_ratios csa_window_size "
-            "compress_rope_theta csa_dense_mode index_n_heads index_head_dim index_topk dsa_indexer_loss_coeff "
-            "num_residual_streams mhc_sinkhorn_iterations mhc_init_gating_factor hc_eps num_hash_layers "
-            "original_max_position_embeddings"),
+    **_fx("o_groups o_lora_rank compress_ratios csa_window_size compress_rope_theta csa_dense_mode index_n_heads "
+          "index_head_dim index_topk dsa_indexer_loss_coeff num_residual_streams mhc_sinkhorn_iterations "
+          "mhc_init_gating_factor hc_eps num_hash_layers original_max_position_embeddings"),
     "experimental_attention_variant": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="dsv4_hybrid",
                                             example="mla"),
     "enable_hyper_connections": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="true"),
     "use_fused_mhc": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="false"),
     "apply_dsa_kernel_fusion": _inert(ASCEND),
     "dsa_indexer_use_sparse_loss": _inert("the reference's CSA indexer loss does not read it either"),
-    **_same("tests/engine/test_train_families.py", "num_experts decoder_sparse_step mlp_only_layers"),
+    **_fx("num_experts decoder_sparse_step mlp_only_layers"),
     "use_sliding_window": _impl("tests/engine/test_train_families.py", rule=True, only="false"),
     "bos_token_id": _inert("not used in training (the reference's neither)"),
     "eos_token_id": _inert("not used in training (the reference's neither)"),
@@ -258,6 +305,17 @@ MODEL: dict[str, Status] = {
 _MODEL_ONLY: dict[str, Callable[[Any], bool]] = {
     "ignore_token_id": lambda v: v == -100,
 }
+
+
+def proving_tests() -> Iterator[tuple[str, str, bool]]:
+    """(YAML path, proving test node id, slow) of every implemented field a forgetting mutant applies to:
+    not the ``only`` rows (nothing but the default is accepted, so nothing can be forgotten: the refusal of
+    any other value is their test) and not the ``loader`` rows (read before the mutant runs)."""
+    rows = [(f"{s}.{n}".lstrip("."), st) for s, table in SECTIONS.items() for n, st in table.items()]
+    rows += [(f"model.{n}", st) for n, st in MODEL.items()]
+    for path, st in rows:
+        if st.kind == IMPLEMENTED and not st.only and not st.loader:
+            yield path, st.test_for(path), st.slow
 
 
 def status_of(path: str) -> Status | None:

@@ -203,6 +203,9 @@ def apply_lora(model: Any, lora: Any, *, seed: int, init: bool = True) -> LoraRe
             p.requires_grad = False
     if init:
         init_adapters(model, s, seed)
+    # The adapters' dropout cells were built after the model was put in training mode (`models.build`):
+    # give them the model's mode, or lora_dropout would never drop anything.
+    model.set_train(bool(getattr(model, "training", False)))
     total = sum(int(np.prod(p.shape)) for p in model.get_parameters())
     trainable = sum(int(np.prod(p.shape)) for p in model.trainable_params())
     return LoraReport(modules=tuple(wrapped), total_params=total, trainable_params=trainable)

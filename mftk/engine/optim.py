@@ -20,8 +20,9 @@ trainer fills one reused gradient buffer (``grad_buffer``/``put_grads``) instead
 fresh one and adding into it every step. The chunks are shared out to up to ``UPDATE_THREADS``
 threads (1.4× on 2 cores; still bit-identical, each element's arithmetic is unchanged).
 
-``enable_fused_opt``/``use_fused`` select the same update (the reference's fused counter starts
-at −1, which evaluates ``lr(−1)`` on the first step; mftk does not reproduce that).
+``enable_fused_opt``/``use_fused`` have no effect (a no-effect row in `config.status`: the reference's fused
+kernel computes the same update; its fused counter starts at −1, which evaluates ``lr(−1)`` on the first
+step, and mftk does not reproduce that).
 
 Weight-decay groups (reference `trainer/utils.py:212-299`): priority include > exclude > defaults;
 by default 1-D parameters and names ending in ``.bias`` get no decay. A pattern matches by exact

@@ -403,9 +403,9 @@ class Trainer:
         t = time.perf_counter()
         lr = self.schedule(self.optimizer.global_step)
         self.optimizer.step(grads, lr)
-        full = self.optimizer.masters()
         if not getattr(self.optimizer, "shares_weights", False):  # else the update has written the weights
-            self.dispatch.call(write_masters, self.model, self.params, full)
+            # (and reading the masters would copy every one to the host: the device path's whole model)
+            self.dispatch.call(write_masters, self.model, self.params, self.optimizer.masters())
         timer.add("optimizer", time.perf_counter() - t)
         return lr
 

@@ -135,3 +135,21 @@ def test_ulysses_degree_of_each_method():
 def test_rampup_levels_are_checked():
     got = refused(qwen(), Layout(world=4, dp_shard=4), rampup=(2, 2, 100))
     assert "start 2 is not divisible by dp·local_batch_size = 4·1 = 4" in got["batch"]
+
+
+def test_validate_config_says_what_the_device_update_still_moves_across_the_host():
+    """A GPU run (and update_on_device: true) gets a note listing `DEVICE_HOST_TRAFFIC`; a CPU run none."""
+    from pathlib import Path
+
+    import yaml
+
+    from mftk.config.load import load_data
+    from mftk.config.runnable import DEVICE_HOST_TRAFFIC
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "templates" / "qwen3_tiny.yaml").read_text())
+    assert "mftk.update_on_device" not in {p.path for p in load_data(raw, check_files=False).notes}
+    raw["context"] = {"device_target": "GPU"}
+    note = {p.path: p.message for p in load_data(raw, check_files=False).notes}["mftk.update_on_device"]
+    assert all(item in note for item in DEVICE_HOST_TRAFFIC) and "MoE" in note and "FSDP" in note
+    raw["mftk"] = {"update_on_device": False}
+    assert "mftk.update_on_device" not in {p.path for p in load_data(raw, check_files=False).notes}

@@ -1,6 +1,7 @@
 """The config-field status table (`mftk.config.status`): every field has a row, every refused field is refused."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import attrs
@@ -45,7 +46,18 @@ def test_row_is_well_formed(path):
     st = ST.status_of(path)
     assert st.kind in (ST.IMPLEMENTED, ST.NO_EFFECT, ST.REFUSED)
     if st.kind == ST.IMPLEMENTED:
-        assert (ROOT / st.why).is_file(), f"{path}: the test module {st.why!r} showing its effect does not exist"
+        node = st.test_for(path)
+        module, _, func = node.partition("::")
+        assert (ROOT / module).is_file(), f"{path}: the test module {module!r} showing its effect does not exist"
+        if st.only:
+            return  # its proof is the refusal of every other value (below)
+        assert func, f"{path}: name the test function (pytest node id) that proves the field's effect"
+        name, _, param = func.partition("[")
+        assert re.search(rf"^def {name}\(", (ROOT / module).read_text(), re.M), f"{path}: no test {node}"
+        if param and module == "tests/engine/test_field_effects.py":
+            from tests.engine import test_field_effects as fx
+
+            assert param[:-1] in {**fx.EFFECTS, **fx.MONITOR_SETTINGS, **fx.RECOMPUTE_SETTINGS}, node
     elif not st.rule:
         assert st.why, f"{path}: a no-effect or refused row says why / what to use instead"
 
@@ -180,3 +192,32 @@ def test_print_resolved_output_is_yaml_with_long_status_comments(tmp_path):
     assert r.exit_code == 0, r.output
     assert yaml.safe_load(r.stdout)["checkpoint"]["load_worker_number"] == 1  # no comment wrapped onto a line
     assert "# no effect: the reference ignores it too (2.0 §1.5)" in r.stdout
+
+
+def test_moe_router_pre_softmax_says_it_does_not_change_routing():
+    """The reference's PyNative router ignores the field in routing: mftk says so rather than accept it silently —
+    a note when set, and a note when false would mean Megatron's other order (softmax, no renormalisation)."""
+    data = _template("deepseek_v3_tiny.yaml")
+    data["model"].update(moe_router_score_function="softmax", norm_topk_prob=False, moe_router_enable_expert_bias=False)
+    notes = {p.path: p.message for p in load_data(data, check_files=False).notes if p.severity == "note"}
+    assert "Megatron's order" in notes["model.moe_router_pre_softmax"]
+    data["model"]["moe_router_pre_softmax"] = True
+    notes = {p.path: p.message for p in load_data(data, check_files=False).notes if p.severity == "note"}
+    assert notes["model.moe_router_pre_softmax"].startswith("no effect")
+
+
+def test_async_save_says_it_has_no_effect_with_several_processes():
+    data = _template()
+    data["checkpoint"]["async_save"] = True
+    assert "checkpoint.async_save" not in {p.path for p in load_data(data, check_files=False).notes}
+    data["training"]["global_batch_size"] = 2 * data["training"]["local_batch_size"]
+    notes = {p.path: p.message for p in load_data(data, check_files=False, world_size=2).notes}
+    assert "no effect with more than one process" in notes["checkpoint.async_save"]
+
+
+@pytest.mark.parametrize("key", ["enable_fused_opt", "use_fused"])
+def test_fused_optimizer_switches_say_they_have_no_effect(key):
+    data = _template()
+    data["optimizer"][key] = True
+    notes = {p.path: p.message for p in load_data(data, check_files=False).notes}
+    assert notes[f"optimizer.{key}"].startswith("no effect")

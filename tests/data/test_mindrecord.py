@@ -231,3 +231,30 @@ def test_failed_run_leaves_no_output(tmp_path, tokenizer_file):
     with pytest.raises(DataFormatError, match="b.jsonl:2"):
         preprocess([str(good), str(bad)], str(tmp_path / "o"), tokenizer_file, format="mindrecord", seq_length=4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
+
+
+@pytest.mark.parametrize("where", ["dataset_files", "dataset_dir"])
+def test_the_config_selects_mindrecord_and_keeps_a_partial_last_batch(written, tokenizer_file, where):
+    """From the YAML: `type: MindDataset` with its files (or their directory) is what the run's loader reads, and
+    `drop_remainder: false` keeps the last partial micro-batch (n samples, 3 per micro-batch)."""
+    from pathlib import Path
+
+    import yaml
+
+    from mftk.config.load import load_data
+    from mftk.engine.builders import build_data
+
+    d, _ = written
+    stream = _expected_stream(tokenizer_file)
+    n = len(stream) // (SEQ + 1)
+    lbs = next(b for b in (3, 4, 5, 7) if n % b)  # a partial last micro-batch
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "templates" / "qwen3_tiny.yaml").read_text())
+    raw["model"]["seq_length"] = SEQ
+    raw["training"].update(local_batch_size=lbs, global_batch_size=lbs)
+    raw["train_dataset"]["drop_remainder"] = False
+    files = {"dataset_files": [str(d / "out" / "wiki_text.mindrecord")], "dataset_dir": str(d / "out")}
+    raw["train_dataset"]["dataloader"] = {"type": "MindDataset", where: files[where], "config": {"seq_length": SEQ}}
+    data = build_data(load_data(raw).config, dp=1)
+    assert len(data.loader) == -(-n // lbs)  # ceil: the partial micro-batch is kept
+    first = next(data.loader.iter_batches(0))["input_ids"]
+    np.testing.assert_array_equal(first[0], stream[:SEQ])

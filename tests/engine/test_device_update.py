@@ -232,3 +232,83 @@ def test_refused_combinations_name_the_setting_and_the_fix(corpus, tmp_path, ove
     errors = [p for p in e.value.problems if p.severity == "error"]
     assert [p.path for p in errors] == ["mftk.update_on_device"]
     assert "not supported yet" in errors[0].message and "mftk.update_on_device: false" in errors[0].hint
+
+
+# ----------------------------------------------------------------------------------- host transfers
+class TransferSpy:
+    """Counts every host↔device copy MindSpore offers mftk: ``Tensor.asnumpy`` (reads), ``Tensor.from_numpy``
+    and ``Tensor(ndarray)`` (writes), each with its element count."""
+
+    def __init__(self, monkeypatch) -> None:
+        from mindspore.common.tensor import Tensor
+
+        self.reads: list[tuple[int, ...]] = []
+        self.writes: list[tuple[int, ...]] = []
+        asnumpy, from_numpy, init = Tensor.asnumpy, Tensor.from_numpy, Tensor.__init__
+        spy = self
+
+        def read(self):
+            a = asnumpy(self)
+            spy.reads.append(tuple(a.shape))
+            return a
+
+        def write(array):
+            spy.writes.append(tuple(np.shape(array)))
+            return from_numpy(array)
+
+        def construct(self, input_data=None, *args, **kw):
+            if isinstance(input_data, np.ndarray):
+                spy.writes.append(tuple(input_data.shape))
+            return init(self, input_data, *args, **kw)
+
+        monkeypatch.setattr(Tensor, "asnumpy", read)
+        monkeypatch.setattr(Tensor, "from_numpy", staticmethod(write))
+        monkeypatch.setattr(Tensor, "__init__", construct)
+
+    def snapshot(self) -> tuple[list, list]:
+        return list(self.reads), list(self.writes)
+
+
+def test_device_path_moves_no_weight_sized_tensor_between_saves(corpus, tmp_path, monkeypatch):
+    """The per-step host traffic of the device-resident update, counted on the real path (CPU is the device
+    here): steps 3 and 4 minus steps 1 and 2 of the same run. No weight, gradient or moment crosses; what does
+    cross is per micro-batch and token-sized (the batch's inputs, targets and mask; the fused loss kernel's
+    per-token probabilities), plus ONE read of the step's scalars — the gaps `runnable.DEVICE_HOST_TRAFFIC` lists.
+    (The inherited `Trainer.optimizer_step` used to read every master back each step: weight-sized reads.)"""
+    import math
+
+    from mftk.engine.builders import build_model
+    from mftk.engine.run import train
+
+    raw = tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "ck", steps=4, gbs=2)  # 2 micro-batches per step
+    raw["checkpoint"]["enable_save"] = False
+    raw["mftk"] = {"update_on_device": True}
+    loaded = load(raw)
+    shapes = {tuple(p.shape) for p in build_model(loaded.config).get_parameters() if len(p.shape) >= 1}
+    total = sum(math.prod(p.shape) for p in build_model(loaded.config).get_parameters())
+    spy = TransferSpy(monkeypatch)
+    marks = []
+
+    from mftk.progress import BaseSink
+
+    class Mark(BaseSink):
+        def on_step(self, metrics):
+            marks.append(spy.snapshot())
+
+    result = train(loaded, output_dir=tmp_path / "out", install_signals=False, lock_save_path=False,
+                   sinks=[Mark()])
+    assert all(math.isfinite(x) for x in result.losses) and len(marks) == 4
+    (r2, w2), (r4, w4) = marks[1], marks[3]
+    reads, writes = r4[len(r2):], w4[len(w2):]  # steps 3 and 4
+    seq, micro = raw["model"]["seq_length"], 2
+    for moved in (reads, writes):
+        weightlike = [s for s in moved if s in shapes and math.prod(s) > seq * seq]
+        assert not weightlike, f"weight-sized transfers per step: {weightlike}"
+        assert max(math.prod(s) for s in moved) <= seq * seq  # the largest: the attention mask of one micro-batch
+    per_step = (len(reads) / 2, len(writes) / 2)
+    elements = (sum(math.prod(s) for s in reads) + sum(math.prod(s) for s in writes)) / 2
+    assert elements < total / 20, (elements, total)
+    # counted on Qwen3 (dense), per step of 2 micro-batches: 11 reads (the step's scalars once; per micro-batch
+    # the 3 batch columns the model reads back and 2 in the loss kernel), 18 writes (per micro-batch the 4 batch
+    # columns, 3 targets, the mask and the loss kernel's per-token losses; the RoPE tables are cached)
+    assert per_step == (11, 18), per_step

@@ -7,6 +7,7 @@ of the unmerged export, and an uninterrupted run for resume.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -74,7 +75,7 @@ def test_base_weights_are_bit_identical_and_adapters_moved(run):
         assert np.array_equal(end[name], start[name]), f"base weight {name} changed"
     for name in lora:
         assert not np.array_equal(end[name], start[name]), f"adapter {name} did not move"
-    assert result.losses[-1] == result.losses[-1]  # finite
+    assert all(math.isfinite(x) for x in result.losses)
 
 
 def test_experts_and_attention_get_adapters_under_the_reference_names(run):
@@ -216,14 +217,44 @@ def test_peft_export_of_expert_adapters_is_refused(run):
 
 # ------------------------------------------------------------------------------------ resume
 def test_resume_with_lora_is_bit_exact(tmp_path, corpus):
-    full = _train(_raw("qwen3_tiny.yaml", corpus, tmp_path / "a", steps=4, lora_dropout=0.1), tmp_path / "a" / "out")
-    raw = _raw("qwen3_tiny.yaml", corpus, tmp_path / "b", steps=4, lora_dropout=0.1)
+    full = _train(_raw("qwen3_tiny.yaml", corpus, tmp_path / "a", steps=4), tmp_path / "a" / "out")
+    raw = _raw("qwen3_tiny.yaml", corpus, tmp_path / "b", steps=4)
     _train(raw, tmp_path / "b" / "out", "training.steps=2")
     resumed = _train(raw, tmp_path / "b" / "out2", resume_from=tmp_path / "b" / "ckpt" / "iteration_00000002")
     assert resumed.start_step == 2
     assert list(resumed.losses) == list(full.losses[2:])
     a, b = _final(tmp_path / "a" / "ckpt" / "iteration_00000004"), _final(tmp_path / "b" / "ckpt" / "iteration_00000004")
     assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+
+
+def test_lora_dropout_changes_the_losses(tmp_path, corpus):
+    """Dropout on the adapters' input is active in training: 0.5 gives other losses than 0.0 (the adapters
+    are built after the model is put in training mode; they follow it). At step 1 the adapters' B is small
+    but not zero (lora_b_std), so the first loss already differs."""
+    a, b = (_train(_raw("qwen3_tiny.yaml", corpus, tmp_path / n, target=DENSE, steps=2, lora_dropout=p),
+                   tmp_path / n / "o") for n, p in (("a", 0.0), ("b", 0.5)))
+    assert all(math.isfinite(x) for x in (*a.losses, *b.losses))
+    assert list(a.losses) != list(b.losses)
+
+
+@pytest.mark.parametrize("extra, path", [
+    ({"parallelism": {"pipeline_parallel": 2}}, "lora_config.lora_dropout"),
+    ({"recompute": {"mode": "full", "full_recompute_layer": ["0-1"]}}, "recompute.mode"),
+])
+def test_lora_dropout_is_refused_where_forwards_are_replayed(tmp_path, corpus, extra, path):
+    from mftk.config.load import load_data
+    from mftk.errors import ConfigError
+
+    raw = _raw("qwen3_tiny.yaml", corpus, tmp_path, target=DENSE, lora_dropout=0.1)
+    raw["model"]["hidden_dropout"] = 0.0
+    raw["training"]["global_batch_size"] = 4
+    for section, values in extra.items():
+        raw.setdefault(section, {}).update(values)
+    with pytest.raises(ConfigError) as info:
+        load_data(raw, check_files=False, world_size=2)
+    assert path in {p.path for p in info.value.problems if p.severity == "error"}
+    raw["lora_config"]["lora_dropout"] = 0.0
+    load_data(raw, check_files=False, world_size=2)
 
 
 # ------------------------------------------------------------------------------------ refusals

@@ -58,6 +58,27 @@ def test_router_matches_numpy_reference(rng):
                        atol=1e-5)
 
 
+def test_softmax_router_takes_softmax_over_all_experts_before_top_k(rng):
+    """The order mftk and MindSpore Transformers 2.1's PyNative router use whatever moe_router_pre_softmax says
+    (pynative/transformers/moe/router.py, TopKRouter.construct): float64 softmax over all E, then the top-k
+    weights without renormalisation — they sum to less than 1, unlike Megatron's top-k-then-softmax."""
+    t, h, e, k = 12, 6, 8, 2
+    router = TopKRouter(h, e, k, score_function="softmax", norm_topk_prob=False)
+    w = rng.normal(0, 1, (e, h)).astype(np.float32)
+    x = rng.normal(0, 1, (t, h)).astype(np.float32)
+    router.weight.set_data(Tensor(w))
+    probs, idx, _ = router(Tensor(x))
+    logits = x.astype(np.float64) @ w.astype(np.float64).T
+    sm = np.exp(logits - logits.max(-1, keepdims=True))
+    sm /= sm.sum(-1, keepdims=True)
+    ref_i = np.argsort(-sm, -1, kind="stable")[:, :k]
+    got_i = idx.asnumpy()
+    assert np.array_equal(np.sort(got_i, -1), np.sort(ref_i, -1))
+    ref_p = np.take_along_axis(sm, got_i, 1)
+    assert np.allclose(probs.asnumpy(), ref_p, atol=1e-6)
+    assert (probs.asnumpy().sum(-1) < 1 - 1e-3).all()
+
+
 def test_expert_bias_shifts_selection_but_not_weights(rng):
     t, h, e, k = 8, 4, 4, 2
     router = TopKRouter(h, e, k, norm_topk_prob=False)

@@ -66,3 +66,21 @@ def test_without_skipping_mftk_stops_and_says_why():
     assert applied == [True, True] and exc.step == 3
     assert "MindSpore Transformers would apply it, log nan and continue" in exc.message
     assert "use_skip_step_on_nan: true" in exc.hint
+
+
+def test_the_config_sets_skipping_and_its_limit():
+    """training.use_skip_step_on_nan and max_consecutive_skipped_steps reach the trainer's policy from the YAML:
+    skipping with a limit of 2 stops where the reference's counter does (step 3 of PATTERN)."""
+    from pathlib import Path
+
+    import yaml
+
+    from mftk.config.load import load_data
+    from mftk.engine.trainer import nan_policy_from
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "templates" / "qwen3_tiny.yaml").read_text())
+    raw["training"].update(use_skip_step_on_nan=True, max_consecutive_skipped_steps=2)
+    policy = nan_policy_from(load_data(raw, check_files=False).config)
+    applied, state, exc = guard(policy, PATTERN)
+    assert exc is not None and exc.step == reference_stop_step(2, PATTERN) == 3
+    assert applied == [True, False] and state.skipped_steps == 2
