@@ -265,7 +265,7 @@ MODEL: dict[str, Status] = {
     **{n: _inert(_FP32) for n in ("layernorm_compute_dtype", "rotary_dtype", "moe_router_dtype")},
     # DeepSeek-V4: silu / fusedswiglu only; gated_linear_unit false: dense models only (support.py says why)
     "hidden_act": _impl(_MLP, rule=True, only="silu / fusedswiglu / gelu", example="relu"),
-    "gated_linear_unit": _impl(_MLP, rule=True),
+    "gated_linear_unit": _impl(_MLP + "::test_gpt_style_model_validates_and_builds_a_plain_mlp", rule=True),
     "add_bias_linear": _impl(_SUPPORT, rule=True, only="false"),
     "apply_residual_connection_post_layernorm": _impl(_SUPPORT, rule=True, only="false"),
     "rotary_interleaved": _impl(_SUPPORT, rule=True, only="false"),
