@@ -13,9 +13,13 @@ goes on alone from there. Only large logs use workers (`PARALLEL_MIN_BYTES`), so
 """
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
+import signal
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator
 
 import attrs
@@ -48,29 +52,28 @@ def worker_count() -> int:
 
 def read_bodies(fd: int, windows: range, *, chunk: int, max_line: int, fast: FastShape,
                 workers: int) -> Iterator[Body | None]:
-    """Each window's body in order, read by `workers` forked processes; None where a worker gave up."""
-    ctx = multiprocessing.get_context("fork")
-    pool = ctx.Pool(workers, initializer=_init, initargs=(fd, chunk, max_line, fast.pattern, fast.fields))
+    """Each window's body in order, read by `workers` forked processes; None where a worker gave up, and the
+    end of the bodies where a worker died (killed for memory, say): the reader goes on alone from there."""
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_init,
+                               initargs=(fd, chunk, max_line, fast.pattern, fast.fields))
     try:
-        queued: deque = deque()
         todo = iter(windows)
-        for k in todo:
-            queued.append(pool.apply_async(_read_window, (k,)))
-            if len(queued) >= workers * _AHEAD:
-                break
+        queued: deque = deque(pool.submit(_read_window, k) for k in itertools.islice(todo, workers * _AHEAD))
         while queued:
-            body = queued.popleft().get()
+            try:
+                body = queued.popleft().result()
+            except BrokenProcessPool:
+                return
             k = next(todo, None)
             if k is not None:
-                queued.append(pool.apply_async(_read_window, (k,)))
+                queued.append(pool.submit(_read_window, k))
             yield body
-        pool.close()
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _init(fd: int, chunk: int, max_line: int, pattern: str, fields: list[tuple[str, type]]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle: it stops the workers
     _state.update(fd=fd, chunk=chunk, max_line=max_line, fast=FastShape(pattern, fields))
 
 

@@ -5,6 +5,7 @@ tiny so a few hundred KiB of mixed log crosses many windows. The reference is th
 (the column path switched off): an independent reading of every line, kept in one process.
 """
 import math
+import os
 
 import attrs
 
@@ -100,3 +101,23 @@ def test_a_small_log_starts_no_workers(tmp_path, monkeypatch):
     monkeypatch.setattr(workers_module, "read_bodies", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
     monkeypatch.setattr(parse_module, "READ_CHUNK", 4096)
     assert len(parse_module.parse_run([path]).records) == 3000
+
+
+def dying_window(k: int):
+    """A worker killed while reading window 30 (the kernel's OOM killer, say)."""
+    if k == 30:
+        os._exit(9)
+    return REAL_READ_WINDOW(k)
+
+
+REAL_READ_WINDOW = workers_module._read_window
+
+
+def test_a_dead_worker_leaves_the_rest_to_the_reader(tmp_path, monkeypatch):
+    path = tmp_path / "worker_0.log"
+    path.write_text("\n".join(mixed_lines()) + "\n", encoding="utf-8")
+    reference = read(path, monkeypatch, workers=False, columns=False)
+    monkeypatch.setattr(workers_module, "_read_window", dying_window)
+    parallel = read(path, monkeypatch, workers=True)
+    assert same_rows(list(parallel.records), list(reference.records))
+    assert [attrs.asdict(f) for f in parallel.files] == [attrs.asdict(f) for f in reference.files]
