@@ -15,9 +15,13 @@ from __future__ import annotations
 import re
 from array import array
 
+import attrs
 import numpy as np
 
 HEAD = "{ step:["
+# Lines that say something about the step before them (MF's skip line, an exception, a stop message): a chunk
+# holding one is read line by line, which keeps them.
+EVENT_MARKERS = ("is_skip:", "Error", "Exception", "stop training", "Interrupt")
 _HEAD_FIELDS = [("step", int), ("total_steps", int)]
 _HEAD_RE = r"\{ step:\[ *(\d+)/ *(\d+)\]"
 _HEAD = re.compile(_HEAD_RE)
@@ -38,6 +42,7 @@ class FastShape:
     head = HEAD
 
     def __init__(self, pattern: str, fields: list[tuple[str, type]]) -> None:
+        self.pattern = pattern
         self.regex = re.compile(pattern, re.M)
         self.fields = fields
 
@@ -65,6 +70,47 @@ class FastShape:
         if (last_step is not None and a[0] <= last_step) or (len(a) > 1 and bool(np.any(np.diff(a) <= 0))):
             return None  # a resume or another log: the line reader looks at the timestamps
         return len(rows), out, int(a[-1])
+
+
+@attrs.frozen
+class ChunkRead:
+    """What the column path read from one chunk of text: what the reader adds to its table and summary."""
+
+    count: int  # step lines read
+    cols: dict[str, array]
+    first_step: int | None
+    last_step: int | None
+    lines: int  # lines in the chunk
+    last_line: str  # the last step line ("" when none)
+
+
+def read_chunk(text: str, fast: FastShape) -> ChunkRead | None:
+    """`text` read a column at a time, or None when a line in it needs the line-by-line reader (an event
+    line, another shape, steps going back). Whether the steps go on from the previous chunk's is the
+    caller's check (`first_step`)."""
+    if any(marker in text for marker in EVENT_MARKERS):
+        return None
+    got = fast.read(text, None)
+    if got is None:
+        return None
+    count, cols, last_step = got
+    lines = text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+    if not count:
+        return ChunkRead(0, cols, None, last_step, lines, "")
+    head = text.rfind(HEAD)
+    last_line = text[text.rfind("\n", 0, head) + 1:text.find("\n", head) % (len(text) + 1)]
+    return ChunkRead(count, cols, cols["step"][0], last_step, lines, last_line)
+
+
+def has_long_line(body: bytes, limit: int) -> bool:
+    """Whether a line of `body` is longer than `limit` bytes (then the line reader reads it: it skips and
+    counts such lines)."""
+    if len(body) <= limit:
+        return False
+    ends = np.flatnonzero(np.frombuffer(body, dtype=np.uint8) == 10)
+    starts = np.concatenate(([0], ends + 1))
+    ends = np.concatenate((ends, [len(body)]))
+    return bool(np.max(ends - starts) > limit)
 
 
 def shape_of(line: str) -> FastShape | None:

@@ -22,9 +22,11 @@ import numpy as np
 
 from mftk.errors import DataFormatError, InputError
 from mftk.files import open_regular
-from mftk.logs.fastpath import FastShape, shape_of
+from mftk.logs.fastpath import ChunkRead, FastShape, has_long_line, read_chunk, shape_of
 from mftk.logs.format import read_fields, parse_metrics_record, parse_number, parse_step_line
+from mftk.logs import workers
 from mftk.logs.table import StepTable, TableView, as_table
+from mftk.logs.workers import worker_count
 
 FORMATS = ("auto", "mindformers", "megatron", "mftk")
 _EXPECTED = ("MindSpore Transformers `{ step:[n/N], ... loss: ..., per_step_time: ...ms, ... }` "
@@ -191,6 +193,7 @@ class LogReader:
         self._last_step: int | None = None
         self._last_line = ""
         self._fast: FastShape | None = None  # the file's step-line shape, read a chunk at a time
+        self._worker_tries = 0  # times worker processes were started for this file
         self.back_steps: list[tuple[int, bool]] = []  # (record index, timestamps went back) where step went back
         self.restarted = False
 
@@ -248,6 +251,37 @@ class LogReader:
                 _reject_binary(self.path, chunk)
             self._offset += len(chunk)
             self._feed(chunk, last=False)
+            if self._workers_help():
+                self._read_with_workers()
+                f.seek(self._offset)
+
+    def _workers_help(self) -> bool:
+        """Whether to read on with worker processes: a large log left to read, its step-line shape known, and
+        the reader between whole windows (a few times at most: each try forks the workers)."""
+        if (self._fast is None or self._skipping or self._offset % READ_CHUNK or self._worker_tries >= 3
+                or worker_count() < 2):
+            return False
+        return os.fstat(self._file.fileno()).st_size - self._offset >= workers.PARALLEL_MIN_BYTES
+
+    def _read_with_workers(self) -> None:
+        """Read the log's whole windows left with workers (mftk.logs.workers), adding their columns in order;
+        a body a worker could not read is read here, line by line. Leaves the reader as reading alone would."""
+        self._worker_tries += 1
+        fd = self._file.fileno()
+        start = self._offset - len(self._pending)  # where the next body starts
+        windows = range(self._offset // READ_CHUNK, os.fstat(fd).st_size // READ_CHUNK)
+        bodies = workers.read_bodies(fd, windows, chunk=READ_CHUNK, max_line=MAX_LINE_BYTES, fast=self._fast,
+                                     workers=worker_count())
+        try:
+            for k, body in zip(windows, bodies):
+                if body is None or body.start != start:
+                    break
+                if body.read is None or not self._take(body.read):
+                    self._feed_body(os.pread(fd, body.end - body.start, body.start))
+                start, self._offset = body.end, (k + 1) * READ_CHUNK
+        finally:
+            bodies.close()
+        self._pending = os.pread(fd, self._offset - start, start)
 
     def _start_over(self) -> None:
         fmt = self.summary.format if self.summary.format in PARSERS else "auto"
@@ -260,15 +294,18 @@ class LogReader:
     def _feed(self, chunk: bytes, *, last: bool) -> None:
         data = self._pending + chunk
         cut = len(data) if last else data.rfind(b"\n") + 1
-        self._pending = data[cut:]
-        if len(self._pending) > MAX_LINE_BYTES:  # a line with no end in sight: skip to its newline
-            self._pending, self._skipping = b"", True
-            self.summary.long_lines += 1
-        body = data[:cut]
-        if self._skipping and body:
+        body, self._pending = data[:cut], data[cut:]
+        if self._skipping and body:  # the rest of a long line read before
             newline = body.find(b"\n")
             body = body[newline + 1:] if newline >= 0 else b""
             self._skipping = newline < 0 and not last
+        if len(self._pending) > MAX_LINE_BYTES:  # a line with no end in sight: skip to its newline
+            self.summary.long_lines += not self._skipping  # once per line, however many chunks it spans
+            self._pending, self._skipping = b"", True
+        self._feed_body(body)
+
+    def _feed_body(self, body: bytes) -> None:
+        """Parse complete lines: a column at a time where the chunk allows, else line by line."""
         if b"\0" in body:
             kept = _NUL_RUN.sub(b"", body)
             self.summary.nul_bytes += len(body) - len(kept)
@@ -280,29 +317,30 @@ class LogReader:
             cut = text.find("\n", _SHAPE_PROBE) + 1 or len(text)
             self._parse_text(text[:cut])
             text = text[cut:]
-        if not (self._fast is not None and self._parse_fast(text)):
-            self._parse_text(text)
+        if not (self._fast is not None and not has_long_line(body, MAX_LINE_BYTES) and self._parse_fast(text)):
+            self._parse_text(text)  # (the line reader counts and skips a long line)
 
     def _parse_fast(self, text: str) -> bool:
         """Read a chunk whose step lines all have the file's shape, a column at a time (no dict per line).
 
         Only when nothing in it needs the line-by-line reader: every step line matches, steps only go up,
-        no skip, exception or stop line, no over-long line. Otherwise the caller reads it line by line."""
+        no skip, exception or stop line. Otherwise the caller reads it line by line."""
+        got = read_chunk(text, self._fast)
+        return got is not None and self._take(got)
+
+    def _take(self, got: ChunkRead) -> bool:
+        """Add a chunk read by the column path, unless its steps do not go on from the last one (a resume or
+        another log: the line reader looks at the timestamps)."""
         summary = self.summary
-        if any(marker in text for marker in _EVENT_MARKERS):
+        if got.count and self._last_step is not None and got.first_step <= self._last_step:
             return False
-        got = self._fast.read(text, self._last_step)
-        if got is None:
-            return False
-        count, cols, last_step = got
-        if count:
-            cols["rank"] = _repeat(summary.rank, count)
-            self.table.append_columns(count, cols)
-            self._last, self._last_step, summary.stop = self.table.n - 1, last_step, None
-            head = text.rfind(self._fast.head)
-            self._last_line = text[text.rfind("\n", 0, head) + 1:text.find("\n", head) % (len(text) + 1)]
-        summary.lines += text.count("\n") + (0 if not text or text.endswith("\n") else 1)
-        summary.records += count
+        if got.count:
+            got.cols["rank"] = _repeat(summary.rank, got.count)
+            self.table.append_columns(got.count, got.cols)
+            self._last, self._last_step, summary.stop = self.table.n - 1, got.last_step, None
+            self._last_line = got.last_line
+        summary.lines += got.lines
+        summary.records += got.count
         return True
 
     def _parse_text(self, text: str) -> None:
@@ -371,7 +409,6 @@ class LogReader:
 
 
 _SHAPE_PROBE = 1 << 16  # bytes of a chunk read line by line before its step-line shape is known
-_EVENT_MARKERS = ("is_skip:", "Error", "Exception", "stop training", "Interrupt")
 
 
 def _repeat(value: int, count: int) -> array:
