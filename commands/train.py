@@ -40,7 +40,8 @@ JoinOpt = Annotated[bool, typer.Option("--join/--no-join", help="Wait for the wo
                                        "and return at once.")]
 MaxRestartsOpt = Annotated[int, typer.Option(
     "--max-restarts", min=0, help="With --nproc/--nnodes > 1: when a worker dies or a rank hangs, end the job and "
-    "relaunch it from the newest checkpoint in checkpoint.save_path, up to N times (0: fail at once).")]
+    "relaunch it from the newest checkpoint in checkpoint.save_path, up to N times (0: fail at once). With "
+    "--nnodes > 1 give every node the same N: each node restarts, and restart a meets on --master-port + 2a.")]
 HangTimeoutOpt = Annotated[Optional[float], typer.Option(
     "--hang-timeout", min=0.001, help="With --nproc/--nnodes > 1: seconds a rank may make no progress before the "
     "job is ended as hung, naming the ranks (default: mftk.hang_timeout_s, else derived from the step time).")]

@@ -116,6 +116,28 @@ def train_distributed(config: str | os.PathLike, *, overrides: Iterable[str] = (
             time.sleep(RESTART_BACKOFF_S)
 
 
+ATTEMPT_PORT_STRIDE = 2  # attempt a of a multi-node job meets on --master-port + 2a (msrun also binds port + 1)
+
+
+def attempt_spec(spec: Any, attempt: int) -> Any:
+    """The launch of one attempt: a multi-node job's attempt ``a`` runs its scheduler on ``master_port + 2a``.
+
+    Every node's parent restarts on its own (each sees the fault: its own worker failed, or its collectives lost
+    the peer node), in any order and seconds apart. Were the port the same, a node that relaunched first could
+    register with the previous attempt's scheduler, still alive on node 0 until node 0 notices; on an attempt's
+    own port its workers can only meet the nodes of the same attempt, and wait for node 0's new scheduler (msrun's
+    ``--cluster_time_out``, lengthened here by twice the hang timeout: the last node to notice may be one whose
+    collectives wait on the lost node until its watchdog fires). A single-node job picks a free port for every
+    launch already."""
+    if attempt == 0 or spec.nnodes == 1 or spec.master_port is None:
+        return spec
+    from mftk.engine.watchdog import STARTUP_MIN_S
+
+    noticed_s = spec.hang_timeout_s if spec.hang_timeout_s is not None else STARTUP_MIN_S  # derived: >= 60 s
+    return attrs.evolve(spec, master_port=spec.master_port + ATTEMPT_PORT_STRIDE * attempt,
+                        cluster_time_out_s=spec.cluster_time_out_s + int(2 * noticed_s))
+
+
 def _plan_restart(fault: Any, attempt: int, max_restarts: int, save_path: str | None,
                   attempt_s: float) -> tuple[Any, bool]:
     """The restart record, and whether the relaunch resumes from ``save_path`` (it holds a checkpoint)."""
@@ -138,7 +160,7 @@ def _plan_restart(fault: Any, attempt: int, max_restarts: int, save_path: str | 
     resumed_step = step if resumed else 0
     return Restart(attempt=attempt, max_restarts=max_restarts, reason=fault.kind, ranks=tuple(fault.ranks),
                    step_reached=reached, resumed_from=str(where) if resumed else "", resumed_step=resumed_step,
-                   steps_lost=reached - resumed_step if reached is not None else None, seconds_lost=lost_s,
+                   steps_lost=max(0, reached - resumed_step) if reached is not None else None, seconds_lost=lost_s,
                    message=fault.message.splitlines()[0]), resumed
 
 
@@ -176,6 +198,7 @@ def _launch_once(config: str | os.PathLike, *, overrides: Iterable[str], output_
 
     env = {ENV: device} if device else {}
     env[ATTEMPT_ENV] = str(attempt)
+    spec = attempt_spec(spec, attempt)
     result = launch(WORKER_TARGET, payload, spec=spec, on_line=on_line, timeout_s=timeout_s, env=env,
                     follow_rank=follow_rank, keep_fds=keep_fds)
     if not result.results:

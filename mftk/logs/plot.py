@@ -33,6 +33,7 @@ class PlotRun:
     series: list[dict[str, Any]]
     bad_steps: list[int] = attrs.field(factory=list)  # NaN / spike: red lines on the loss panel
     resume_steps: list[int] = attrs.field(factory=list)  # dashed lines on every panel
+    restarts: list[tuple[int, str]] = attrs.field(factory=list)  # (resumed step, label): `--max-restarts` relaunches
 
 
 @attrs.frozen
@@ -138,41 +139,13 @@ def _x_values(series: list[dict[str, Any]], x: str, seq_length: int | None) -> l
 def plot_runs(runs: list[PlotRun], out: Path, *, x: str = "step", metrics: list[str] | None = None,
               seq_length: int | None = None) -> Path:
     """Draw the runs overlaid, one panel per quantity; write `out` atomically and return it."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    if x not in X_AXES:
-        raise InputError(message=f"unknown --x {x!r}", hint=f"use one of: {', '.join(X_AXES)}")
-    panels = panels_for(runs, metrics, seq_length)
-    if not panels:
-        raise InputError(message="nothing to plot: none of the requested metrics are in the log",
-                         hint="drop --metrics or name fields present in the log (loss, lr, grad_norm, throughput)")
     out = Path(out)
     if not out.parent.is_dir():
         raise InputError(message=f"cannot write {out}: directory {out.parent} does not exist", path=str(out),
                          hint=f"create it first: mkdir -p {out.parent}")
-    labels = short_labels([r.label for r in runs])
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.6 * len(panels)), sharex=True, squeeze=False)
-    for ax, panel in zip(axes[:, 0], panels):
-        for label, run in zip(labels, runs):
-            xs = _x_values(run.series, x, seq_length)
-            for field in panel.fields:
-                pts = [(xv, v) for xv, r in zip(xs, run.series)
-                       if xv is not None and (v := _value(panel, r, field)) is not None]
-                if pts:
-                    name = label if len(panel.fields) == 1 else field if len(runs) == 1 else f"{label}: {field}"
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=1, label=name)
-            _marks(ax, run, xs, loss_panel=panel.title == "loss")
-        ax.set_ylabel(panel.title)
-        ax.grid(True, alpha=0.3)
-        if len(panel.fields) > 1 or len(runs) > 1 or (panel.title == "loss" and any(r.resume_steps for r in runs)):
-            ax.legend(fontsize="small")
-    axes[-1, 0].set_xlabel(X_AXES[x] if x == "step" else f"{X_AXES[x]} (total)")
-    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
+    fig = draw_runs(runs, x=x, metrics=metrics, seq_length=seq_length)
     try:
         fd, tmp = temp_beside(out, ".png")
     except InputError:
@@ -189,9 +162,56 @@ def plot_runs(runs: list[PlotRun], out: Path, *, x: str = "step", metrics: list[
     return out
 
 
-def _marks(ax: Any, run: PlotRun, xs: list[float | None], *, loss_panel: bool) -> None:
-    """Resumes as dashed grey lines (labelled once, on the loss panel); NaN/spike steps as red lines there."""
+def draw_runs(runs: list[PlotRun], *, x: str = "step", metrics: list[str] | None = None,
+              seq_length: int | None = None) -> Any:
+    """The matplotlib Figure of `plot_runs` (Agg backend), its panels top to bottom; the caller closes it."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    if x not in X_AXES:
+        raise InputError(message=f"unknown --x {x!r}", hint=f"use one of: {', '.join(X_AXES)}")
+    panels = panels_for(runs, metrics, seq_length)
+    if not panels:
+        raise InputError(message="nothing to plot: none of the requested metrics are in the log",
+                         hint="drop --metrics or name fields present in the log (loss, lr, grad_norm, throughput)")
+    labels = short_labels([r.label for r in runs])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.6 * len(panels)), sharex=True, squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels):
+        for label, run in zip(labels, runs):
+            xs = _x_values(run.series, x, seq_length)
+            for field in panel.fields:
+                pts = [(xv, v) for xv, r in zip(xs, run.series)
+                       if xv is not None and (v := _value(panel, r, field)) is not None]
+                if pts:
+                    name = label if len(panel.fields) == 1 else field if len(runs) == 1 else f"{label}: {field}"
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], linewidth=1, label=name)
+            _marks(ax, run, xs, loss_panel=panel.title == "loss", x=x)
+        ax.set_ylabel(panel.title)
+        ax.grid(True, alpha=0.3)
+        if len(panel.fields) > 1 or len(runs) > 1 or (panel.title == "loss" and any(r.resume_steps or r.restarts for r in runs)):
+            ax.legend(fontsize="small")
+    axes[-1, 0].set_xlabel(X_AXES[x] if x == "step" else f"{X_AXES[x]} (total)")
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return fig
+
+
+def _marks(ax: Any, run: PlotRun, xs: list[float | None], *, loss_panel: bool, x: str = "step") -> None:
+    """Resumes as dashed grey lines (labelled once, on the loss panel); NaN/spike steps as red lines there;
+    restarts as orange dash-dot lines at the step they resumed from, each named on the loss panel."""
     step_to_x = {r["step"]: xv for r, xv in zip(run.series, xs)}
+    for i, (s, label) in enumerate(run.restarts):
+        xv = step_to_x.get(s, s if x == "step" else None)  # step 0 (no checkpoint yet) has no record
+        if xv is None:
+            continue
+        ax.axvline(xv, color="tab:orange", linestyle="-.", linewidth=1.0,
+                   label="restart" if loss_panel and i == 0 else None)
+        if loss_panel:
+            ax.text(xv, 0.98, f" {label}", transform=ax.get_xaxis_transform(), rotation=90, va="top", ha="left",
+                    fontsize="x-small", color="tab:orange")
     for i, s in enumerate(run.resume_steps):
         if step_to_x.get(s) is not None:
             ax.axvline(step_to_x[s], color="grey", linestyle="--", linewidth=0.9,

@@ -140,9 +140,11 @@ def write_outputs(report: LogReport) -> None:
         report.written.append(str(o.json))
     if o.plot:
         from mftk.logs.plot import PlotRun, plot_runs
+        from mftk.logs.restarts import plot_marks, read_restarts
 
         runs = [PlotRun(r.name, r.series, sorted({a.step for a in r.anomalies if a.kind in ("nan", "spike")}),
-                        sorted({a.step for a in r.anomalies if a.kind == "resume"})) for r in report.runs]
+                        sorted({a.step for a in r.anomalies if a.kind == "resume"}),
+                        plot_marks(read_restarts(Path(f.path) for f in r.run.files))) for r in report.runs]
         plot_runs(runs, o.plot, x=o.x, metrics=o.metrics, seq_length=o.seq_length)
         report.written.append(str(o.plot))
 

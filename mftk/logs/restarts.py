@@ -7,6 +7,7 @@ step records (`format.parse_metrics_record`) passes it by.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -56,15 +57,26 @@ def write_restart(restart: Restart, log_dirs: Iterable[Path]) -> None:
             f.write(json.dumps(restart.record()) + "\n")
 
 
+# `Restart.line()` as written to info.log, for logs copied without their metrics.jsonl
+_INFO_LINE = re.compile(INFO_PREFIX + r"(\d+)/(\d+): reason (\w+), rank ([\d,?]+), step reached (\d+|\?), resuming "
+                        r"from .*? \(step (\d+)\), steps lost (\d+|\?), seconds lost ([\d.]+)")
+
+
 def read_restarts(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """The restart records of ``metrics.jsonl`` files (and of the ``metrics.jsonl`` beside an ``info.log``)."""
+    """The restart records of ``metrics.jsonl`` files (and of the ``metrics.jsonl`` beside an ``info.log``;
+    without one, the info.log's restart WARNING lines)."""
     out, seen = [], set()
     for p in paths:
         p = Path(p)
         candidates = [p] if p.suffix == ".jsonl" else [p.with_name("metrics.jsonl")] if p.is_file() else \
             sorted(p.glob("**/metrics.jsonl"))
         for c in candidates:
-            if c in seen or not c.is_file():
+            if c in seen:
+                continue
+            if not c.is_file():
+                if p.is_file() and p not in seen:
+                    seen.add(p)
+                    out.extend(_info_restarts(p))
                 continue
             seen.add(c)
             with open(c, encoding="utf-8", errors="replace") as f:
@@ -78,6 +90,31 @@ def read_restarts(paths: Iterable[Path]) -> list[dict[str, Any]]:
                     if isinstance(rec, dict) and rec.get("event") == EVENT:
                         out.append(rec)
     return out
+
+
+def _info_restarts(path: Path) -> list[dict[str, Any]]:
+    """The restart WARNING lines of one text log, as records (the fields a line carries)."""
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if INFO_PREFIX not in line or (m := _INFO_LINE.search(line)) is None:
+                continue
+            attempt, most, reason, ranks, reached, resumed, lost, seconds = m.groups()
+            out.append({"event": EVENT, "attempt": int(attempt), "max_restarts": int(most), "reason": reason,
+                        "ranks": [int(r) for r in ranks.split(",") if r.isdigit()],
+                        "step_reached": None if reached == "?" else int(reached), "resumed_step": int(resumed),
+                        "steps_lost": None if lost == "?" else int(lost), "seconds_lost": float(seconds)})
+    return out
+
+
+def plot_marks(records: Iterable[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(resumed step, label) per restart, once each however many ranks' logs repeat it, in attempt order."""
+    marks = {}
+    for rec in records:
+        key = (rec.get("attempt"), rec.get("resumed_step"))
+        if isinstance(rec.get("resumed_step"), int) and key not in marks:
+            marks[key] = (rec["resumed_step"], f"restart #{rec.get('attempt')} ({rec.get('reason')})")
+    return [marks[k] for k in sorted(marks, key=lambda k: (k[0] or 0, k[1]))]
 
 
 def describe(record: dict[str, Any]) -> str:

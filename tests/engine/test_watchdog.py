@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import attrs
 import pytest
 
 from mftk.engine import faults
@@ -124,6 +125,21 @@ def test_restart_records_go_to_info_log_and_metrics_and_are_no_steps(tmp_path):
     assert rec["reason"] == "died" and rec["steps_lost"] == 1 and rec["ranks"] == [1]
     assert read_restarts([tmp_path]) == [rec]
     assert describe(rec) == "#1: died of rank 1 after step 5, resumed from step 4 (1 steps, 12 s lost)"
+
+
+def test_each_restart_of_a_multi_node_job_meets_on_a_port_of_its_own():
+    """Attempt a of an `--nnodes 2` job: scheduler on master port + 2a (never the previous attempt's scheduler,
+    which may still be alive on node 0), and workers that wait for it past the slower node's hang detection."""
+    from mftk.engine.launch import LaunchSpec
+    from mftk.engine.workers import attempt_spec
+
+    spec = LaunchSpec(nproc=1, nnodes=2, node_rank=1, master_port=20480, hang_timeout_s=20.0)
+    assert attempt_spec(spec, 0) == spec
+    assert [attempt_spec(spec, a).master_port for a in (1, 2, 3)] == [20482, 20484, 20486]
+    assert attempt_spec(spec, 1).cluster_time_out_s == 120 + 40
+    assert attempt_spec(attrs.evolve(spec, hang_timeout_s=None), 1).cluster_time_out_s == 120 + 2 * STARTUP_MIN_S
+    single = LaunchSpec(nproc=2)  # one node: a free port is picked for every launch
+    assert attempt_spec(single, 2) == single
 
 
 def test_hang_timeout_key_is_read_and_checked():

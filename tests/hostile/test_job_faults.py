@@ -216,6 +216,54 @@ def test_max_restarts_recovers_a_death_then_a_hang_to_the_same_bits(job, nproc, 
     assert "#2: hang of rank 0 after step 4, resumed from step 4" in flat(parsed.stderr)
 
 
+def test_max_restarts_on_two_nodes_restarts_both_to_the_same_bits(job):
+    """`--nnodes 2 --nproc 1` on this host, `--max-restarts 3` on each node: rank 1 (node 1) exits as step 3
+    begins, then rank 0 (node 0) hangs at step 5 of the relaunch. Each node sees the fault (its own worker, or its
+    collectives losing the other node), ends its part and relaunches; both meet on the attempt's port and resume
+    the save path's same checkpoint (steps 2, then 4); the final checkpoint equals, to the bit, that of the
+    uninterrupted job of the same two ranks on one node."""
+    import json
+
+    from mftk.engine.launch import pick_free_port
+    from tests.helpers import hostile
+
+    ref_ckpt, ckpt = job / "ckpt_ref_nodes", job / "ckpt_restart_nodes"
+    ref = mftk("train", str(job / "six.yaml"), "--nproc", "2", "--output-dir", str(job / "out_ref_nodes"),
+               "--set", f"checkpoint.save_path={ref_ckpt}", timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    port = str(pick_free_port())
+    env = {**hostile.ENV, "MFTK_FAULT": "rank:1,step:3,kind:exit;rank:0,step:5,kind:hang,attempt:1"}
+    nodes, consoles = [], [job / f"console_rn{i}.txt" for i in (0, 1)]
+    for i in (0, 1):
+        with open(consoles[i], "w") as console:  # files, not pipes: nothing blocks on a full pipe
+            nodes.append(hostile.subprocess.Popen(
+                [hostile.sys.executable, "-m", "mftk", "train", str(job / "six.yaml"), "--nproc", "1", "--nnodes",
+                 "2", "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port", port,
+                 "--output-dir", str(job / f"out_rn{i}"), "--log-dir", str(job / f"msrun_rn{i}"),
+                 "--set", f"checkpoint.save_path={ckpt}", "--max-restarts", "3", "--hang-timeout", "20"],
+                stdout=console, stderr=hostile.subprocess.STDOUT, text=True, cwd=hostile.ROOT, env=env))
+    try:
+        for p in nodes:
+            p.wait(timeout=1200)
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+    texts = [c.read_text(errors="replace") for c in consoles]
+    said = [[line for line in t.splitlines() if "mftk restart" in line or "because:" in line] for t in texts]
+    assert [p.returncode for p in nodes] == [0, 0], (said, texts[0][-3000:], texts[1][-3000:])
+    assert "mftk restart 1/3: reason died, rank 1, step reached 2" in flat(texts[1]), said
+    assert "mftk restart 2/3: reason hang, rank 0, step reached 4" in flat(texts[0]), said
+    for node, rank in ((0, 0), (1, 1)):  # each node logged both restarts, resuming the same steps as the other
+        records = [json.loads(x) for x in (job / f"out_rn{node}" / "log" / f"rank_{rank}" / "metrics.jsonl")
+                   .read_text().splitlines() if '"event"' in x]
+        assert [(r["attempt"], r["resumed_step"]) for r in records] == [(1, 2), (2, 4)], (node, records)
+    a, b = _tensors(ref_ckpt / "iteration_00000006"), _tensors(ckpt / "iteration_00000006")
+    assert sorted(a) == sorted(b) and any(k.startswith("checkpoint-opt") for k in a), sorted(a)[:8]
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
+
+
 def test_pipeline_console_follows_the_stage_that_logs_the_loss(job):
     """pp2 on two workers: rank 1 (the last stage) logs the loss; the console shows its lines, rank 0's
     info.log keeps the reference's `loss: N/A` line."""

@@ -1,7 +1,7 @@
 """Plot layout decisions (which panels, which labels) and that a plot with every mark is written."""
 from pathlib import Path
 
-from mftk.logs.plot import PlotRun, panels_for, plot_runs, short_labels
+from mftk.logs.plot import PlotRun, draw_runs, panels_for, plot_runs, short_labels
 from tests.helpers.logsynth import step_metrics
 
 
@@ -38,3 +38,34 @@ def test_plot_with_resume_and_bad_steps_is_written(tmp_path: Path):
     out = plot_runs([PlotRun("runs/a/info.log", rows, bad_steps=[12], resume_steps=[20]),
                      PlotRun("runs/b/info.log", rows)], tmp_path / "p.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_restarts_are_marked_at_their_resumed_step(tmp_path: Path):
+    """Each `--max-restarts` relaunch read back from a job's logs is a vertical line on every panel at the step it
+    resumed from, named on the loss panel; duplicates from other ranks' logs are drawn once."""
+    import matplotlib.pyplot as plt
+
+    from mftk.logs.restarts import Restart, plot_marks, read_restarts, write_restart
+
+    logs = [tmp_path / "rank_0", tmp_path / "rank_1"]
+    for d in logs:
+        d.mkdir()
+    for attempt, (reason, reached, resumed) in enumerate([("died", 7, 4), ("hang", 13, 12)], start=1):
+        write_restart(Restart(attempt=attempt, max_restarts=3, reason=reason, ranks=(1,), step_reached=reached,
+                              resumed_from=f"ckpt/iteration_{resumed:08d}", resumed_step=resumed,
+                              steps_lost=reached - resumed, seconds_lost=2.0, message="m"), logs)
+    marks = plot_marks(read_restarts([d / "info.log" for d in logs]))
+    assert marks == [(4, "restart #1 (died)"), (12, "restart #2 (hang)")]
+    (logs[1] / "metrics.jsonl").unlink()  # an info.log alone: its WARNING lines give the same marks
+    assert plot_marks(read_restarts([logs[1] / "info.log"])) == marks
+
+    fig = draw_runs([PlotRun("a", _series(20), restarts=marks)])
+    try:
+        for ax in fig.axes:
+            dashdot = [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == "-."]
+            assert dashdot == [4, 12]
+        texts = [t.get_text().strip() for t in fig.axes[0].texts]
+        assert texts == ["restart #1 (died)", "restart #2 (hang)"]
+        assert all(not ax.texts for ax in fig.axes[1:])
+    finally:
+        plt.close(fig)
