@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -76,3 +77,26 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmd and p.pid != os.getpid():
             found.append(f"{p.pid}: {cmd[:200]}")
     return found
+
+
+def wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 240, count: int = 1) -> None:
+    """Until ``path`` holds ``text`` ``count`` times; an AssertionError if ``proc`` exits first or time runs out
+    (a generous deadline for something to happen, not a speed check)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text(errors="replace").count(text) >= count:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} before {text!r} appeared: {proc.communicate()}")
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def kill_under(base: str) -> None:
+    """Kill every process (but this one) whose command line mentions ``base``: what a failing test left running."""
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if base in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+                p.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass

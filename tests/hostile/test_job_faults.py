@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mftk.engine.launch import START_MARK
-from tests.helpers.hostile import flat, mftk, processes_mentioning, start_mftk
+from tests.helpers.hostile import flat, kill_under, mftk, processes_mentioning, start_mftk, wait_for
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -39,26 +39,7 @@ def job(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _reap(tmp_path_factory):
     yield
-    import psutil
-
-    base = str(tmp_path_factory.getbasetemp())
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if base in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-                p.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-
-
-def _wait_for(path: Path, text: str, proc, timeout: float = 240, count: int = 1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text(errors="replace").count(text) >= count:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} before {text!r} appeared: {proc.communicate()}")
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in {path}")
+    kill_under(str(tmp_path_factory.getbasetemp()))
 
 
 def _lock_held(save_path: Path) -> bool:
@@ -110,7 +91,7 @@ def _start_long(job: Path, name: str, *extra: str):
     ckpt = job / f"ckpt_{name}"
     p = start_mftk("train", str(job / "long.yaml"), "--nproc", "2", "--output-dir", str(job / f"out_{name}"),
                    "--log-dir", str(logs), "--set", f"checkpoint.save_path={ckpt}", *extra)
-    _wait_for(logs / "worker_0.log", STEP, p)
+    wait_for(logs / "worker_0.log", STEP, p)
     return p, logs, ckpt
 
 
@@ -143,7 +124,7 @@ def test_a_stopped_rank_is_found_named_and_its_stack_dumped(job, nproc, rank, la
     p = start_mftk("train", str(job / "long.yaml"), "--nproc", str(nproc), "--output-dir", str(job / f"out_stop{nproc}"),
                    "--log-dir", str(logs), "--set", f"checkpoint.save_path={job / f'ckpt_stop{nproc}'}",
                    "--hang-timeout", "20", *sets)
-    _wait_for(logs / f"worker_{rank}.log", STEP, p, count=2, timeout=400)
+    wait_for(logs / f"worker_{rank}.log", STEP, p, count=2, timeout=400)
     os.kill(_pid_of(logs / f"worker_{rank}.log"), signal.SIGSTOP)
     stopped_at = time.monotonic()
     out, err = p.communicate(timeout=120)
@@ -289,7 +270,7 @@ def test_kill_9_of_one_nodes_mftk_ends_both_nodes(job):
     nodes = [start_mftk(*common, "--node-rank", str(i), "--output-dir", str(job / f"out_n{i}"),
                         "--log-dir", str(job / f"msrun_n{i}")) for i in (0, 1)]
     try:
-        _wait_for(job / "msrun_n1" / "worker_1.log", STEP, nodes[1])
+        wait_for(job / "msrun_n1" / "worker_1.log", STEP, nodes[1])
         nodes[1].kill()
         nodes[1].wait(timeout=30)
         _gone_with_lock_held(str(job / "msrun_n1"), job / "ckpt_nodes")  # node 0 holds the lock meanwhile too

@@ -9,7 +9,6 @@ or worker process outlives the command.
 """
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import yaml
 
 from mftk.ckpt.inspect import inspect_checkpoint
 from mftk.engine.launch import pick_free_port
-from tests.helpers.hostile import flat, processes_mentioning, start_mftk
+from tests.helpers.hostile import flat, kill_under, processes_mentioning, start_mftk, wait_for
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -37,17 +36,6 @@ def job(tmp_path_factory):
     return d
 
 
-def _wait_for(path: Path, text: str, proc, timeout: float = 240, count: int = 1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text(errors="replace").count(text) >= count:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} before {text!r} appeared: {proc.communicate()}")
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in {path}")
-
-
 def _finish(proc, timeout: float = 180) -> tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -61,15 +49,7 @@ def _finish(proc, timeout: float = 180) -> tuple[int, str, str]:
 def _reap(tmp_path_factory):
     """Whatever a failing test leaves running under the test dirs is killed (then the test fails on it)."""
     yield
-    import psutil
-
-    base = str(tmp_path_factory.getbasetemp())
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if base in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-                p.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+    kill_under(str(tmp_path_factory.getbasetemp()))
 
 
 def _no_leftovers(marker: str) -> None:
@@ -98,7 +78,7 @@ def test_sigterm_during_start_up_reaches_every_worker(job):
     logs = job / "msrun_a"
     p = start_mftk("train", str(job / "q.yaml"), "--nproc", "2", "--output-dir", str(job / "out_a"),
                    "--log-dir", str(logs))
-    _wait_for(logs / "worker_1.log", START, p)
+    wait_for(logs / "worker_1.log", START, p)
     p.send_signal(signal.SIGTERM)
     code, _, err = _finish(p)
     assert code == 75, err[-3000:]
@@ -113,7 +93,7 @@ def test_ctrl_c_under_msrun_saves_then_exits_75(job):
     logs = job / "msrun_b"
     p = start_mftk("resume", str(job / "q.yaml"), "--nproc", "2", "--output-dir", str(job / "out_b"),
                    "--log-dir", str(logs))
-    _wait_for(logs / "worker_0.log", STEP, p, count=2)
+    wait_for(logs / "worker_0.log", STEP, p, count=2)
     p.send_signal(signal.SIGINT)
     code, out, err = _finish(p)
     assert code == 75, err[-3000:]
@@ -130,7 +110,7 @@ def test_sigterm_to_node_0_of_a_two_node_job(job):
     nodes = [start_mftk(*common, "--node-rank", str(i), "--output-dir", str(job / f"out_n{i}"),
                         "--log-dir", str(job / f"msrun_n{i}")) for i in (0, 1)]
     try:
-        _wait_for(job / "msrun_n1" / "worker_1.log", STEP, nodes[1])
+        wait_for(job / "msrun_n1" / "worker_1.log", STEP, nodes[1])
         nodes[0].send_signal(signal.SIGTERM)
         results = [_finish(p) for p in nodes]
     finally:
@@ -150,7 +130,7 @@ def test_quickstart_passes_sigterm_to_its_train_stage(tmp_path):
     p = start_mftk("quickstart", "--workdir", str(work), "--nproc", "2", "--steps", "5000", "--max-chars", "20000",
                    "--vocab-size", "512")
     worker = work / "output" / "msrun_log" / "worker_0.log"
-    _wait_for(worker, STEP, p, timeout=300)
+    wait_for(worker, STEP, p, timeout=300)
     p.send_signal(signal.SIGTERM)
     code, out, err = _finish(p)
     assert code == 75, err[-3000:]
@@ -167,7 +147,7 @@ def test_a_second_ctrl_c_stops_the_job_at_once(job):
     logs = job / "msrun_c"
     p = start_mftk("train", str(job / "q.yaml"), "--nproc", "2", "--output-dir", str(job / "out_c"),
                    "--log-dir", str(logs), "--new-run", "--set", f"checkpoint.save_path={job / 'ckpt_c'}")
-    _wait_for(logs / "worker_1.log", START, p)
+    wait_for(logs / "worker_1.log", START, p)
     p.send_signal(signal.SIGINT)
     time.sleep(0.5)
     p.send_signal(signal.SIGINT)
