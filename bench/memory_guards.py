@@ -8,6 +8,8 @@ asserts nothing on RSS, wall time or throughput: those move with the machine's l
   attention + 3·1024·2816 MLP) = 51 MB a layer), 5 steps in one process; prints the VmRSS growth from step 2
   to step 5 as a fraction of one layer's weights. A replay whose recorded graph is never released (the bug
   `engine.checkpoint` guards against) grows by 2 layers a step: ~6.0; fixed: ~0.
+--unique-words: `mftk preprocess` of ~100 MB of random 10-character words (gigatoken memoizes every distinct word
+  without a bound: 1.9 GB for 150 MB before mftk bounded it); prints the peak RSS (goal < 1 GiB).
 --long-line: `mftk preprocess` of one 50 MB JSON line against a one-line run, each a fresh process; prints
   the extra peak RSS (VmHWM) as a multiple of the line's size (was ~150× before issue 21; a few copies now).
 """
@@ -88,16 +90,33 @@ def long_line() -> float:
     return (peak - base) * 1024 / size
 
 
+def unique_words() -> float:
+    import base64
+    import os
+
+    tokenizer = ROOT / "mftk" / "templates" / "data"
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        with open(tmp / "random.jsonl", "w") as f:
+            for _ in range(33_000):
+                b = base64.b64encode(os.urandom(2250)).decode().replace("+", "a").replace("/", "b")
+                f.write(json.dumps({"text": " ".join(b[i:i + 10] for i in range(0, len(b), 10))}) + "\n")
+        return _peak_kib("preprocess", "-i", str(tmp / "random.jsonl"), "-o", str(tmp / "r"), "-t", str(tokenizer)) / 1024
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fsdp-replay", action="store_true")
     ap.add_argument("--long-line", action="store_true")
+    ap.add_argument("--unique-words", action="store_true")
     a = ap.parse_args()
-    both = not (a.fsdp_replay or a.long_line)
+    both = not (a.fsdp_replay or a.long_line or a.unique_words)
     if both or a.fsdp_replay:
         print(f"fsdp replay: RSS growth steps 2-5 = {fsdp_replay():.2f} layers (leak: ~6, fixed: ~0)")
     if both or a.long_line:
         print(f"50 MB line: extra peak RSS = {long_line():.1f}x the line (was ~150x; goal < 10x)")
+    if both or a.unique_words:
+        print(f"100 MB of unique words: peak RSS {unique_words():.0f} MiB (was 1.9 GB for 150 MB; goal < 1024)")
 
 
 if __name__ == "__main__":

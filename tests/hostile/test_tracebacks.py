@@ -133,7 +133,7 @@ def test_a_users_error_on_an_msrun_worker_is_the_same_error(tmp_path, corpus):
 
     hand = mf_step_dir(tmp_path / "hand")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "ckpt", steps=2, gbs=2)))
+    cfg.write_text(yaml.safe_dump(tiny_raw("qwen3_tiny.yaml", corpus, tmp_path / "ckpt", steps=6, gbs=2)))  # past step 4
     r = mftk("resume", str(cfg), "--from", str(hand.parent), "--nproc", "2", "--output-dir", str(tmp_path / "out"))
     assert_clean_failure(r, 1, f"{hand} does not fit the model", "missing in checkpoint: output_layer.weight",
                          "unexpected in checkpoint: w")
