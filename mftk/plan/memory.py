@@ -18,7 +18,6 @@ from typing import Any
 import attrs
 
 from mftk.errors import InputError
-from mftk.units import parse_bytes  # noqa: F401 (the size convention's owner; re-exported for the planner)
 from mftk.plan import flops as F
 from mftk.derive import Layout, compiles_blocks, stage_layers
 

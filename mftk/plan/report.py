@@ -20,8 +20,8 @@ from mftk.config.yamlio import parse_yaml, read_config_file
 from mftk.errors import ConfigError, InputError, PlanError
 from mftk.plan import search as S
 from mftk.derive import Layout, layout_from_config
-from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, human, parse_bytes, preset
-from mftk.units import count
+from mftk.plan.memory import Assumptions, LayoutEstimate, PlanInputs, estimate, human, preset
+from mftk.units import count, parse_bytes
 
 SHAPE_KEYS = ("vocab_size", "seq_length", "hidden_size", "num_hidden_layers", "num_attention_heads")
 _RESET = {"tensor_parallel": 1, "pipeline_parallel": 1, "context_parallel": 1, "expert_parallel": 1,

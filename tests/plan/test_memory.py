@@ -6,7 +6,8 @@ from mftk.config.model import Qwen3ModelConfig
 from mftk.errors import InputError
 from mftk.plan.flops import param_counts
 from mftk.derive import Layout
-from mftk.plan.memory import (Assumptions, PlanInputs, activation_inventory, estimate, in_flight, parse_bytes)
+from mftk.plan.memory import Assumptions, PlanInputs, activation_inventory, estimate, in_flight
+from mftk.units import parse_bytes
 from tests.helpers.sizes import tiny_dsv3
 from tests.helpers.sizes import tiny_qwen3 as flops_tiny_qwen3
 
