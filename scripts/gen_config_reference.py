@@ -1,7 +1,7 @@
-"""Regenerate the README's config reference from the config model.
+"""Regenerate docs/config-reference.md (the config reference) from the config model.
 
 Usage: python scripts/gen_config_reference.py [--check]
---check exits 1 (and changes nothing) when the README block is stale.
+--check exits 1 (and changes nothing) when the generated block of that page is stale.
 """
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from mftk.config.reference import config_reference_markdown, replace_block  # no
 
 
 def main() -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text(encoding="utf-8")
+    page = ROOT / "docs" / "config-reference.md"
+    text = page.read_text(encoding="utf-8")
     new = replace_block(text, config_reference_markdown())
     if "--check" in sys.argv:
         if new != text:
-            print("README.md config reference is stale: run python scripts/gen_config_reference.py")
+            print("docs/config-reference.md is stale: run python scripts/gen_config_reference.py")
             return 1
         return 0
-    readme.write_text(new, encoding="utf-8")
-    print("README.md config reference updated")
+    page.write_text(new, encoding="utf-8")
+    print("docs/config-reference.md updated")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The command blocks of README.md, as a test (and a person) runs them: what to type, what it claims.
+"""The command blocks of README.md and of every docs/**/*.md page, as a test (and a person) runs them:
+what to type, what it claims.
 
 A ```bash block is a list of commands (one per line; a trailing backslash continues it); each claims
 exit 0. A ```console block alternates ``$ command`` lines with the output the README shows for it:
@@ -7,7 +8,7 @@ exit 0. A ```console block alternates ``$ command`` lines with the output the RE
 spaces are not significant (table columns may be wider or narrower). Other fences (```text, ```yaml)
 are not commands.
 
-    python scripts/readme_blocks.py            # list every block with its commands and claims
+    python scripts/readme_blocks.py            # list every block of every page with its commands and claims
     python scripts/readme_blocks.py --json     # the same as JSON
 
 `tests/test_readme.py` runs each block in a fresh directory of fixtures and checks the claims with
@@ -29,24 +30,35 @@ ELLIPSIS = "…"
 @dataclass
 class Command:
     text: str  # what is pasted into the shell
-    line: int  # README line of its first line
-    expected: list[str] = field(default_factory=list)  # output lines the README shows (console blocks)
+    line: int  # line of the page where it starts
+    expected: list[str] = field(default_factory=list)  # output lines the page shows (console blocks)
     exit_code: int = 0  # claimed by a following `$ echo $?`, else 0
 
 
 @dataclass
 class Block:
     lang: str
-    line: int  # README line of the opening fence
+    line: int  # line of the opening fence
     heading: str  # the section it is in
     commands: list[Command]
+    page: str = "README.md"  # the file, relative to the repository root
 
     @property
     def name(self) -> str:
-        return f"README.md:{self.line} ({self.heading})"
+        return f"{self.page}:{self.line} ({self.heading})"
 
 
-def blocks(text: str) -> list[Block]:
+def pages(root: Path = ROOT) -> list[Path]:
+    """The pages whose blocks are run: README.md, then every docs/**/*.md in path order."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def all_blocks(root: Path = ROOT) -> list[Block]:
+    """The command blocks of every page."""
+    return [b for p in pages(root) for b in blocks(p.read_text(encoding="utf-8"), p.relative_to(root).as_posix())]
+
+
+def blocks(text: str, page: str = "README.md") -> list[Block]:
     """Every ```bash / ```console block of a Markdown text, parsed into commands."""
     out: list[Block] = []
     lines = text.splitlines()
@@ -63,7 +75,7 @@ def blocks(text: str) -> list[Block]:
             if fence.group(1) in COMMAND_FENCES:
                 body = lines[body_start:j]
                 parse = _console if fence.group(1) == "console" else _bash
-                out.append(Block(fence.group(1), i + 1, heading, parse(body, body_start + 1)))
+                out.append(Block(fence.group(1), i + 1, heading, parse(body, body_start + 1), page))
             i = j + 1
             continue
         i += 1
@@ -149,7 +161,7 @@ def missing_lines(expected: list[str], stdout: str, stderr: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    found = blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    found = all_blocks()
     if "--json" in argv:
         print(json.dumps([asdict(b) for b in found], indent=1, ensure_ascii=False))
         return 0

@@ -1,6 +1,7 @@
-"""Every command block of README.md works when pasted: its exit code and the lines it shows.
+"""Every command block of README.md and of every docs/**/*.md page works when pasted: its exit code and
+the lines it shows.
 
-`scripts/readme_blocks.py` extracts the ```bash and ```console blocks; each block runs in a fresh
+`scripts/readme_blocks.py` extracts the ```bash and ```console blocks of each page; each block runs in a fresh
 directory holding the files a reader would bring (a corpus, a tokenizer, `my.yaml`, a broken
 `bad.yaml`, a static-graph config, msrun logs, a checkpoint, a Hugging Face export), with `mftk` on
 PATH, stdout and stderr piped and ``COLUMNS=80``, as in CI. The templates in that directory are the
@@ -36,7 +37,7 @@ def _extractor():
 
 
 RB = _extractor()
-BLOCKS = RB.blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+BLOCKS = RB.all_blocks(ROOT)
 
 # Blocks not run here, each with the reason (matched by the start of their first command).
 NOT_RUN = {
@@ -57,7 +58,7 @@ def _params():
         why = _not_run(b)
         if why:
             marks.append(pytest.mark.skip(reason=why))
-        out.append(pytest.param(b, id=f"line{b.line}", marks=marks))
+        out.append(pytest.param(b, id=f"{b.page}:{b.line}", marks=marks))
     return out
 
 
@@ -176,14 +177,14 @@ def test_readme_block_works_as_pasted(kit, tmp_path, block):
     for cmd in block.commands:
         done = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, capture_output=True, text=True,
                               timeout=600)
-        where = f"README.md:{cmd.line}: $ {cmd.text}"
+        where = f"{block.page}:{cmd.line}: $ {cmd.text}"
         if done.returncode != cmd.exit_code:
-            failures.append(f"{where}\n  exit {done.returncode}, README says {cmd.exit_code}\n"
+            failures.append(f"{where}\n  exit {done.returncode}, the page says {cmd.exit_code}\n"
                             f"  stdout: {done.stdout[-3000:]}\n  stderr: {done.stderr[-3000:]}")
             continue
         missing = RB.missing_lines(cmd.expected, done.stdout, done.stderr)
         if missing:
-            failures.append(f"{where}\n  lines the README shows but the command did not print:\n    "
+            failures.append(f"{where}\n  lines the page shows but the command did not print:\n    "
                             + "\n    ".join(missing) + f"\n  stdout:\n{done.stdout[-4000:]}\n  stderr:\n"
                             f"{done.stderr[-2000:]}")
         assert "Traceback" not in done.stderr, f"{where}\n{done.stderr}"
@@ -209,3 +210,11 @@ def test_matcher_is_strict_about_the_claimed_text():
     blocks = RB.blocks("## s\n```console\n$ false\nerr\n$ echo $?\n1\n```\n```bash\nls \\\n  -l\n```\n")
     assert [(c.text, c.exit_code, c.expected) for b in blocks for c in b.commands] == [
         ("false", 1, ["err"]), ("ls \\\n  -l", 0, [])]
+
+
+def test_blocks_come_from_every_page():
+    """The docs pages are read, not only README.md: the blocks that moved there are found where they are."""
+    found = {b.page for b in BLOCKS}
+    assert {"README.md", "docs/commands/train.md", "docs/commands/validate-config.md"} <= found, found
+    assert RB.pages(ROOT)[0] == ROOT / "README.md"
+    assert all(p.suffix == ".md" and (p == ROOT / "README.md" or "docs" in p.parts) for p in RB.pages(ROOT))

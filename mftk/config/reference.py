@@ -1,8 +1,8 @@
 """The config reference (every section and field with type, default and meaning) as Markdown.
 
-Generated from the attrs classes and their metadata, so the README can never drift from the
-model: `scripts/gen_config_reference.py` rewrites the README block between the markers, and a
-test fails when the block is stale.
+Generated from the attrs classes and their metadata, so the docs can never drift from the
+model: `scripts/gen_config_reference.py` rewrites the block between the markers in
+`docs/config-reference.md`, and a test fails when the block is stale.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's config reference is generated from the config model and must not be stale."""
+"""docs/config-reference.md is generated from the config model and must not be stale."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +11,8 @@ from mftk.config.reference import START, END, config_reference_markdown
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_readme_block_is_current():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_config_reference_page_is_current():
+    text = (ROOT / "docs" / "config-reference.md").read_text(encoding="utf-8")
     block = text.split(START, 1)[1].split(END, 1)[0]
     expected = config_reference_markdown().split(START, 1)[1].split(END, 1)[0]
     assert block == expected, "run: python scripts/gen_config_reference.py"
