@@ -4,8 +4,8 @@ Every key of the four shipped pretraining YAMLs (`configs/deepseek4/pretrain_dee
 [_reduction].yaml`, mindformers-2.1.md §5.2) is a field here, under the YAML's own name; the
 `MLATransformerConfig` names (`csa_compress_ratios`, `moe_n_hash_layers`, …) and the HF
 `DeepseekV4Config` names (`sliding_window`, `hc_mult`, `swiglu_limit`, …) are aliases. Where the
-reference and `transformers` compute differently, mftk computes what `transformers` does (README,
-compatibility table); the rules below are the reference's own plus the ones the engine needs.
+reference and `transformers` compute differently, mftk computes what `transformers` does (the tables of
+docs/compatibility.md); the rules below are the reference's own plus the ones the engine needs.
 
 Layer schedule: ``compress_ratios`` has one entry per decoder layer and one per MTP layer (the
 reference indexes it by global layer id). 0 = sliding window only, 4 = compressed sparse attention

@@ -2,8 +2,8 @@
 
 Field names are spelled exactly as the YAML keys, so a cattrs error path is what the user
 typed and one YAML works in both tools. Every default is written here and nowhere else;
-help text lives in field metadata (used by `--print-resolved` and the README's config
-reference). Value and cross-field rules live in `rules.py`, not in validators, so that every
+help text lives in field metadata (used by `--print-resolved` and the generated
+docs/config-reference.md). Value and cross-field rules live in `rules.py`, not in validators, so that every
 problem is reported at once with its path.
 """
 from typing import Any, Optional, Union
