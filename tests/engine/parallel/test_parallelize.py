@@ -120,7 +120,8 @@ def test_v4_tp_splits_only_the_query_up_projection_as_mf():
     tl = model.decoder.layers[0]
     assert isinstance(tl.input_layernorm.leave, comm.GatherFromGroup)
     assert isinstance(tl.self_attention.linear_proj.leave, comm.KeepSlice)
-    assert isinstance(tl.self_attention.linear_q_up_proj, Sharded) and tl.self_attention.linear_q_up_proj.leave.dim == -1
+    q_up_cell = tl.self_attention.linear_q_up_proj
+    assert isinstance(q_up_cell, Sharded) and q_up_cell.leave.dim == -1  # the heads gathered back
     ids = Tensor(np.arange(8, dtype=np.int32).reshape(1, 8))
     assert tl.mlp.tokens.ids(ids).asnumpy().tolist() == [[4, 5, 6, 7]]  # rank 1: the second half of the sequence
 
