@@ -11,8 +11,9 @@ What the engine runs (`engine/parallel/parallelize.py`): every combination of DP
 sequence parallel, EP, CP (colossal, ulysses, hybrid) and PP (1F1B, GPipe, interleaved 1F1B) over the
 reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
-exceptions are refused here with their reason: DeepSeek-V4 (no tensor/context-parallel plan; pipeline stages
-pass its residual streams, `pipeline_model.StageModel.act_shape`) and Muon where it needs whole matrices. Qwen3-MoE is Qwen3's GQA attention
+exceptions are refused here with their reason: DeepSeek-V4 takes TP (its own plan, `_tensor_v4`) but not CP
+(MF's CSA context parallel is its own schedule; pipeline stages pass its residual streams,
+`pipeline_model.StageModel.act_shape`) and Muon where it needs whole matrices. Qwen3-MoE is Qwen3's GQA attention
 with the shared MoE parts, so it takes the GQA plan and every other dimension.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ import attrs
 from mftk.derive import Layout, accumulation_steps, parse_layer_range, stage_chunks
 
 # attention kind per model family: which tensor / context parallel plan applies (engine/parallel/parallelize.py)
-ATTENTION_KINDS = {"qwen3": "gqa", "qwen3_moe": "gqa", "deepseek_v3": "mla"}
+ATTENTION_KINDS = {"qwen3": "gqa", "qwen3_moe": "gqa", "deepseek_v3": "mla", "deepseek_v4": "csa"}
 
 # dimensions besides TP and CP (no attention kind above) a family's parallel plan does not cover yet, and why
 FAMILY_GAPS: dict[str, dict[str, str]] = {}
@@ -38,6 +39,7 @@ RULES: dict[str, tuple[str, str]] = {
     "tp_heads": ("tp", "num_attention_heads divisible by tp"),
     "tp_kv_heads": ("tp", "num_key_value_heads divisible by tp (GQA)"),
     "tp_mla_q": ("tp", "tensor-parallel MLA needs q_lora_rank"),
+    "tp_csa_q": ("tp", "DeepSeek-V4: the query up-projection's rows (heads·v_head_dim) divisible by tp"),
     "tp_ffn": ("tp", "MLP and shared-expert widths divisible by tp"),
     "tp_vocab": ("tp", "vocab_size divisible by tp (vocabulary-parallel embedding and head)"),
     "tp_seq": ("tp", "seq_length divisible by cp·tp (sequence parallel)"),
@@ -266,6 +268,8 @@ def _tensor(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
             out.append(Refusal(rule, path, f"{what} % tp = {n} % {tp} = {n % tp}, must be 0",
                                f"pick a tensor_parallel that divides {what} ({n})"))
 
+    if kind == "csa":  # only the query up-projection is split (engine/parallel/parallelize.py, as MF 2.1.0)
+        return out + _tensor_v4(m, lay)
     need("tp_heads", "num_attention_heads", m.num_attention_heads)
     if kind == "gqa":
         need("tp_kv_heads", "num_key_value_heads", m.num_query_groups())
@@ -279,8 +283,29 @@ def _tensor(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
     shared = m.moe_shared_expert_intermediate_size_resolved() if m.is_moe() else 0
     if shared:
         need("tp_ffn", "the shared experts' ffn size", shared)
-    need("tp_vocab", "vocab_size", m.vocab_size)
-    cp = lay.cp
+    return out + _tensor_common(m, lay)
+
+
+def _tensor_v4(m: Any, lay: Layout) -> list[Refusal]:
+    """DeepSeek-V4: the attention runs whole on every TP rank but its query up-projection, split by rows
+    (mindformers 2.1.0 pynative/base_models/gpt/parallelize.py ``_dsv4_attention_layer_plan`` checks only
+    ``query_projection_size`` % tp); the MoE's shared experts stay whole."""
+    rows, tp = m.num_attention_heads * m.v_head_dim, lay.tp
+    out = []
+    if rows % tp:
+        out.append(Refusal("tp_csa_q", "parallelism.tensor_parallel", f"DeepSeek-V4 splits its query up-projection's "
+                           f"rows over tp: num_attention_heads·v_head_dim % tp = {m.num_attention_heads}·"
+                           f"{m.v_head_dim} % {tp} = {rows % tp}, must be 0",
+                           f"pick a tensor_parallel that divides {rows}"))
+    return out + _tensor_common(m, lay)
+
+
+def _tensor_common(m: Any, lay: Layout) -> list[Refusal]:
+    """Every family under TP: the vocabulary-parallel embedding and head, sequence parallel's blocks."""
+    tp, cp, path, out = lay.tp, lay.cp, "parallelism.tensor_parallel", []
+    if m.vocab_size % tp:
+        out.append(Refusal("tp_vocab", path, f"vocab_size % tp = {m.vocab_size} % {tp} = {m.vocab_size % tp}, "
+                           "must be 0", f"pick a tensor_parallel that divides vocab_size ({m.vocab_size})"))
     if m.seq_length % (cp * tp):
         out.append(Refusal("tp_seq", path, f"sequence parallel splits each rank's {m.seq_length // max(cp, 1)} "
                            f"positions over tp: seq_length % (cp·tp) = {m.seq_length} % {cp * tp} = "
@@ -313,6 +338,13 @@ def _context(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
     if kind is None:
         out.append(Refusal("cp_family", path, f"context parallel is not implemented for model_type {m.model_type!r}",
                            "set parallelism.context_parallel: 1"))
+    elif kind == "csa":
+        return [Refusal("cp_family", path, "context parallel is not implemented for DeepSeek-V4's compressed sparse "
+                        "attention yet: it needs CSA's own schedule (the sliding-window halo from the previous "
+                        "positions, the compressed and indexer entries gathered and cut to each rank's causal "
+                        "prefix), which MindSpore Transformers 2.1.0 implements in "
+                        "pynative/distributed/csa_context_parallel.py, not the colossal/ulysses/hybrid attention "
+                        "the other families take", "set parallelism.context_parallel: 1")]
     u = ulysses_degree(s.cp_method, cp, s.ulysses_degree)
     factor = cp if u == cp else 2 * cp  # ulysses: contiguous S/cp; colossal and hybrid: 2·cp balanced chunks
     if m.seq_length % factor:

@@ -314,8 +314,9 @@ class _LayerParams:
 def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
     H = cfg.hidden_size
     attn = F.attention_params(cfg)
-    if F._v4.is_v4(cfg):
-        attn_rep = attn  # DeepSeek-V4's attention stays whole on every TP rank (as in transformers' plan)
+    v4 = F._v4.is_v4(cfg)
+    if v4:  # the attention whole on every TP rank but its query up-projection's rows (engine/parallel/parallelize.py)
+        attn_rep = attn - cfg.num_attention_heads * cfg.v_head_dim * cfg.q_lora_rank
     elif F._is_mla(cfg):
         q_rank = cfg.q_lora_rank or 0
         down = (q_rank if q_rank else cfg.num_attention_heads * cfg.q_head_dim()) + cfg.kv_lora_rank + cfg.qk_rope_head_dim
@@ -331,6 +332,8 @@ def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
     experts = cfg.n_routed_experts * ((2 * Fm if cfg.gated_linear_unit else Fm) * H + Fm * H)
     Fs = cfg.moe_shared_expert_intermediate_size_resolved()
     shared = F.dense_mlp_params(cfg, Fs) if Fs else 0
+    if v4:  # DeepSeek-V4's shared experts stay whole on every TP rank (as MindSpore Transformers 2.1.0's plan)
+        return _LayerParams(split, rep + total - experts, experts, F.router_buffers(cfg))
     return _LayerParams(split + shared, rep + total - experts - shared, experts, F.router_buffers(cfg))
 
 

@@ -78,11 +78,11 @@ class SharedJobs:
         self.root = root
         self._done: dict[str, list[dict] | Exception] = {}
 
-    def results(self, job: str, nproc: int, runs: Callable[[], list[dict]]) -> list[dict]:
+    def results(self, job: str, nproc: int, runs: Callable[[], list[dict]], timeout_s: float = 600) -> list[dict]:
         """Rank 0's results of ``job`` (``runs()``'s runs on ``nproc`` workers), launching it the first time."""
         if job not in self._done:
             try:
-                self._done[job] = launch_many(runs(), nproc, self.root / f"msrun_{job}")
+                self._done[job] = launch_many(runs(), nproc, self.root / f"msrun_{job}", timeout_s=timeout_s)
             except Exception as exc:  # noqa: BLE001 - kept, so the job is not launched again for each test
                 self._done[job] = exc
         done = self._done[job]

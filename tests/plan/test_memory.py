@@ -290,3 +290,14 @@ def test_cpu_profile_multiprocess_terms_by_hand():
     assert tp.term("fsdp gathered").value == 0                      # dense model: TP shards no experts
     one = estimate(Layout(world=1), inputs(model), MFTK_CPU).stages[0]
     assert "gradient sync" not in [t.name for t in one.terms]
+
+
+def test_deepseek_v4_tp_splits_only_the_query_up_projection():
+    """Under TP, DeepSeek-V4's layer divides only its query up-projection by tp (MindSpore Transformers 2.1.0's
+    plan, `parallel.parallelize.tensor_parallel_v4_attention`): the tiny template's 4 heads × 32 × q_lora_rank 32
+    = 4096 parameters; attention, hyper-connections and shared experts stay whole."""
+    from mftk.plan.memory import _layer_params
+    from tests.helpers.config import load_dict, template_dict
+
+    cfg = load_dict(template_dict("deepseek_v4_tiny")).config.model
+    assert _layer_params(cfg, moe=True).tp_split == 4 * 32 * 32

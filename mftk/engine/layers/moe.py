@@ -90,6 +90,10 @@ class LocalTokens(nn.Cell):
         """The same sum for statistics that carry no gradient (selection counts)."""
         return x
 
+    def ids(self, input_ids):
+        """The token ids of this rank's hidden states (hash routing), from the model's ``(B, S)`` ids."""
+        return input_ids
+
 
 def aux_loss(scores, k: int, kind: str, batch: int, router: TopKRouter | None = None,
              tokens: LocalTokens | None = None):

@@ -38,7 +38,7 @@ class DeepseekV4MoE(MoELayer):
             return super().route(flat, input_ids)
         r = self.router
         scores = score(r._mm(flat, r.weight), r.score_function)  # (T, E)
-        idx = ops.gather(r.tid2eid, input_ids.reshape(-1), 0)  # (T, K) in (b, s) token order
+        idx = ops.gather(r.tid2eid, self.tokens.ids(input_ids).reshape(-1), 0)  # (T, K) in (b, s) token order
         probs = ops.gather_elements(scores, 1, idx)
         probs = probs / (probs.sum(-1, keepdims=True) + 1e-20)
         return probs * r.scaling, idx, scores

@@ -136,13 +136,18 @@ class SequenceShards(nn.Cell):
     """`layers.moe.LocalTokens` when each sequence is spread over the ``group`` (TP with sequence parallel,
     CP, or both): sums cover the whole sequences."""
 
-    def __init__(self, group: AxisGroup, cp: int) -> None:
+    def __init__(self, group: AxisGroup, cp: int, tp: AxisGroup | None = None) -> None:
         super().__init__()
         self.group, self.shards = group, group.size
         self.sum = SumOverShards(group, cp)
+        self.tp = tp  # sequence parallel cuts each rank's positions over TP (token ids: `ids`)
 
     def construct(self, x):
         return self.sum(x)
+
+    def ids(self, input_ids):
+        """``(B, S_local)`` ids (this rank's CP positions) → those of its TP block, in its hidden states' order."""
+        return input_ids if self.tp is None or self.tp.size <= 1 else comm.split(input_ids, self.tp, 1)
 
     def total(self, x):
         return comm.all_reduce(x, self.group)

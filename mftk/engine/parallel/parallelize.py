@@ -23,7 +23,10 @@ Tensor parallel per layer (Megatron's layouts; weights ``[out, in]``):
   dp_shard·cp·tp, so with ``ep = tp`` the EP group is the TP group); otherwise whole, data-parallel over
   TP like every other whole parameter;
 - embedding vocabulary-parallel, output layer by vocabulary rows, the vocabulary-parallel loss;
-- MTP layers: their transformer layer as above, ``eh_proj`` and norms whole.
+- MTP layers: their transformer layer as above, ``eh_proj`` and norms whole;
+- DeepSeek-V4 (`tensor_parallel_v4_attention`, as MindSpore Transformers 2.1.0): the attention whole on the
+  gathered sequence but ``linear_q_up_proj`` column-wise; hyper-connections, norms, router and shared
+  experts whole on this rank's positions; routed experts as above.
 Every activation between those cells is split along the sequence (sequence parallel). Context parallel
 (colossal, ulysses, hybrid) swaps the model's ``seq`` part and each core attention (`context_parallel`);
 expert parallel each MoE layer's dispatcher (`expert_parallel`); pipeline parallel freezes what other
@@ -73,7 +76,7 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
     if lay.cp > 1:
         apply_context_parallel(model, g, dims.ulysses)
     if lay.tp > 1 or lay.cp > 1:
-        apply_sequence_shards(model, g.tp_cp, lay.cp)
+        apply_sequence_shards(model, g.tp_cp, lay.cp, g.tp)
     rename_parameters(model)
     stage = sink = None
     if lay.pp > 1:
@@ -116,12 +119,16 @@ def apply_tensor_parallel(model: Any, group: Any, table: PlacementTable) -> None
 def tensor_parallel_layer(layer: Any, group: Any, table: PlacementTable) -> None:
     """One transformer layer (a unit): its attention and its MLP or MoE."""
     from mftk.engine.layers.attention import SelfAttention
+    from mftk.engine.layers.csa import DeepseekV4Attention
     from mftk.engine.layers.mla import MLASelfAttention
     from mftk.engine.layers.mlp import MLP
     from mftk.engine.layers.moe import MoELayer
     from mftk.engine.parallel import tensor_parallel as T
 
     att = layer.self_attention
+    if isinstance(att, DeepseekV4Attention):
+        tensor_parallel_v4_attention(layer, group, table)
+        return  # its MoE: routed experts EP or whole, shared experts whole on this rank's positions (as MF)
     if isinstance(att, SelfAttention):
         _columnwise(att, "linear_qkv", group, table, gather_input=True)
     elif isinstance(att, MLASelfAttention):
@@ -141,6 +148,48 @@ def tensor_parallel_layer(layer: Any, group: Any, table: PlacementTable) -> None
         _mlp(mlp, group, table)
     else:
         raise ValueError(f"tensor parallel does not know {type(mlp).__name__}")
+
+
+def tensor_parallel_v4_attention(layer: Any, group: Any, table: PlacementTable) -> None:
+    """DeepSeek-V4's hybrid attention as MindSpore Transformers 2.1.0 splits it (pynative/base_models/gpt/
+    parallelize.py, ``_dsv4_attention_layer_plan``: "Keep CSA/indexer/output projection replicated and use TP only
+    for Q-up"): the attention runs whole on the gathered sequence on every TP rank, its query up-projection
+    ``linear_q_up_proj`` column-wise (this rank's heads, gathered back before the compressed attention, which
+    reads every head), everything else whole; this rank keeps its positions of the output.
+
+    The gather sits after ``input_layernorm`` (a per-token norm, so the same numbers) and the slice after
+    ``linear_proj`` (`comm.KeepSlice`: the gradient of this rank's positions only), so each rank's gradients
+    inside are its part of the sum and the whole parameters are summed over TP like every other. The indexer's
+    KL loss (detached inputs: it trains only the indexer) is computed alike on every rank: its gradient enters
+    each rank's objective divided by tp (`tensor_parallel.ScaleGradient`). The hyper-connections, the norms
+    and the MoE (router, shared experts) stay whole on this rank's positions (MF: ``SequenceParallel`` on
+    ``attn_hc``, ``ffn_hc`` and ``mlp.shared_experts``)."""
+    from mftk.engine.parallel import tensor_parallel as T
+
+    att = layer.self_attention
+    layer.input_layernorm = T.gather_sequence_after(layer.input_layernorm, group)
+    _split(table, att.linear_q_up_proj.weight, 0, "tp")
+    att.linear_q_up_proj = T.columnwise_gathered(att.linear_q_up_proj, group)
+    att.linear_proj = T.keep_sequence_block_after(att.linear_proj, group)
+    core = att.core_attention
+    if core.with_indexer_loss:
+        _divide_indexer_loss_gradient(core, group.size)
+
+
+def _divide_indexer_loss_gradient(core: Any, tp: int) -> None:
+    """After each forward of the compressed attention ``core``, its indexer loss with the gradient / ``tp``
+    (the cell's ``construct`` wrapped on the instance, as `units.install` wraps a unit's)."""
+    from mftk.engine.parallel.tensor_parallel import ScaleGradient
+
+    scale, plain = ScaleGradient(1.0 / tp), core.construct
+
+    def construct(*args):
+        out = plain(*args)
+        if core.indexer_loss is not None:
+            core.indexer_loss = scale(core.indexer_loss)
+        return out
+
+    core.construct = construct
 
 
 def _mlp(mlp: Any, group: Any, table: PlacementTable) -> None:
@@ -208,9 +257,10 @@ def apply_context_parallel(model: Any, groups: Any, ulysses: int) -> None:
         att.core_attention = C.ContextAttention(att.core_attention, groups.cp_ulysses, groups.cp_ring)
 
 
-def apply_sequence_shards(model: Any, group: Any, cp: int) -> None:
-    """MoE load-balancing sums over the ranks holding the other parts of each sequence (SP and CP)."""
+def apply_sequence_shards(model: Any, group: Any, cp: int, tp_group: Any = None) -> None:
+    """MoE load-balancing sums over the ranks holding the other parts of each sequence (SP and CP); hash
+    routing reads the token ids of this rank's positions (SP: its block of the sequence)."""
     from mftk.engine.parallel.context_parallel import SequenceShards
 
     for moe in model.moe_layers():
-        moe.tokens = SequenceShards(group, cp)
+        moe.tokens = SequenceShards(group, cp, tp_group)

@@ -91,6 +91,46 @@ def replicated(cell: nn.Cell, group: AxisGroup) -> Sharded:
     return Sharded(cell, enter=comm.GatherFromGroup(group, SEQ_DIM))
 
 
+def columnwise_gathered(linear: nn.Cell, group: AxisGroup) -> Sharded:
+    """Row block of ``weight`` on a whole (already gathered) input, the output blocks all-gathered along the last
+    dim (backward: the summed gradient's block): DeepSeek-V4's query up-projection, whose heads the replicated
+    compressed attention reads all of (mindformers 2.1.0 pynative/base_models/gpt/parallelize.py,
+    ``_DSv4QUpParallel``: ColwiseParallel with ``gather_output``)."""
+    cut_parameter(linear.weight, group, 0)
+    if getattr(linear, "bias", None) is not None:
+        cut_parameter(linear.bias, group, 0)
+    return Sharded(linear, leave=comm.GatherFromGroup(group, -1))
+
+
+def gather_sequence_after(cell: nn.Cell, group: AxisGroup) -> Sharded:
+    """``cell`` on this rank's positions, its output all-gathered along the sequence (backward: the summed
+    gradient's block): the entry of a block that runs whole on the full sequence."""
+    return Sharded(cell, leave=comm.GatherFromGroup(group, SEQ_DIM))
+
+
+def keep_sequence_block_after(cell: nn.Cell, group: AxisGroup) -> Sharded:
+    """``cell`` on the full sequence (every rank alike), keeping this rank's positions (`comm.KeepSlice`): the
+    exit of a block that runs whole on the full sequence."""
+    return Sharded(cell, leave=comm.KeepSlice(group, SEQ_DIM))
+
+
+class ScaleGradient(nn.Cell):
+    """Identity forward; the gradient times ``factor`` backward. A loss every TP rank computes alike from whole
+    parameters (DeepSeek-V4's indexer KL under TP) enters each rank's objective with its gradient divided by
+    tp, so the sum over TP of the whole parameters' gradients is the single-process one; its value (the
+    logged loss) is unchanged."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = float(factor)
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (dout * self.factor,)
+
+
 class VocabParallelEmbedding(nn.Cell):
     """Lookup in this rank's vocabulary block, zero elsewhere, reduce-scattered along the sequence (SP)."""
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mftk.derive import Layout, stage_chunks
-from tests.helpers.models import make_dsv3, make_qwen3
+from tests.helpers.models import make_dsv3, make_dsv4, make_qwen3
 
 pytestmark = pytest.mark.engine
 
@@ -87,6 +87,43 @@ def test_mla_tp_splits_heads_and_keeps_the_latent_whole():
     fc1 = ref[moe + "shared_experts.linear_fc1.weight"]
     np.testing.assert_array_equal(got[moe + "shared_experts.linear_fc1.weight"], fc1[: fc1.shape[0] // 2])
     assert par.table["mtp.layers.0.transformer_layer.self_attention.linear_qb.weight"].splits == ((0, "tp"),)
+
+
+def test_v4_tp_splits_only_the_query_up_projection_as_mf():
+    """DeepSeek-V4 under TP (MindSpore Transformers 2.1.0 pynative/base_models/gpt/parallelize.py,
+    ``_dsv4_attention_layer_plan``): the query up-projection's rows are split (rank 1: the second half), the rest of
+    the attention, the hyper-connections, the router and the shared experts stay whole; the attention gathers the
+    sequence after its input norm and keeps this rank's positions after ``linear_proj``; hash routing reads this
+    rank's block of the token ids."""
+    from mindspore import Tensor
+
+    from mftk.engine.models.build import build_model, state_dict
+    from mftk.engine.parallel import comm
+    from mftk.engine.parallel.tensor_parallel import Sharded
+
+    cfg = make_dsv4()
+    ref = state_dict(build_model(cfg, seed=3))
+    model, _, par = _parallelized(cfg, Layout(world=2, tp=2), rank=1)
+    got = state_dict(model)
+    assert set(got) == set(ref)
+    layer = "decoder.layers.0."
+    q_up = layer + "self_attention.linear_q_up_proj.weight"
+    np.testing.assert_array_equal(got[q_up], ref[q_up][ref[q_up].shape[0] // 2:])
+    assert par.table[q_up].splits == ((0, "tp"),)
+    split = sorted(n for n, p in par.table.by_name.items() if p.split_over("tp"))
+    assert [n for n in split if n.startswith(layer)] == [q_up], split
+    for name in ("self_attention.linear_proj.weight", "self_attention.linear_o_group_proj",
+                 "self_attention.linear_q_down_proj.weight", "self_attention.linear_kv_proj.weight",
+                 "attn_hc.mapping_proj.weight", "input_layernorm.weight", "mlp.router.weight",
+                 "mlp.shared_experts.linear_fc1.weight", "mlp.experts.weight1"):
+        np.testing.assert_array_equal(got[layer + name], ref[layer + name], err_msg=name)
+    tl = model.decoder.layers[0]
+    assert isinstance(tl.input_layernorm.leave, comm.GatherFromGroup)
+    assert isinstance(tl.self_attention.linear_proj.leave, comm.KeepSlice)
+    q_up_cell = tl.self_attention.linear_q_up_proj
+    assert isinstance(q_up_cell, Sharded) and q_up_cell.leave.dim == -1  # the heads gathered back
+    ids = Tensor(np.arange(8, dtype=np.int32).reshape(1, 8))
+    assert tl.mlp.tokens.ids(ids).asnumpy().tolist() == [[4, 5, 6, 7]]  # rank 1: the second half of the sequence
 
 
 def test_ep_blocks_hold_this_ranks_experts():
