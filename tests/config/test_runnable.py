@@ -39,8 +39,14 @@ def qwen3_moe():
 
 
 def test_muon_plain_dp_and_expert_parallel_run():
-    """Muon's refusals are TP and QK-clip on FSDP rows only; Qwen3-MoE and DeepSeek-V4 (its hash-routed layers,
+    """Muon's refusals are QK-clip's only (on FSDP rows, and its tracking under TP/CP/PP); Muon itself runs under
+    tensor parallel (whole matrices gathered, `engine.muon`); Qwen3-MoE and DeepSeek-V4 (its hash-routed layers,
     its MTP layer) run expert parallel, V4 with Muon on FSDP."""
+    assert refused(small_qwen3(), Layout(world=2, tp=2), muon=True) == {}
+    assert refused(dsv3(), Layout(world=8, dp_shard=2, tp=2, pp=2), muon=True) == {}
+    got = [(r.rule, r.path) for r in layout_refusals(dsv3(), Layout(world=4, dp_shard=2, tp=2), LayoutSettings(
+        global_batch_size=16, muon=True, qk_clip=True, track_max_logits=True))]
+    assert got == [("muon_qk_clip", "optimizer.qk_clip_enabled")]  # one error at the path, naming both fixes
     assert refused(dsv3(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=2), muon=True) == {}
     assert refused(dsv3(), Layout(world=2, dp_replicate=2), muon=True, qk_clip=True) == {}
     assert refused(qwen3_moe(), Layout(world=2, dp_shard=2, ep=2), global_batch_size=4) == {}
@@ -114,7 +120,8 @@ def test_every_dimension_composes_on_both_families():
     (qwen(), Layout(world=2, tp=2), {"track_max_logits": True}, "track_logits", "would be split over ranks"),
     (qwen(), Layout(world=3, dp_shard=3), {}, "batch", "16 / (3·1)"),
     (qwen(), Layout(world=4, dp_shard=2, tp=1), {}, "product", "= 2 ≠ world size 4"),
-    (qwen(), Layout(world=2, tp=2), {"muon": True}, "muon_tp", "Muon with tensor_parallel=2"),
+    (dsv3(), Layout(world=2, tp=2), {"muon": True, "qk_clip": True, "track_max_logits": True}, "track_logits",
+     "Muon's QK-clip needs max attention logit tracking with"),
     (dsv3(), Layout(world=2, dp_shard=2), {"muon": True, "qk_clip": True}, "muon_qk_clip", "data_parallel_shard = 2"),
     (v4(), Layout(world=16, dp_shard=16, ep=16), {}, "ep_experts", "n_routed_experts % ep = 8 % 16 = 8"),
     (v4(), Layout(world=2, tp=2), {}, "tp_family", "not implemented for model_type 'deepseek_v4'"),
