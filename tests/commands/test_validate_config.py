@@ -154,3 +154,23 @@ def test_muon_with_tensor_parallel_validates_and_plans(tmp_path):
     assert [p["path"] for p in problems] == ["optimizer.qk_clip_enabled"], problems
     assert "Muon's QK-clip needs max attention logit tracking" in problems[0]["message"]
     assert "qk_clip_enabled: false" in problems[0]["hint"]
+
+
+def test_deepseek_v4_legacy_mla_variant_validates(tmp_path):
+    """DeepSeek-V4 with ``experimental_attention_variant: mla`` (plain MLA attention in V4's layers, as MindSpore
+    Transformers 2.1.0 builds it; tests/engine/test_deepseek_v4_mla.py) validates with a note; a value head wider
+    than the query head is refused at its key."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "templates/deepseek_v4_tiny.yaml").read_text())
+    raw["model"].update({"experimental_attention_variant": "mla", "kv_lora_rank": 16, "v_head_dim": 16})
+    p = tmp_path / "v4_mla.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    r = run(str(p), "--no-check-files", "--json")
+    assert r.exit_code == 0, r.output
+    notes = {q["path"]: q["message"] for q in json.loads(r.stdout)["problems"]}
+    assert "DeepSeek-V3's MLA attention" in notes["model.experimental_attention_variant"]
+    raw["model"]["v_head_dim"] = 33
+    p.write_text(yaml.safe_dump(raw))
+    r = run(str(p), "--no-check-files")
+    assert r.exit_code == 1 and "model.v_head_dim" in r.stderr and "24 + 8 = 32" in r.stderr
