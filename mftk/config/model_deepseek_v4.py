@@ -13,10 +13,12 @@ reference indexes it by global layer id). 0 = sliding window only, 4 = compresse
 attention (the reference accepts 128 only; smaller ratios let tiny models exercise the path).
 """
 
+import math
+
 import attrs
 
 from mftk.config.model_base import (AUX_LOSS_TYPES, NOTE, SCORE_FUNCTIONS, RopeParams, TransformerFields, _err, _f,
-                                    _positive)
+                                    _g, _positive)
 from mftk.errors import Problem
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -44,7 +46,10 @@ class DeepseekV4ModelConfig(TransformerFields):
     multi_latent_attention: bool = _f(True, "Must be true (the reference requires it).")
     o_groups: int = _f(8, "Groups g of the grouped output projection (linear_o_group_proj).")
     o_lora_rank: int = _f(1024, "Per-group rank r_o of the grouped output projection.")
-    experimental_attention_variant: str = _f("dsv4_hybrid", "Must be dsv4_hybrid (hybrid sliding/CSA/HCA attention).")
+    experimental_attention_variant: str = _f("dsv4_hybrid", "dsv4_hybrid (hybrid sliding/CSA/HCA attention) or the "
+                                             "legacy mla: DeepSeek-V3's plain MLA attention in every layer.")
+    kv_lora_rank: int = _f(512, "mla variant only: rank of the KV latent (the reference's MLATransformerConfig "
+                                "default); dsv4_hybrid has no KV latent.")
     compress_ratios: list[int] | None = _f(None, "Per-layer compression ratio, decoder layers then MTP layers: "
                                                  "0 sliding, 4 CSA, 128 HCA (csa_compress_ratios).")
     csa_window_size: int = _f(128, "Sliding window w: raw keys a query sees, itself included (sliding_window).")
@@ -93,8 +98,8 @@ class DeepseekV4ModelConfig(TransformerFields):
     original_max_position_embeddings: int = _f(4096, "YaRN reference length (the reference keeps 4096).")
     beta_fast: float = _f(32.0, "YaRN ramp: fast boundary.")
     beta_slow: float = _f(1.0, "YaRN ramp: slow boundary.")
-    mscale: float = _f(1.0, "Accepted; DeepSeek-V4 applies RoPE with magnitude 1.")
-    mscale_all_dim: float = _f(1.0, "Accepted; DeepSeek-V4 applies RoPE with magnitude 1.")
+    mscale: float = _f(1.0, "mla variant: YaRN mscale of its softmax scale; dsv4_hybrid applies RoPE with magnitude 1.")
+    mscale_all_dim: float = _f(1.0, "mla variant: YaRN mscale_all_dim; dsv4_hybrid applies RoPE with magnitude 1.")
     hidden_dropout: float = _f(0.0, "Dropout on the embedding output and both residual branches.")
     pad_token_id: int = _f(-1, "Keys equal to this id are masked; -1 (the shipped YAMLs): none.")
     bos_token_id: int | None = _f(0, "Accepted; unused in training.")
@@ -139,6 +144,26 @@ class DeepseekV4ModelConfig(TransformerFields):
     def layer_type(self, layer_id: int) -> str:
         r = self.compress_ratio(layer_id)
         return SLIDING if r == 0 else CSA if r == CSA_RATIO else HCA
+
+    def plain_mla(self) -> bool:
+        """The legacy ``mla`` variant: every layer (MTP included) has DeepSeek-V3's MLA attention instead of the
+        hybrid one, inside the same hyper-connection layers with the same MoE (mindformers 2.1.0
+        pynative/base_models/gpt/gpt_layer_specs.py ``get_gpt_layer_local_spec``: ``mla`` → no variant →
+        ``MLASelfAttention``; ``get_gpt_mtp_block_spec`` reuses the last decoder layer's spec)."""
+        return self.experimental_attention_variant == "mla"
+
+    def mla_rope_params(self) -> RopeParams:
+        """The ``mla`` variant's RoPE: the one table the reference's GPTModel builds for an MLA model (yarn:
+        ``YarnRotaryEmbedding`` with ``rotary_base``, ``rotary_scaling_factor``, ``max_position_embeddings`` as
+        the original length, the betas and mscales; pynative/base_models/gpt/gpt_model.py), as DeepSeek-V3's."""
+        return RopeParams(self.position_embedding_type, float(self.rope_theta), float(self.rotary_scaling_factor),
+                          int(self.max_position_embeddings), float(self.beta_fast), float(self.beta_slow),
+                          float(self.mscale), float(self.mscale_all_dim))
+
+    def mla_softmax_scale(self) -> float:
+        """The ``mla`` variant's softmax scale, DeepSeek-V3's: g(rotary_scaling_factor, mscale)² / √(nope + rope)."""
+        rp = self.mla_rope_params()
+        return _g(rp.factor, rp.mscale) ** 2 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
 
     def rope_params(self) -> RopeParams:
         """RoPE of the compressed layers (the sliding layers use plain RoPE with ``rope_theta``)."""
@@ -193,16 +218,14 @@ def check_deepseek_v4(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
         if getattr(cfg, key) is not want:
             _err(ps, key, getattr(cfg, key), f"must be {str(want).lower()} for DeepSeek-V4 in mftk",
                  f"set {key}: {str(want).lower()}")
-    if cfg.experimental_attention_variant == "mla":
-        # mindformers 2.1.0 pynative/base_models/gpt/gpt_layer_specs.py reads `mla` as no variant: DeepSeek-V3's
-        # plain MLA attention (kv_lora_rank, zero-padded value heads) inside V4's hyper-connection layers
-        _err(ps, "experimental_attention_variant", "mla", "`mla` builds the reference's plain MLA attention "
-             "(DeepSeek-V3's) inside DeepSeek-V4 layers; mftk builds DeepSeek-V4 with the dsv4_hybrid attention only",
-             "set experimental_attention_variant: dsv4_hybrid, or train an MLA model as model_type deepseek_v3")
-    elif cfg.experimental_attention_variant != "dsv4_hybrid":
-        _err(ps, "experimental_attention_variant", cfg.experimental_attention_variant,
-             "DeepSeek-V4 is built with the dsv4_hybrid attention only", "set experimental_attention_variant: dsv4_hybrid")
-    _check_heads(cfg, ps)
+    if cfg.plain_mla():
+        _check_plain_mla(cfg, ps)
+    else:
+        if cfg.experimental_attention_variant != "dsv4_hybrid":
+            _err(ps, "experimental_attention_variant", cfg.experimental_attention_variant,
+                 "DeepSeek-V4 is built with the dsv4_hybrid attention or the legacy mla (plain MLA) attention",
+                 "set experimental_attention_variant: dsv4_hybrid")
+        _check_heads(cfg, ps)
     _check_sinkhorn(cfg, ps)
     _check_schedule(cfg, ps)
     _check_moe(cfg, ps)
@@ -227,6 +250,29 @@ def check_deepseek_v4(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
              "e.g. 10.0, or null for no clamp")
     if cfg.dsa_indexer_loss_coeff < 0:
         _err(ps, "dsa_indexer_loss_coeff", cfg.dsa_indexer_loss_coeff, "must be >= 0", "e.g. 1.0")
+
+
+MLA_UNREAD = ("compress_ratios", "csa_window_size", "o_groups", "o_lora_rank", "index_n_heads", "index_head_dim",
+              "index_topk", "csa_dense_mode", "compress_rope_theta", "original_max_position_embeddings")
+
+
+def _check_plain_mla(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
+    """The ``mla`` variant: DeepSeek-V3's attention widths (a value head at most as wide as the query head:
+    mindformers 2.1.0 pynative/transformers/multi_latent_attention.py raises otherwise, and zero-pads a narrower
+    one, which gives the unpadded numbers) and no hybrid-attention key is read (the reference's layer spec
+    builds no compressor, indexer or grouped output projection)."""
+    _positive(cfg, ps, ("kv_lora_rank",))
+    nope, rope, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    if rope > 0 and rope % 2:
+        _err(ps, "qk_rope_head_dim", rope, "RoPE rotates pairs: must be even", "e.g. 64")
+    if v > nope + rope:
+        _err(ps, "v_head_dim", v, f"the mla attention's value head is at most the query head: qk_nope_head_dim + "
+             f"qk_rope_head_dim = {nope} + {rope} = {nope + rope} (the reference raises too)",
+             f"use v_head_dim <= {nope + rope}")
+    _err(ps, "experimental_attention_variant", "mla", "the legacy name of plain MLA attention: every layer (MTP "
+         "included) has DeepSeek-V3's MLA attention (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
+         "v_head_dim; YaRN from rope_theta as DeepSeek-V3) inside the hyper-connection layers, with the same MoE; "
+         f"{', '.join(MLA_UNREAD)} are not read (as in the reference's layer builder)", severity=NOTE)
 
 
 def _check_heads(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
@@ -266,6 +312,10 @@ def _check_sinkhorn(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
 
 def _check_schedule(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
     L, D, cr = cfg.num_hidden_layers, max(cfg.num_nextn_predict_layers, 0), cfg.compress_ratios
+    if cfg.num_hash_layers < 0 or cfg.num_hash_layers > L:
+        _err(ps, "num_hash_layers", cfg.num_hash_layers, f"must be in [0, num_hidden_layers = {L}]", f"use at most {L}")
+    if cfg.plain_mla():
+        return  # no compressed layers (the reference checks csa_compress_ratios for dsv4_hybrid only)
     if cr is None:
         _err(ps, "compress_ratios", None, "required: one compression ratio per decoder layer and per MTP layer",
              f"e.g. compress_ratios: {default_compress_ratios(L, D)}")
@@ -287,8 +337,6 @@ def _check_schedule(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:
         else:
             _err(ps, "apply_dsa_kernel_fusion", True, "Ascend kernels; mftk computes the same sparse attention unfused",
                  severity=NOTE)
-    if cfg.num_hash_layers < 0 or cfg.num_hash_layers > L:
-        _err(ps, "num_hash_layers", cfg.num_hash_layers, f"must be in [0, num_hidden_layers = {L}]", f"use at most {L}")
 
 
 def _check_moe(cfg: DeepseekV4ModelConfig, ps: list[Problem]) -> None:

@@ -96,7 +96,7 @@ def _qk_clip_notes(config: Any) -> list[Problem]:
     mt = getattr(m, "model_type", None)
     if not o.qk_clip_enabled or m is None:
         return []
-    if mt == "deepseek_v4":
+    if mt == "deepseek_v4" and not m.plain_mla():
         return [Problem(path="optimizer.qk_clip_enabled", value=True, severity="note",
                         message="no effect for deepseek_v4: its compressed sparse attention keeps no max logits "
                                 "(the reference's QK-clip returns at once too)")]
@@ -126,8 +126,11 @@ def adamw_only_problems(config: Any) -> list[Problem]:
 
 
 def qk_clip_active(config: Any) -> bool:
-    """QK-clip has something to clip: Muon with ``qk_clip_enabled`` on an MLA model (DeepSeek-V3), whose core
-    attention then tracks its max logits (the reference switches the tracking on the same way)."""
+    """QK-clip has something to clip: Muon with ``qk_clip_enabled`` on an MLA model (DeepSeek-V3, or DeepSeek-V4
+    with the legacy ``mla`` variant), whose core attention then tracks its max logits (the reference switches the
+    tracking on the same way and clips every ``MLASelfAttention`` that tracks them: mindformers 2.1.0
+    pynative/base_models/gpt/gpt_model.py ``apply_qk_clip_scaling``)."""
     o, m = config.optimizer, getattr(config, "model", None)
+    mt = getattr(m, "model_type", None)
     return (o.type == "Muon" and bool(o.qk_clip_enabled)
-            and getattr(m, "model_type", None) in ("deepseek_v3", "deepseek_mtp"))
+            and (mt in ("deepseek_v3", "deepseek_mtp") or (mt == "deepseek_v4" and m.plain_mla())))

@@ -13,7 +13,9 @@ reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
 exceptions are refused here with their reason: DeepSeek-V4 takes TP (its own plan, `_tensor_v4`) but not CP
 (MF's CSA context parallel is its own schedule; pipeline stages pass its residual streams,
-`pipeline_model.StageModel.act_shape`) and Muon where it needs whole matrices. Qwen3-MoE is Qwen3's GQA attention
+`pipeline_model.StageModel.act_shape`) and Muon's QK-clip where it would rescale split rows (FSDP) or needs
+split maxima (TP, CP, PP). Muon itself runs under every dimension: tensor-parallel and FSDP blocks are gathered
+into whole matrices for the orthogonalisation (`engine.muon`). Qwen3-MoE is Qwen3's GQA attention
 with the shared MoE parts, so it takes the GQA plan and every other dimension.
 """
 from __future__ import annotations
@@ -55,7 +57,6 @@ RULES: dict[str, tuple[str, str]] = {
     "pp_interleave": ("pp", "interleaved 1F1B: pp > 1, a 1f1b schedule, micro-batches a multiple of pp"),
     "track_logits": ("tp", "max attention logit tracking only without TP, CP and PP"),
     "family_dims": ("world", "the model family has a plan for this parallel dimension"),
-    "muon_tp": ("tp", "Muon without tensor parallel (it orthogonalises each weight's full matrix)"),
     "muon_qk_clip": ("dp", "Muon's QK-clip without FSDP (it rescales head rows of the fp32 masters)"),
     "device_update": ("world", "mftk.update_on_device: true without pipeline parallel and without Muon"),
 }
@@ -140,11 +141,23 @@ def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refus
     if s.update_on_device:
         out += device_update_gaps(layout, s)
     if s.track_max_logits and (layout.tp > 1 or layout.cp > 1 or layout.pp > 1):
-        out.append(Refusal("track_logits", "model.track_max_attention_logit",
-                           f"max attention logit tracking with {layout.describe()} is not supported: the tracked "
-                           "maxima would be split over ranks (heads under TP, queries under CP, layers under PP)",
-                           "turn tracking off, or set tensor_parallel, context_parallel and pipeline_parallel to 1"))
+        found = _tracking_refusal(layout, s)
+        if not any(f.path == found.path for f in out):  # QK-clip's FSDP refusal already names its fix
+            out.append(found)
     return out
+
+
+def _tracking_refusal(layout: Layout, s: LayoutSettings) -> Refusal:
+    """Max-logit tracking under TP, CP or PP; reported at QK-clip's key when Muon's QK-clip is what asks for it
+    (its default is on, so the user may never have asked for tracking)."""
+    why = (f"max attention logit tracking with {layout.describe()} is not supported: the tracked maxima would be "
+           "split over ranks (heads under TP, queries under CP, layers under PP)")
+    if s.qk_clip:
+        return Refusal("track_logits", "optimizer.qk_clip_enabled", f"Muon's QK-clip needs {why}",
+                       "set optimizer.qk_clip_enabled: false, or tensor_parallel, context_parallel and "
+                       "pipeline_parallel to 1")
+    return Refusal("track_logits", "model.track_max_attention_logit", why,
+                   "turn tracking off, or set tensor_parallel, context_parallel and pipeline_parallel to 1")
 
 
 def _mesh(lay: Layout, s: LayoutSettings) -> list[Refusal]:
@@ -177,15 +190,9 @@ def _family_gaps(m: Any, lay: Layout) -> list[Refusal]:
 
 
 def _muon(lay: Layout, s: LayoutSettings) -> list[Refusal]:
-    """Muon orthogonalises each weight's whole matrix: split matrices (TP) are refused, and so is QK-clip
-    (it rescales head rows of the fp32 masters) on FSDP row shards."""
-    if not s.muon:
-        return []
-    if lay.tp > 1:
-        return [Refusal("muon_tp", "parallelism.tensor_parallel", f"Muon with tensor_parallel={lay.tp} is not "
-                        "supported yet (the orthogonalisation needs each weight's full matrix)",
-                        "set parallelism.tensor_parallel: 1, or optimizer.type: AdamW")]
-    if s.qk_clip and lay.dp_shard > 1:
+    """Muon orthogonalises each weight's whole matrix (tensor-parallel and FSDP blocks are gathered for it,
+    `engine.muon`); QK-clip (it rescales head rows of the fp32 masters) is refused on FSDP row shards."""
+    if s.muon and s.qk_clip and lay.dp_shard > 1:
         return [Refusal("muon_qk_clip", "optimizer.qk_clip_enabled", "Muon's QK-clip with FSDP (data_parallel_shard "
                         f"= {lay.dp_shard}) is not supported yet (it rescales head rows of the fp32 masters, which "
                         "FSDP splits)", "set parallelism.data_parallel_shard: 1 (plain data parallel), or "

@@ -290,8 +290,8 @@ MODEL: dict[str, Status] = {
     **_fx("o_groups o_lora_rank compress_ratios csa_window_size compress_rope_theta csa_dense_mode index_n_heads "
           "index_head_dim index_topk dsa_indexer_loss_coeff num_residual_streams mhc_sinkhorn_iterations "
           "mhc_init_gating_factor hc_eps num_hash_layers original_max_position_embeddings"),
-    "experimental_attention_variant": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="dsv4_hybrid",
-                                            example="mla"),
+    "experimental_attention_variant": _impl("tests/engine/test_deepseek_v4_mla.py", rule=True,
+                                            only="dsv4_hybrid, mla", example="dsa"),
     "enable_hyper_connections": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="true"),
     "use_fused_mhc": _impl("tests/engine/test_deepseek_v4.py", rule=True, only="false"),
     "apply_dsa_kernel_fusion": _inert(ASCEND),

@@ -19,7 +19,8 @@ Which parameters: 2-D and 3-D ones not matching an ``adamw_include`` glob (defau
 runs the Newton–Schulz iterations in bf16 with an fp32 normalisation; mftk runs them in fp32 (CPU).
 Checkpoint names are the reference's: ``muon_m.<p>`` (Muon), ``adam_m.<p>``/``adam_v.<p>`` (fallback),
 ``global_step``. ``comm_strategy`` ``allgather`` and ``allgather_deredundency`` run the same code: every
-rank orthogonalises the full matrix (with FSDP the rows are gathered first, `attach_sharding`). Under
+rank orthogonalises the full matrix (under tensor parallel and FSDP the blocks are gathered first and cut
+back after, `attach_sharding`, so every layout makes the single-process update). Under
 expert parallel a rank holds whole experts (FSDP leaves expert tensors whole) and Newton–Schulz acts per
 expert, so each rank orthogonalises its own experts and the update is the single-process one.
 """
@@ -162,7 +163,8 @@ class Muon(AdamW):
 
     def attach_sharding(self, gather: Callable[[int, np.ndarray], np.ndarray],
                         scatter: Callable[[int, np.ndarray], np.ndarray]) -> None:
-        """FSDP: ``gather(i, local rows) → full``, ``scatter(i, full) → this rank's rows`` (the allgather strategy)."""
+        """TP / FSDP: ``gather(i, local block) → full``, ``scatter(i, full) → this rank's block`` (the allgather
+        strategy, `_matrix_gatherers`)."""
         self._gather, self._scatter = gather, scatter
 
     def muon_names(self) -> list[str]:
@@ -215,8 +217,9 @@ class Muon(AdamW):
 # ---------------------------------------------------------------------------------------------- from the config
 def build_muon(config: Any, model: Any, names: list[str], arrays: list[np.ndarray], decisions: list[DecayDecision],
                full_shapes: list[tuple[int, ...]], dist: Any = None) -> Muon:
-    """The ``optimizer: {type: Muon}`` of a run: schedule, splits and QK-clip from the config; under FSDP
-    the sharded Muon weights are gathered for the orthogonalisation (every rank, the allgather strategy)
+    """The ``optimizer: {type: Muon}`` of a run: schedule, splits and QK-clip from the config; under tensor
+    parallel and FSDP the split Muon weights are gathered for the orthogonalisation (every rank, the allgather
+    strategy, `_matrix_gatherers`)
     and under data parallel the max logits are MAX-reduced over dp × cp, as the reference does."""
     from mftk.config.optimizer_muon import adamw_globs, ns_schedule, qk_clip_active
 
@@ -226,7 +229,7 @@ def build_muon(config: Any, model: Any, names: list[str], arrays: list[np.ndarra
                nesterov=o.nesterov, matched_adamw_rms=o.matched_adamw_rms, eps=o.eps, adamw_betas=o.adamw_betas,
                adamw_eps=o.adamw_eps, adamw_include=adamw_globs(o.adamw_include), splits=split_rules(config.model),
                qk_clip=qk, full_shapes=full_shapes)
-    gatherers = _row_gatherers(dist) if dist is not None else None
+    gatherers = _matrix_gatherers(dist) if dist is not None else None
     if gatherers is not None:
         opt.attach_sharding(*gatherers)
     return opt
@@ -254,28 +257,61 @@ def _max_logits_reader(model: Any, dist: Any) -> Callable[[], dict[str, np.ndarr
     return read
 
 
-def _row_gatherers(dist: Any) -> tuple[Callable, Callable] | None:
-    """FSDP (`parallel.fsdp`): the optimizer holds the row blocks the Parameters hold, so a Muon weight split
-    over ``fsdp`` (the placement table) is all-gathered before the orthogonalisation and cut back after it;
-    None when nothing is split."""
-    from mindspore import Tensor
-
-    from mftk.engine.parallel import comm
-
-    names, group = dist.names, dist.groups.fsdp
-    split = {i for i, n in enumerate(names) if n in dist.table and dist.table[n].split_over("fsdp")}
-    if not split or group.is_trivial:
+def _matrix_gatherers(dist: Any) -> tuple[Callable, Callable] | None:
+    """The whole matrix of every Muon weight a rank holds a block of, and that block back: the optimizer holds
+    each Parameter's block (tensor-parallel rows or columns, FSDP rows inside them: the placement table's
+    splits, outermost first), so ``gather`` undoes the splits innermost first with all-gathers over their
+    mesh axes and ``scatter`` cuts the orthogonalised matrix as the table does. Newton–Schulz then acts on the
+    matrix one process holds, its pieces split by the same rules and scaled by ``sqrt(max(a, b))`` of the full
+    piece, so every layout makes the single-process update. MindSpore Transformers 2.1.0 does the same in
+    PyNative: a 2-D DTensor's ``full_tensor()`` before the split/NS/merge and ``distribute_tensor(…).to_local()``
+    after (mindformers/pynative/optimizer/muon.py, ``_apply_muon_update`` and ``_apply_muon_ns``). Expert-parallel
+    splits stay: a rank holds whole experts and Newton–Schulz acts per expert. None when nothing is split."""
+    splits = {i: gathered_splits(dist.table[n].splits) for i, n in enumerate(dist.names) if n in dist.table}
+    splits = {i: s for i, s in splits.items() if any(getattr(dist.groups, axis).size > 1 for _, axis in s)}
+    if not splits:
         return None
+    groups = dist.groups
 
     def gather(i: int, local: np.ndarray) -> np.ndarray:
-        if i not in split:
-            return local
-        return comm.all_gather(Tensor(np.ascontiguousarray(local)), group, 0).asnumpy()
+        return gather_blocks(local, splits.get(i, ()), groups)
 
     def scatter(i: int, full: np.ndarray) -> np.ndarray:
-        if i not in split:
-            return full
-        block = full.shape[0] // group.size
-        return np.ascontiguousarray(full[group.rank * block:(group.rank + 1) * block])
+        return cut_blocks(full, splits.get(i, ()), groups)
 
     return gather, scatter
+
+
+def gathered_splits(splits: Sequence[tuple[int, str]]) -> tuple[tuple[int, str], ...]:
+    """The splits (outermost first) Muon undoes: all but expert parallel's, which must come first (it splits
+    the expert dimension, over which Newton–Schulz is batched, so each rank orthogonalises its own experts)."""
+    lead = 0
+    while lead < len(splits) and splits[lead][1] == "ep":
+        lead += 1
+    rest = tuple(splits[lead:])
+    if any(axis == "ep" for _, axis in rest):
+        raise ValueError(f"Muon cannot gather a block split over expert parallel inside other splits: {splits}")
+    return rest
+
+
+def gather_blocks(local: np.ndarray, splits: Sequence[tuple[int, str]], groups: Any) -> np.ndarray:
+    """``local`` (this rank's block of ``splits``, outermost first) → the whole tensor, each split undone by an
+    all-gather over its axis (innermost first); the inverse of `cut_blocks`."""
+    from mftk.engine.parallel import comm
+
+    out = local
+    for dim, axis in reversed(tuple(splits)):
+        group = getattr(groups, axis)
+        if group.size > 1:
+            out = np.swapaxes(comm.all_gather_rows(np.swapaxes(out, 0, dim), group), 0, dim)
+    return np.ascontiguousarray(out)
+
+
+def cut_blocks(full: np.ndarray, splits: Sequence[tuple[int, str]], groups: Any) -> np.ndarray:
+    """This rank's block of ``full`` under ``splits`` (outermost first), as `placement.Placement.cut` cuts."""
+    out = full
+    for dim, axis in splits:
+        group = getattr(groups, axis)
+        if group.size > 1:
+            out = np.split(out, group.size, axis=dim)[group.rank]
+    return np.ascontiguousarray(out)

@@ -13,7 +13,9 @@ from mftk.plan import flops_v4 as _v4
 
 
 def _is_mla(cfg: Any) -> bool:
-    return hasattr(cfg, "kv_lora_rank")
+    """DeepSeek-V3's MLA (DeepSeek-V4 has its own counts, `flops_v4`, though its config carries the ``mla``
+    variant's ``kv_lora_rank``)."""
+    return hasattr(cfg, "kv_lora_rank") and not _v4.is_v4(cfg)
 
 
 def _norm(n: int) -> int:

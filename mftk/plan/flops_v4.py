@@ -19,8 +19,26 @@ def _compressor(H: int, d: int, r: int) -> int:
     return 2 * c * d * H + r * c * d + d  # linear_wkv, linear_wgate, ape, norm
 
 
+def _plain_mla(cfg: Any) -> bool:
+    return getattr(cfg, "experimental_attention_variant", "dsv4_hybrid") == "mla"
+
+
+def _mla_params(cfg: Any) -> int:
+    """The legacy ``mla`` variant's attention: DeepSeek-V3's MLA with Q LoRA and both latent norms."""
+    H, nh, rq, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+    nope, rope, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    bias = bool(cfg.attention_bias)
+    out = rq + kv + rope
+    n = out * H + (out if bias else 0) + rq + kv                        # linear_qkv, q/k layernorms
+    n += nh * (nope + rope) * rq + (nh * (nope + rope) if bias else 0)  # linear_qb
+    n += nh * (nope + v) * kv + (nh * (nope + v) if bias else 0)        # linear_kvb
+    return n + H * nh * v + (nh if cfg.track_max_attention_logit else 0)  # linear_proj, max-logit buffer
+
+
 def attention_params(cfg: Any, layer_id: int) -> int:
     """One DeepSeek-V4 ``self_attention`` (with its compressor and indexer) at global layer ``layer_id``."""
+    if _plain_mla(cfg):
+        return _mla_params(cfg)
     H, nh, d, rq, g, ro = (cfg.hidden_size, cfg.num_attention_heads, cfg.v_head_dim, cfg.q_lora_rank, cfg.o_groups,
                            cfg.o_lora_rank)
     n = rq * H + rq + nh * d * rq + d                       # q down, q_layernorm, q up, q_rms_gamma
@@ -95,9 +113,11 @@ def _keys_per_query(cfg: Any, S: int, r: int) -> float:
 
 def _layer_flops_per_token(cfg: Any, layer_id: int, S: int, moe_active_matmul: int) -> float:
     H, nh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.v_head_dim
-    r = cfg.compress_ratio(layer_id)
     n = cfg.num_residual_streams
     matmul = attention_params(cfg, layer_id) + 2 * (2 + n) * n * n * H + moe_active_matmul
+    if _plain_mla(cfg):  # causal attention over S keys: q·k on nope+rope lanes, p·v on v lanes (mean S/2 keys)
+        return 6 * matmul + 6 * nh * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + d) * S / 2
+    r = cfg.compress_ratio(layer_id)
     core = 12 * nh * d * _keys_per_query(cfg, S, r)
     if r == 4 and not cfg.csa_dense_mode:
         core += 6 * cfg.index_n_heads * cfg.index_head_dim * (S // r) / 2  # index scores over the causal entries

@@ -70,7 +70,7 @@ class PlanInputs:
     sequence_parallel: bool = False
     rampup: tuple[int, ...] | None = None  # training.rampup_batch_size
     track_max_logits: bool = False      # max attention logit tracking (refused with TP/CP/PP)
-    muon: bool = False                  # optimizer.type: Muon (refused with TP)
+    muon: bool = False                  # optimizer.type: Muon
     qk_clip: bool = False               # Muon's QK-clip is active (refused with FSDP)
     update_on_device: bool | None = None  # mftk.update_on_device (true: refused with PP)
 

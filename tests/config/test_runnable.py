@@ -39,8 +39,14 @@ def qwen3_moe():
 
 
 def test_muon_plain_dp_and_expert_parallel_run():
-    """Muon's refusals are TP and QK-clip on FSDP rows only; Qwen3-MoE and DeepSeek-V4 (its hash-routed layers,
+    """Muon's refusals are QK-clip's only (on FSDP rows, and its tracking under TP/CP/PP); Muon itself runs under
+    tensor parallel (whole matrices gathered, `engine.muon`); Qwen3-MoE and DeepSeek-V4 (its hash-routed layers,
     its MTP layer) run expert parallel, V4 with Muon on FSDP."""
+    assert refused(small_qwen3(), Layout(world=2, tp=2), muon=True) == {}
+    assert refused(dsv3(), Layout(world=8, dp_shard=2, tp=2, pp=2), muon=True) == {}
+    got = [(r.rule, r.path) for r in layout_refusals(dsv3(), Layout(world=4, dp_shard=2, tp=2), LayoutSettings(
+        global_batch_size=16, muon=True, qk_clip=True, track_max_logits=True))]
+    assert got == [("muon_qk_clip", "optimizer.qk_clip_enabled")]  # one error at the path, naming both fixes
     assert refused(dsv3(), Layout(world=4, dp_replicate=2, dp_shard=2, ep=2), muon=True) == {}
     assert refused(dsv3(), Layout(world=2, dp_replicate=2), muon=True, qk_clip=True) == {}
     assert refused(qwen3_moe(), Layout(world=2, dp_shard=2, ep=2), global_batch_size=4) == {}
@@ -51,14 +57,14 @@ def test_muon_plain_dp_and_expert_parallel_run():
 
 def test_deepseek_v4_takes_tensor_parallel_with_pipeline_and_fsdp():
     """DeepSeek-V4's TP plan (MindSpore Transformers 2.1.0's: only the query up-projection is split) composes with
-    PP, EP and FSDP under AdamW, MF's own test layout tp2·pp2·dp_shard2 included (msrun:
+    PP, EP and FSDP (Muon too: `engine.muon` gathers TP blocks), MF's own test layout tp2·pp2·dp_shard2 included (msrun:
     test_train_v4_tensor_parallel); its only width rule is the query rows (heads·v_head_dim) % tp."""
     m = v4()
     assert refused(m, Layout(world=2, tp=2), global_batch_size=4) == {}
     assert refused(m, Layout(world=4, tp=2, ep=2, dp_shard=2), global_batch_size=4) == {}
     assert refused(m, Layout(world=8, dp_shard=2, tp=2, pp=2), global_batch_size=4,
                    layers_per_stage=["0-1", "2"]) == {}
-    assert set(refused(m, Layout(world=2, tp=2), muon=True, global_batch_size=4)) == {"muon_tp"}
+    assert refused(m, Layout(world=2, tp=2), muon=True, global_batch_size=4) == {}  # whole-matrix Muon
 
 
 def test_qwen3_moe_takes_the_gqa_plan_and_every_dimension():
@@ -126,13 +132,13 @@ def test_every_dimension_composes_on_both_families():
     (qwen(), Layout(world=2, tp=2), {"track_max_logits": True}, "track_logits", "would be split over ranks"),
     (qwen(), Layout(world=3, dp_shard=3), {}, "batch", "16 / (3·1)"),
     (qwen(), Layout(world=4, dp_shard=2, tp=1), {}, "product", "= 2 ≠ world size 4"),
-    (qwen(), Layout(world=2, tp=2), {"muon": True}, "muon_tp", "Muon with tensor_parallel=2"),
+    (dsv3(), Layout(world=2, tp=2), {"muon": True, "qk_clip": True, "track_max_logits": True}, "track_logits",
+     "Muon's QK-clip needs max attention logit tracking with"),
     (dsv3(), Layout(world=2, dp_shard=2), {"muon": True, "qk_clip": True}, "muon_qk_clip", "data_parallel_shard = 2"),
     (v4(), Layout(world=16, dp_shard=16, ep=16), {}, "ep_experts", "n_routed_experts % ep = 8 % 16 = 8"),
     (v4(), Layout(world=3, tp=3), {"global_batch_size": 3}, "tp_csa_q",
      "num_attention_heads·v_head_dim % tp = 4·32 % 3 = 2"),
     (v4(), Layout(world=2, cp=2), {}, "cp_family", "pynative/distributed/csa_context_parallel.py"),
-    (v4(), Layout(world=2, tp=2), {"muon": True}, "muon_tp", "Muon with tensor_parallel=2"),
     (qwen3_moe(), Layout(world=4, tp=4), {}, "tp_kv_heads", "num_key_value_heads % tp = 2 % 4 = 2"),
     (attrs.evolve(qwen3_moe(), intermediate_size=129), Layout(world=2, tp=2), {}, "tp_ffn",
      "ffn_hidden_size (intermediate_size) % tp = 129 % 2 = 1"),

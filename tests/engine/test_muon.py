@@ -251,3 +251,24 @@ def test_state_kinds_name_the_saved_states():
     assert saved == listed
     assert opt.state_kinds("decoder.layers.0.mlp.linear_fc1.weight", (4, 4)) == ("muon_m",)
     assert opt.state_kinds("embedding.word_embeddings.weight", (7, 4)) == ("adam_m", "adam_v")
+
+
+def test_gathered_splits_undo_tp_and_fsdp_and_keep_expert_blocks():
+    """Under TP and FSDP Muon gathers every block (innermost first) and cuts its rank's block back as the
+    placement table cuts (`Placement.cut`); expert parallel's split of the expert dimension stays (each rank
+    orthogonalises its own experts), and only as the outermost split."""
+    from mftk.engine.muon import cut_blocks, gathered_splits
+    from mftk.engine.parallel.placement import Placement
+
+    assert gathered_splits(((0, "tp"), (0, "fsdp"))) == ((0, "tp"), (0, "fsdp"))
+    assert gathered_splits(((0, "ep"), (2, "tp"))) == ((2, "tp"),)
+    with pytest.raises(ValueError, match="expert parallel inside"):
+        gathered_splits(((1, "tp"), (0, "ep")))
+    g = types.SimpleNamespace(tp=types.SimpleNamespace(size=2, rank=1), fsdp=types.SimpleNamespace(size=2, rank=0),
+                              ep=types.SimpleNamespace(size=1, rank=0))
+    full = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    for splits in (((0, "tp"), (0, "fsdp")), ((1, "tp"), (0, "fsdp"))):
+        want = Placement(name="w", shape=full.shape, dtype="float32", trainable=True, splits=splits).cut(full, g)
+        np.testing.assert_array_equal(cut_blocks(full, splits, g), want)
+    np.testing.assert_array_equal(cut_blocks(full, ((0, "tp"), (0, "fsdp")), g), full[4:6])
+    np.testing.assert_array_equal(cut_blocks(full, ((1, "tp"), (0, "fsdp")), g), full[:4, 3:])

@@ -25,7 +25,8 @@ def _model_values(cfg) -> tuple[int, int]:
 @pytest.mark.parametrize("change", [{}, {"csa_dense_mode": True}, {"tie_word_embeddings": True},
                                     {"num_nextn_predict_layers": 0, "compress_ratios": [0, 4, 8]},
                                     {"moe_router_enable_expert_bias": False, "n_shared_experts": 0,
-                                     "moe_shared_expert_intermediate_size": None}])
+                                     "moe_shared_expert_intermediate_size": None},
+                                    {"experimental_attention_variant": "mla", "kv_lora_rank": 16, "v_head_dim": 16}])
 def test_deepseek_v4_counts_equal_the_model(change):
     from tests.helpers.models import make_dsv4
 

@@ -91,8 +91,19 @@ def _head_to_mf(src: Source, p: str, m: str, out: dict) -> None:
         out[m + a] = src.take(p + b)
 
 
+def _published_layout(cfg: Any) -> None:
+    """The published layout holds the dsv4_hybrid attention; the legacy ``mla`` variant (plain MLA) has none."""
+    if getattr(cfg, "experimental_attention_variant", "dsv4_hybrid") == "mla":
+        raise CheckpointError(message="DeepSeek-V4 with experimental_attention_variant: mla has no published "
+                              "checkpoint layout (DeepSeek's V4 checkpoints hold the dsv4_hybrid attention), so "
+                              "it is not converted to or from Hugging Face",
+                              hint="keep mftk's own checkpoints for it, or use experimental_attention_variant: "
+                              "dsv4_hybrid")
+
+
 def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Published DeepSeek-V4 tensors (native names, MTP as ``mtp.{k}.*``) → reference names."""
+    _published_layout(cfg)
     src, out = Source(hf, "HF"), {}
     L, hashed = cfg.num_hidden_layers, cfg.hash_layer_pattern()
     ends_to_mf(src, out, cfg.tie_word_embeddings, _ENDS)
@@ -155,6 +166,7 @@ def _head_to_hf(src: Source, p: str, m: str, out: dict) -> None:
 
 def mf_to_hf(mf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Reference names → the published DeepSeek-V4 layout (the inverse of ``hf_to_mf``)."""
+    _published_layout(cfg)
     src, out = Source(mf, "mftk"), {}
     L, hashed = cfg.num_hidden_layers, cfg.hash_layer_pattern()
     ends_to_hf(src, out, cfg.tie_word_embeddings, _ENDS)

@@ -25,27 +25,36 @@ def _moe_spec(cfg) -> ModuleSpec:
     })
 
 
+def mla_attention(cfg) -> ModuleSpec:
+    """DeepSeek-V3's MLA attention (also DeepSeek-V4's legacy ``mla`` variant)."""
+    return ModuleSpec(MLASelfAttention, {
+        "hidden_size": cfg.hidden_size, "num_heads": cfg.num_attention_heads, "q_lora_rank": cfg.q_lora_rank,
+        "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
+        "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
+        "softmax_scale": cfg.mla_softmax_scale(), "eps": cfg.rms_norm_eps, "qk_layernorm": cfg.qk_layernorm,
+        "bias": cfg.attention_bias, "track_max_logits": bool(cfg.track_max_attention_logit)})
+
+
+def mla_rope(dim: int, rp):
+    """The MLA models' one RoPE table (YaRN or plain) from `RopeParams` ``rp``."""
+    kind = "yarn" if rp.position_embedding_type == "yarn" else "rope"
+    return lambda: rotary_table(dim, rp.rotary_base, kind=kind, factor=rp.factor,
+                                original_len=rp.original_max_position_embeddings, beta_fast=rp.beta_fast,
+                                beta_slow=rp.beta_slow, mscale=rp.mscale, mscale_all_dim=rp.mscale_all_dim)
+
+
 def deepseek_v3_spec(cfg) -> ModelSpec:
     h, eps = cfg.hidden_size, cfg.rms_norm_eps
     norm = ModuleSpec(RMSNorm, {"dim": h, "eps": eps})
-    attention = ModuleSpec(MLASelfAttention, {
-        "hidden_size": h, "num_heads": cfg.num_attention_heads, "q_lora_rank": cfg.q_lora_rank,
-        "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
-        "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
-        "softmax_scale": cfg.mla_softmax_scale(), "eps": eps, "qk_layernorm": cfg.qk_layernorm,
-        "bias": cfg.attention_bias, "track_max_logits": bool(cfg.track_max_attention_logit)})
+    attention = mla_attention(cfg)
     dense = LayerSpec(attention, ModuleSpec(MLP, {"hidden_size": h, "ffn_hidden_size": cfg.ffn_hidden_size(),
                                                     **mlp_params(cfg, gated_only=True)}), norm)
     moe = LayerSpec(attention, _moe_spec(cfg), norm, is_moe=True)
     layers = tuple(moe if is_moe else dense for is_moe in cfg.moe_layer_pattern())
-    rp = cfg.rope_params()
-    kind = "yarn" if rp.position_embedding_type == "yarn" else "rope"
     d = cfg.num_nextn_predict_layers or 0
     return ModelSpec(
         vocab_size=cfg.vocab_size, hidden_size=h, layers=layers, final_norm=norm,
-        rope=lambda: rotary_table(cfg.qk_rope_head_dim, rp.rotary_base, kind=kind, factor=rp.factor,
-                                  original_len=rp.original_max_position_embeddings, beta_fast=rp.beta_fast,
-                                  beta_slow=rp.beta_slow, mscale=rp.mscale, mscale_all_dim=rp.mscale_all_dim),
+        rope=mla_rope(cfg.qk_rope_head_dim, cfg.rope_params()),
         tie_word_embeddings=False,  # the reference's DeepSeek-V3 never ties
         mtp_layers=(layers[-1],) * d, mtp_loss_scaling_factor=float(cfg.mtp_loss_scaling_factor or 0.0),
         aux_loss_coeff=cfg.moe_aux_loss_coeff, bias_update_rate=cfg.moe_router_bias_update_rate,

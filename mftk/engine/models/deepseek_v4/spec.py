@@ -1,6 +1,8 @@
 """DeepSeek-V4 spec builder: every layer a hyper-connection layer of `csa.DeepseekV4Attention` (its ratio from
 ``compress_ratios``) and `moe_v4.DeepseekV4MoE` (hash-routed for the first ``num_hash_layers``), the
 streams collapsed by a `hyper.HyperHead`, MTP layers built like decoder layers without hash routing.
+The legacy ``mla`` variant swaps the attention for DeepSeek-V3's `mla.MLASelfAttention` and its one RoPE
+table in every layer (`DeepseekV4ModelConfig.plain_mla`).
 """
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ from mftk.engine.layers.hyper import HyperConnection, HyperConnectionTransformer
 from mftk.engine.layers.moe_v4 import DeepseekV4MoE
 from mftk.engine.layers.norm import RMSNorm
 from mftk.engine.layers.rope_pairs import RopeSet
+from mftk.engine.models.deepseek_v3.spec import mla_attention, mla_rope
 from mftk.engine.spec import LayerSpec, ModelSpec, ModuleSpec
 
 
 def _attention(cfg, layer_id: int) -> ModuleSpec:
+    if cfg.plain_mla():
+        return mla_attention(cfg)
     return ModuleSpec(DeepseekV4Attention, {
         "hidden_size": cfg.hidden_size, "num_heads": cfg.num_attention_heads, "q_lora_rank": cfg.q_lora_rank,
         "head_dim": cfg.v_head_dim, "rope_dim": cfg.qk_rope_head_dim, "o_groups": cfg.o_groups,
@@ -49,10 +54,11 @@ def deepseek_v4_spec(cfg) -> ModelSpec:
         vocab_size=cfg.vocab_size, hidden_size=h, final_norm=norm,
         layers=tuple(_layer(cfg, i, hashed[i], hyper, norm) for i in range(L)),
         mtp_layers=tuple(_layer(cfg, L + k, False, hyper, norm) for k in range(cfg.mtp_num_layers())),
-        rope=lambda: RopeSet(cfg.qk_rope_head_dim, float(cfg.rope_theta), rp.rotary_base,
-                             yarn=rp.position_embedding_type == "yarn", factor=rp.factor,
-                             original_len=rp.original_max_position_embeddings, beta_fast=rp.beta_fast,
-                             beta_slow=rp.beta_slow),
+        rope=mla_rope(cfg.qk_rope_head_dim, cfg.mla_rope_params()) if cfg.plain_mla() else
+        lambda: RopeSet(cfg.qk_rope_head_dim, float(cfg.rope_theta), rp.rotary_base,
+                        yarn=rp.position_embedding_type == "yarn", factor=rp.factor,
+                        original_len=rp.original_max_position_embeddings, beta_fast=rp.beta_fast,
+                        beta_slow=rp.beta_slow),
         tie_word_embeddings=cfg.tie_word_embeddings,
         mtp_loss_scaling_factor=float(cfg.mtp_loss_scaling_factor or 0.0),
         aux_loss_coeff=cfg.moe_aux_loss_coeff, bias_update_rate=cfg.moe_router_bias_update_rate,
