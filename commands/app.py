@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 import typer.core
 
-from commands._plain import CommandFailed, guarded
+from commands._guard import CommandFailed, guarded
 from mftk import __version__
 
 # (module in commands/, CLI name, help panel) — the module defines a function named like the module.

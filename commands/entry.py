@@ -5,11 +5,11 @@ Why a second way in: Typer and Click cost `mftk preprocess` 30-50 ms of a ~0.5 s
 corpus (imported, and the command built from its signature), on every run of a command that is often run
 many times over (one per shard, per corpus). A command in `FAST` describes its options as data
 (`commands._argspec`); when `commands._argspec.parse` takes its argv, the command function is called
-directly with the same error handling as `MftkGroup.invoke` (`commands._plain.guarded`); when it does not (``--help``, a
-typo, a bad value), Typer parses the same argv and reports it as always.
+directly with the same error handling as `MftkGroup.invoke` (`commands._guard.guarded`); when it does not
+(``--help``, a typo, a bad value), Typer parses the same argv and reports it as always.
 
 This module imports only the standard library until a command runs. `commands.app` does not import it (the
-console entry point is here alone; the error handling both use is `commands._plain.guarded`): no import circle.
+console entry point is here alone; the error handling both use is `commands._guard.guarded`): no import circle.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def run_fast(argv: list[str]) -> bool:
     if not argv or argv[0] not in FAST:
         return False
     from commands._argspec import parse  # lazy, as everything here: `mftk --version` stays light
-    from commands._plain import CommandFailed, guarded
+    from commands._guard import CommandFailed, guarded
 
     name = FAST[argv[0]]
     module = importlib.import_module(f"commands.{name}")

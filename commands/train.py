@@ -93,8 +93,8 @@ def run_command(config: Path, overrides: Optional[list[str]], output_dir: Option
 
     console = mf_console_handler(sys.stderr if dry_run else sys.stdout)  # a dry run's plan owns stdout
     try:
-        result = start(loaded, config, spec=launcher, overrides=overrides or [], output_dir=output_dir or Path("output"),
-                       sinks=[display], console=console, on_log_line=echo, on_restart=restarted,
+        result = start(loaded, config, spec=launcher, overrides=overrides or [],
+                       output_dir=output_dir or Path("output"), sinks=[display], console=console, on_log_line=echo, on_restart=restarted,
                        resume_from=resume_from, weights_only=weights_only, dry_run=dry_run, new_run=new_run,
                        model_from_checkpoint=model_from_checkpoint, max_restarts=max_restarts)
     finally:

@@ -118,8 +118,8 @@ def save_path_notes(config: Any, *, new_run: bool, plan: ResumePlan | None = Non
         return check_save_path(ck.save_path, resume_dir=located.step_dir if located else None, new_run=new_run,
                                weights_only=starts_weights_only(config, weights_only, located and located.kind),
                                total_steps=config.training.steps)
-    notes = check_save_path(ck.save_path, resume_dir=plan.step_dir, new_run=new_run,
-                            weights_only=plan.scenario == ResumeScenario.WEIGHTS_ONLY, total_steps=config.training.steps)
+    notes = check_save_path(ck.save_path, resume_dir=plan.step_dir, new_run=new_run, total_steps=config.training.steps,
+                            weights_only=plan.scenario == ResumeScenario.WEIGHTS_ONLY)
     source = source_step(plan) if continues_in(plan, ck.save_path) else None
     if source is not None and plan.start_step < source <= config.training.steps:
         name = Path(plan.step_dir).name

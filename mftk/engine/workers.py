@@ -27,10 +27,10 @@ WORKER_TARGET = "mftk.engine.workers:train_worker"
 
 
 def start(loaded: Any, config: str | os.PathLike, *, spec: Any, overrides: Iterable[str] = (),
-          output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (), console: logging.Handler | None = None,
-          on_log_line: Any = None, on_restart: Any = None, resume_from: Any = None, weights_only: bool = False,
-          dry_run: bool = False, new_run: bool = False, model_from_checkpoint: bool = False,
-          max_restarts: int = 0) -> TrainResult:
+          output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (),
+          console: logging.Handler | None = None, on_log_line: Any = None, on_restart: Any = None,
+          resume_from: Any = None, weights_only: bool = False, dry_run: bool = False, new_run: bool = False,
+          model_from_checkpoint: bool = False, max_restarts: int = 0) -> TrainResult:
     """The one choice between this process and an msrun job, for `mftk train` and `mftk resume`.
 
     ``loaded`` is ``config`` (the YAML path the workers load again) validated for ``spec.world`` workers. More than

@@ -523,8 +523,8 @@ def test_monitor_setting_reaches_the_profiler_or_writer(path, tmp_path, monkeypa
     assert with_it != without, f"{path}: {value!r} reaches neither the profiler nor the writer differently"
 
 
-# recompute: the cells the run replays and keeps (`parallel.startup.distribute` → `recompute.apply_exclusions`, `apply_recompute`;
-# applied with several processes, so the config is loaded for two)
+# recompute: the cells the run replays and keeps (`parallel.startup.distribute` → `recompute.apply_exclusions`,
+# `apply_recompute`; applied with several processes, so the config is loaded for two)
 FULL = {"mode": "full", "full_recompute_layer": ["0-1"]}
 RECOMPUTE_SETTINGS = {
     "recompute.mode": ("full", {"recompute": {"full_recompute_layer": ["0-1"]}}),
