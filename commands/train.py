@@ -1,4 +1,8 @@
-"""`mftk train`: validate one YAML, then train in this process with MindSpore Transformers log lines."""
+"""`mftk train`: validate one YAML, then train in this process with MindSpore Transformers log lines.
+
+The library, the engine and Rich are imported inside the functions that use them: `mftk --help` and
+`mftk train --help` import none of them (tests/test_architecture.py).
+"""
 from __future__ import annotations
 
 import sys
