@@ -62,7 +62,7 @@ def params() -> int:
 
 def _measure(measure_multi, over: dict, tries: int = 3) -> list[dict]:
     """One 2-worker job; started again (new ports) when another job on the machine took its ports first."""
-    from mftk.engine.calibration import QWEN3
+    from bench._calibration import QWEN3
     from mftk.errors import TrainingError
 
     for attempt in range(tries):
@@ -75,7 +75,7 @@ def _measure(measure_multi, over: dict, tries: int = 3) -> list[dict]:
 
 
 def main() -> None:
-    from mftk.engine.calibration import QWEN3, estimate_bytes, measure_multi
+    from bench._calibration import QWEN3, estimate_bytes, measure_multi
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", default=DEFAULT, choices=list(RUNS))

@@ -1,11 +1,11 @@
 """Calibrate `mftk plan-parallel`'s memory model against measured peak RSS of real `mftk train` runs (CPU, fp32).
 
-The points and the measurement are `mftk.engine.calibration`'s (each point in a fresh process: VmHWM
+The points and the measurement are `bench._calibration`'s (each point in a fresh process: VmHWM
 after 3 steps minus VmRSS after imports, beside the planner's "mftk-cpu" estimate). Prints
 estimate/measured per point (median of --repeat runs); the goal is within ±15%.
 
     .venv/bin/python bench/plan_calibration.py            # whole grid, 3 runs each (~10 min on 2 shared cores)
-    .venv/bin/python bench/plan_calibration.py --quick    # the test's four points
+    .venv/bin/python bench/plan_calibration.py --quick    # four points (the quick grid)
     .venv/bin/python bench/plan_calibration.py --llama    # Llama-3-8B FSDP8 estimate vs the published 82.4 GiB
 
     .venv/bin/python bench/plan_calibration.py --multi    # several workers (msrun): dp2, fsdp2, tp2, dsv3 ep2
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mftk.engine.calibration import (COMPILED, GRID, MULTI, QUICK, estimate_bytes, measure,  # noqa: E402
-                                    measure_multi)
+from bench._calibration import (COMPILED, GRID, MULTI, QUICK, estimate_bytes, measure,  # noqa: E402
+                                measure_multi)
 
 
 def llama3_8b_fsdp8() -> dict:

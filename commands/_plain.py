@@ -35,7 +35,7 @@ def skip_teardown(*keep: object) -> None:
 
     Freeing every object one by one at exit (tokenizers with their vocabularies and memos, numpy,
     modules) costs `mftk preprocess` 0.3-0.4 s after its outputs are written, fsynced and renamed.
-    Only `commands.app.main` (the real process) acts on it, after flushing stdout and stderr; a
+    Only `commands.entry.main` (the real process) acts on it, after flushing stdout and stderr; a
     command run inside another program (a test's CliRunner) ends normally.
 
     ``keep``: objects that are slow to free (a loaded tokenizer's tables: 10 ms), held here so that the
@@ -71,3 +71,4 @@ def stderr_surely_plain() -> bool:
         return isatty is not None and not isatty()
     except ValueError:  # a closed stream: Rich says "not a terminal" too
         return True
+

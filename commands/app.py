@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 import typer.core
 
-from commands.entry import main as entry_main
+from commands._guard import CommandFailed, guarded
 from mftk import __version__
 
 # (module in commands/, CLI name, help panel) — the module defines a function named like the module.
@@ -66,8 +66,6 @@ class MftkGroup(_FlagsAsFlags, typer.core.TyperGroup):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):  # type: ignore[no-untyped-def]
-        from commands.entry import CommandFailed, guarded
-
         try:
             return guarded(lambda: super(MftkGroup, self).invoke(ctx))
         except CommandFailed as failed:
@@ -143,9 +141,3 @@ def _expand_paths(param) -> None:  # type: ignore[no-untyped-def]
 
     param.type.convert = expanded
 
-
-main = entry_main  # the console entry point lives in `commands.entry` (no Typer import before it is needed)
-
-
-if __name__ == "__main__":
-    main()

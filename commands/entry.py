@@ -5,59 +5,28 @@ Why a second way in: Typer and Click cost `mftk preprocess` 30-50 ms of a ~0.5 s
 corpus (imported, and the command built from its signature), on every run of a command that is often run
 many times over (one per shard, per corpus). A command in `FAST` describes its options as data
 (`commands._argspec`); when `commands._argspec.parse` takes its argv, the command function is called
-directly with the same error handling as `MftkGroup.invoke` (`guarded`); when it does not (``--help``, a
-typo, a bad value), Typer parses the same argv and reports it as always.
+directly with the same error handling as `MftkGroup.invoke` (`commands._guard.guarded`); when it does not
+(``--help``, a typo, a bad value), Typer parses the same argv and reports it as always.
 
-This module imports only the standard library until a command runs.
+This module imports only the standard library until a command runs. `commands.app` does not import it (the
+console entry point is here alone; the error handling both use is `commands._guard.guarded`): no import circle.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import sys
-from typing import Any, Callable
 
 # CLI name -> module in commands/ defining OPTIONS and a function named like the module
 FAST = {"preprocess": "preprocess"}
-
-
-class CommandFailed(Exception):
-    """A command ended with a reported error: its exit code (the message is already written)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-def guarded(call: Callable[[], Any]) -> Any:
-    """Run a command body; the one place a library error becomes a message and an exit code.
-
-    A closed stdout (`mftk … | head -1`) ends quietly, as Unix tools do; `mftk.errors.MftkError` and Ctrl-C
-    are rendered by `commands._errors.handle` (Rich is imported only then). Anything else is a bug: its
-    traceback is the report.
-    """
-    from commands._plain import EXIT_PIPE_CLOSED, silence_stdout
-    from mftk.errors import MftkError
-
-    try:
-        return call()
-    except BrokenPipeError:
-        silence_stdout()
-        raise CommandFailed(EXIT_PIPE_CLOSED) from None
-    except (MftkError, KeyboardInterrupt) as exc:
-        from commands._errors import handle
-
-        code = handle(exc, debug=bool(os.environ.get("MFTK_DEBUG")))
-        if code is None:
-            raise
-        raise CommandFailed(code) from None
 
 
 def run_fast(argv: list[str]) -> bool:
     """Run ``argv`` without Typer if it is a plain call of a `FAST` command; False if Typer must parse it."""
     if not argv or argv[0] not in FAST:
         return False
-    from commands._argspec import parse
+    from commands._argspec import parse  # lazy, as everything here: `mftk --version` stays light
+    from commands._guard import CommandFailed, guarded
 
     name = FAST[argv[0]]
     module = importlib.import_module(f"commands.{name}")
@@ -82,7 +51,7 @@ def main() -> None:
         plain.reset_teardown()  # a request from an earlier in-process invocation is not this one's
     try:
         if not run_fast(sys.argv[1:]):
-            from commands.app import app
+            from commands.app import app  # lazy: a plain `mftk preprocess` never imports Typer
 
             app()
         raise SystemExit(0)

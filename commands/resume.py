@@ -50,7 +50,7 @@ def resume(config: ConfigArg, from_: FromOpt = None, weights_only: WeightsOnlyOp
 
     overrides = with_device(overrides, device)
     source = from_ or _default_source(config, overrides)
-    result = run_command(config, overrides, output_dir, nproc, resume_from=source, weights_only=weights_only,
+    result = run_command(config, overrides, output_dir, resume_from=source, weights_only=weights_only,
                          dry_run=dry_run, new_run=new_run, model_from_checkpoint=model_from_checkpoint,
                          max_restarts=max_restarts,
                          launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join,

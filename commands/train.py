@@ -1,4 +1,8 @@
-"""`mftk train`: validate one YAML, then train in this process with MindSpore Transformers log lines."""
+"""`mftk train`: validate one YAML, then train in this process with MindSpore Transformers log lines.
+
+The library, the engine and Rich are imported inside the functions that use them: `mftk --help` and
+`mftk train --help` import none of them (tests/test_architecture.py).
+"""
 from __future__ import annotations
 
 import sys
@@ -55,7 +59,7 @@ def train(config: ConfigArg, overrides: SetOpt = None, output_dir: OutputDirOpt 
           new_run: NewRunOpt = False, device: DeviceOpt = None, max_restarts: MaxRestartsOpt = 0,
           hang_timeout: HangTimeoutOpt = None) -> None:
     """Train a model from one YAML (validated first; a bad config never starts a run)."""
-    run_command(config, with_device(overrides, device), output_dir, nproc, new_run=new_run,
+    run_command(config, with_device(overrides, device), output_dir, new_run=new_run,
                 launcher=launcher_spec(nproc, nnodes, node_rank, master_addr, master_port, log_dir, join,
                                        hang_timeout), max_restarts=max_restarts)
 
@@ -68,106 +72,22 @@ def launcher_spec(nproc: int, nnodes: int, node_rank: int, master_addr: str, mas
                       master_port=master_port, log_dir=log_dir, join=join, hang_timeout_s=hang_timeout)
 
 
-def run_command(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], nproc: int, *,
+def run_command(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], *, launcher: Any,
                 resume_from: Optional[Path] = None, weights_only: bool = False, dry_run: bool = False,
-                launcher: Any = None, new_run: bool = False, model_from_checkpoint: bool = False,
-                max_restarts: int = 0) -> Any:
-    """Shared by `train` and `resume`: load + validate, attach the console log, run, render the result."""
-    from mftk.config.load import load_config
-
-    world = launcher.world if launcher is not None else nproc
-    _check_fault_options(world, launcher, max_restarts)
-    loaded = load_config(config, overrides=overrides or [], world_size=world)
-    if world > 1 and not dry_run:  # the layout was checked by load_config (config.runnable), before any worker starts
-        from mftk.ckpt.guard import hold_save_path
-        from mftk.engine.device import select
-
-        device = select(loaded.config.context.device_target)  # one device for every worker, checked here first
-        ck = loaded.config.checkpoint  # this process outlives every worker: it holds the save path (node 0)
-        if launcher.hang_timeout_s is None and loaded.config.mftk.hang_timeout_s is not None:
-            import attrs
-
-            launcher = attrs.evolve(launcher, hang_timeout_s=loaded.config.mftk.hang_timeout_s)
-        with hold_save_path(ck.save_path, enabled=ck.enable_save and launcher.join and launcher.node_rank == 0) as lock:
-            _check_save_path(loaded.config, resume_from, weights_only, new_run)
-            return _run_distributed(config, overrides, output_dir, launcher, resume_from, weights_only, new_run,
-                                    loaded.config, device, model_from_checkpoint, max_restarts=max_restarts,
-                                    keep_fds=(lock.fd,) if lock is not None and lock.fd is not None else ())
-    from mftk.engine.run import train as run_train
-    from mftk.logs.sinks import mf_console_handler, train_logger
-
-    handler = mf_console_handler(sys.stderr if dry_run else sys.stdout)  # a dry run's plan owns stdout
-    logger = train_logger()
-    logger.addHandler(handler)
-    display = LiveDisplay()
-    try:
-        result = run_train(loaded, output_dir=output_dir or Path("output"), sinks=[display], new_run=new_run,
-                           resume_from=resume_from, weights_only=weights_only, dry_run=dry_run, world_size=world,
-                           model_from_checkpoint=model_from_checkpoint)
-    finally:
-        display.close()
-        logger.removeHandler(handler)
-    render(result, _trained_config(result, loaded.config, model_from_checkpoint))
-    return result
-
-
-def _trained_config(result: Any, config: Any, model_from_checkpoint: bool) -> Any:
-    """The config whose model was trained: the checkpoint's architecture when the run took it."""
-    plan = result.resume
-    if not model_from_checkpoint or plan is None or plan.kind != "mf":
-        return config
-    import attrs
-
-    from mftk.ckpt.run_config import saved_model_section
-    from mftk.config.load import build_model_section
-
-    section, _ = saved_model_section(plan.step_dir, plan.saved_world)
-    model, _ = build_model_section(dict(section)) if section is not None else (None, [])
-    return attrs.evolve(config, model=model) if model is not None else config
-
-
-def _check_fault_options(world: int, launcher: Any, max_restarts: int) -> None:
-    """--max-restarts and --hang-timeout act on an msrun job the parent waits for; elsewhere they are refused."""
-    from mftk.errors import InputError
-
-    given = [name for name, on in (("--max-restarts", max_restarts > 0),
-                                   ("--hang-timeout", launcher is not None and launcher.hang_timeout_s is not None)) if on]
-    if given and world == 1:
-        raise InputError(message=f"{' and '.join(given)} need a multi-process job (--nproc or --nnodes > 1)",
-                         hint="a one-process run has no workers to watch or relaunch: drop the option")
-    if given and launcher is not None and not launcher.join:
-        raise InputError(message=f"{' and '.join(given)} need the parent to wait for the job (not --no-join)",
-                         hint="drop --no-join, or the option")
-
-
-def _check_save_path(config: Any, resume_from: Optional[Path], weights_only: bool, new_run: bool) -> None:
-    """The checkpoint-folder guard of `mftk.ckpt.guard`, from the resume source's location alone."""
-    from mftk.ckpt.guard import check_save_path
-    from mftk.ckpt.layout import locate
-
-    ck = config.checkpoint
-    if not ck.enable_save:
-        return
-    source = resume_from or ck.load_path
-    located = locate(source) if source else None
-    check_save_path(ck.save_path, resume_dir=located.step_dir if located else None, new_run=new_run,
-                    weights_only=weights_only or ck.no_load_optim or (located is not None and located.kind == "hf"),
-                    total_steps=config.training.steps)
-
-
-def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: Optional[Path], launcher: Any,
-                     resume_from: Optional[Path], weights_only: bool, new_run: bool = False,
-                     loaded_config: Any = None, device: Optional[str] = None,
-                     model_from_checkpoint: bool = False, max_restarts: int = 0,
-                     keep_fds: tuple[int, ...] = ()) -> Any:
-    """msrun with ``launcher.nproc`` workers here; the log lines of the rank that logs the loss (rank 0, or
-    the last pipeline stage's first rank) are echoed to stdout as they come."""
+                new_run: bool = False, model_from_checkpoint: bool = False, max_restarts: int = 0) -> Any:
+    """Shared by `train` and `resume`: load + validate, run (in this process or as an msrun job: the library's
+    one choice, `mftk.engine.workers.start`), render the result."""
+    # lazy: `mftk --help` imports neither the config model nor the engine (tests/test_architecture.py)
     from commands._render import say
-    from mftk.engine.workers import loss_rank, train_distributed
+    from mftk.config.load import load_config
+    from mftk.engine.workers import start
+    from mftk.logs.sinks import mf_console_handler
 
+    _check_fault_options(launcher, max_restarts)
+    loaded = load_config(config, overrides=overrides or [], world_size=launcher.world)
     display = LiveDisplay()
 
-    def echo(line: str) -> None:
+    def echo(line: str) -> None:  # an msrun job: the log lines of the rank that logs the loss, as they come
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
@@ -175,21 +95,33 @@ def _run_distributed(config: Path, overrides: Optional[list[str]], output_dir: O
         display.close()
         say(f"{restart.line()}\n  because: {restart.message.splitlines()[0]}")
 
+    console = mf_console_handler(sys.stderr if dry_run else sys.stdout)  # a dry run's plan owns stdout
     try:
-        result = train_distributed(config, overrides=overrides or [], output_dir=output_dir or Path("output"),
-                                   spec=launcher, resume_from=resume_from, weights_only=weights_only,
-                                   on_log_line=echo, sinks=[display], new_run=new_run, device=device,
-                                   model_from_checkpoint=model_from_checkpoint,
-                                   max_restarts=max_restarts, on_restart=restarted, keep_fds=keep_fds,
-                                   save_path=loaded_config.checkpoint.save_path if loaded_config.checkpoint.enable_save
-                                   else None, follow_rank=loss_rank(loaded_config, launcher.world))
+        result = start(loaded, config, spec=launcher, overrides=overrides or [],
+                       output_dir=output_dir or Path("output"), sinks=[display], console=console, on_log_line=echo, on_restart=restarted,
+                       resume_from=resume_from, weights_only=weights_only, dry_run=dry_run, new_run=new_run,
+                       model_from_checkpoint=model_from_checkpoint, max_restarts=max_restarts)
     finally:
         display.close()
-    render(result, _trained_config(result, loaded_config, model_from_checkpoint))
+    render(result)
     return result
 
 
-def render(result: Any, config: Any = None) -> None:
+def _check_fault_options(launcher: Any, max_restarts: int) -> None:
+    """--max-restarts and --hang-timeout act on an msrun job the parent waits for; elsewhere they are refused."""
+    from mftk.errors import InputError
+
+    given = [name for name, on in (("--max-restarts", max_restarts > 0),
+                                   ("--hang-timeout", launcher.hang_timeout_s is not None)) if on]
+    if given and launcher.world == 1:
+        raise InputError(message=f"{' and '.join(given)} need a multi-process job (--nproc or --nnodes > 1)",
+                         hint="a one-process run has no workers to watch or relaunch: drop the option")
+    if given and not launcher.join:
+        raise InputError(message=f"{' and '.join(given)} need the parent to wait for the job (not --no-join)",
+                         hint="drop --no-join, or the option")
+
+
+def render(result: Any) -> None:
     from commands._render import say
 
     if result.dry_run:
@@ -202,7 +134,7 @@ def render(result: Any, config: Any = None) -> None:
     last = f", last loss {result.losses[-1]:.6f}" if result.losses else ""
     say(f"trained steps {result.start_step + 1 if done else result.start_step}..{result.final_step} "
         f"of {result.total_steps}{last}")
-    rates = run_summary(result, config) if done else ""
+    rates = run_summary(result) if done else ""
     if rates:
         say(rates)
     if result.skipped_steps:
@@ -227,7 +159,7 @@ def _near(path: str) -> str:
     return home_relative(path) if rel.startswith("..") else rel
 
 
-def run_summary(result: Any, config: Any) -> str:
+def run_summary(result: Any) -> str:
     """'model 623K parameters; 1,514 tokens/s, 3.42 GFLOP/s per device (steps 2..3)' from the run's exact
     metrics (metrics.jsonl), in units that show the value on a CPU as on a cluster."""
     from mftk.errors import MftkError
@@ -235,10 +167,8 @@ def run_summary(result: Any, config: Any) -> str:
     from mftk.units import count, flops_rate
 
     parts = []
-    if config is not None:
-        from mftk.plan.flops import param_counts
-
-        total, active = param_counts(config.model)
+    total, active = result.parameters  # of the model trained (the checkpoint's architecture when it was taken)
+    if total:
         parts.append(f"model {count(total)} parameters" + (f" ({count(active)} active)" if active != total else ""))
     metrics = Path(result.metrics_file)
     if metrics.is_file():

@@ -125,7 +125,7 @@ def test_preprocess_loads_only_its_own_modules(tmp_path, backend):
     loaded = eval(out.stdout.rsplit("LOADED", 1)[1])  # noqa: S307 - a list literal printed by the child above
     # --json with stderr not a terminal: no table, no progress bar, so no Rich (commands._render, _errors); a
     # plain argv is parsed from the command's option table, so no Typer or Click either (commands.app)
-    allowed = {"commands._plain", "commands._argspec", "commands.entry", "commands.preprocess"}
+    allowed = {"commands._plain", "commands._guard", "commands._argspec", "commands.entry", "commands.preprocess"}
     assert {m for m in loaded if m.startswith("commands.")} == allowed
     mftk = {m for m in loaded if m.startswith("mftk.")}
     assert all(m.startswith("mftk.data.") or m in {"mftk.data", "mftk.errors", "mftk.files", "mftk.lock",

@@ -28,7 +28,7 @@ def test_wheel_ships_templates_and_a_template_validates_from_anywhere(tmp_path):
     cwd = tmp_path / "anywhere"
     cwd.mkdir()
     code = ("import sys, mftk; assert mftk.__file__.startswith(sys.argv[1]), mftk.__file__\n"
-            "from commands.app import main\n"
+            "from commands.entry import main\n"
             "sys.argv = ['mftk', 'validate-config', sys.argv[2]]\n"
             "main()")
     template = site / "mftk" / "templates" / "qwen3_tiny.yaml"
@@ -37,7 +37,7 @@ def test_wheel_ships_templates_and_a_template_validates_from_anywhere(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "valid" in out.stdout and "data/example_text_document" in out.stderr  # found next to the template
-    listed = subprocess.run([sys.executable, "-c", "import sys; from commands.app import main; "
+    listed = subprocess.run([sys.executable, "-c", "import sys; from commands.entry import main; "
                              "sys.argv = ['mftk', 'templates', '--json']; main()"], cwd=cwd, env=env,
                             capture_output=True, text=True)
     assert listed.returncode == 0 and str(template) in listed.stdout, listed.stdout + listed.stderr

@@ -7,15 +7,19 @@ and even then it is refused when one of the existing dirs lies on this run's pat
 replace it): mftk never deletes a checkpoint it did not write. A run continuing from a checkpoint
 in the same folder is the same run going on; dirs newer than the resumed step are named in a note
 (they are replaced when the run reaches their step, as in the reference).
+
+`save_path_notes` is the one check a run makes (in its own process, or an msrun job's parent before any
+worker starts); `check_writable` the probe before training.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from mftk.ckpt.layout import TRACKER, iteration_dir_name, iteration_dirs, parse_iteration_dir_name, read_tracker
+from mftk.ckpt.layout import TRACKER, iteration_dir_name, iteration_dirs, locate, parse_iteration_dir_name, read_tracker
+from mftk.ckpt.resume import ResumePlan, ResumeScenario, continues_in, source_step, starts_weights_only
 from mftk.errors import CheckpointError
 from mftk.lock import LockInfo, exclusive_output
 
@@ -97,3 +101,41 @@ def check_save_path(save_path: str | os.PathLike, *, resume_dir: str | os.PathLi
     return [f"--new-run: starting a new run in {root}; the tracker will point at this run's checkpoints, the "
             f"{len(steps)} existing iteration dir(s) are kept"]
 
+
+def save_path_notes(config: Any, *, new_run: bool, plan: ResumePlan | None = None,
+                    source: str | os.PathLike | None = None, weights_only: bool = False) -> list[str]:
+    """`check_save_path` for a run of ``config`` (nothing when it saves nothing); its notes for the run.
+
+    A run in this process knows its resume ``plan``; an msrun job's parent checks before any worker has planned,
+    from the resume ``source``'s location alone (``weights_only`` as given; `ckpt.resume.starts_weights_only`).
+    With a plan, a run that starts below the step it resumes from in its own folder is told that the dir is kept.
+    """
+    ck = config.checkpoint
+    if not ck.enable_save:
+        return []
+    if plan is None:
+        located = locate(source) if source else None
+        return check_save_path(ck.save_path, resume_dir=located.step_dir if located else None, new_run=new_run,
+                               weights_only=starts_weights_only(config, weights_only, located and located.kind),
+                               total_steps=config.training.steps)
+    notes = check_save_path(ck.save_path, resume_dir=plan.step_dir, new_run=new_run, total_steps=config.training.steps,
+                            weights_only=plan.scenario == ResumeScenario.WEIGHTS_ONLY)
+    source = source_step(plan) if continues_in(plan, ck.save_path) else None
+    if source is not None and plan.start_step < source <= config.training.steps:
+        name = Path(plan.step_dir).name
+        notes.append(f"this run starts at step {plan.start_step}, below {name}, the checkpoint it resumes from; when "
+                     f"it saves step {source} again, {name} is kept as {name}.resume-source (never replaced)")
+    return notes
+
+
+def check_writable(save_path: str) -> None:
+    """Fail before training, not at the first save, when checkpoints cannot be written."""
+    root = Path(save_path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".mftk-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(message=f"cannot write checkpoints to {root}: {exc.strerror or exc}", path=str(root),
+                              hint="set checkpoint.save_path to a writable directory, or enable_save: false") from None

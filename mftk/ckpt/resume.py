@@ -6,19 +6,27 @@ also from a Hugging Face dir), 3 changed global batch size (step rescaled ``int(
 ``consumed_samples`` kept, the optimizer's own step counter kept as the reference keeps it), 4
 balanced loading (each unique shard read once; a way of loading, combinable with 1–3). Everything
 the reference only warns about is an error here. Pure: MindSpore is never imported.
+
+Around the plan, the decisions a resume makes from the checkpoint's saved config: which architecture it
+trains (`fit_architecture`), whether it starts weights-only (`starts_weights_only`), whether it continues the
+save folder's checkpoints (`continues_in`), a target below its step (`check_target_step`), and the saved LR
+schedule the LR-jump warning compares with (`saved_schedule`).
 """
 from __future__ import annotations
 
 import enum
+import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import attrs
 
-from mftk.ckpt.layout import Located, iteration_dirs, locate, scan_step_dir
+from mftk.ckpt.layout import Located, iteration_dirs, locate, parse_iteration_dir_name, scan_step_dir
 from mftk.ckpt.names import is_optimizer_name
+from mftk.ckpt.run_config import read_run_config, saved_model_section
 from mftk.derive import skip_micro_batches
-from mftk.errors import CheckpointError
+from mftk.errors import CheckpointError, ConfigError, Problem
+from mftk.units import plural
 
 
 class ResumeScenario(enum.IntEnum):
@@ -218,3 +226,108 @@ def plan_resume(config: Any, path: str, *, weights_only: bool, params: Mapping[s
                       skip_micro_batches=skip, loads=tuple(loads), notes=tuple(notes), missing=missing,
                       unexpected=unexpected, mismatched=mismatched, common_extra=dict(common.extra),
                       skipped=chosen.skipped)
+
+
+def starts_weights_only(config: Any, weights_only: bool, kind: str | None = None) -> bool:
+    """Whether a start loads weights alone (step 0, fresh optimizer): ``--weights-only``, ``checkpoint.no_load_optim``,
+    or a Hugging Face dir (``kind`` "hf": it holds no optimizer state). The one answer for the planner, the
+    save-path guard and the msrun parent."""
+    return weights_only or config.checkpoint.no_load_optim or kind == "hf"
+
+
+def continues_in(plan: ResumePlan | None, save_path: str | os.PathLike) -> bool:
+    """The run goes on with the checkpoints of ``save_path``: it resumes (not weights-only) from a dir in it."""
+    return (plan is not None and plan.scenario != ResumeScenario.WEIGHTS_ONLY
+            and Path(plan.step_dir).parent.resolve() == Path(save_path).resolve())
+
+
+def source_step(plan: ResumePlan) -> int | None:
+    """The step of the ``iteration_*`` dir a run resumed from (None for any other dir): the one dir its saves
+    must never replace (`Checkpointer.source_step`)."""
+    return parse_iteration_dir_name(Path(plan.step_dir).name) if plan.kind == "mf" else None
+
+
+def check_target_step(plan: ResumePlan, steps: int) -> None:
+    """A resume whose ``training.steps`` (the absolute target) is below the step it starts from is refused:
+    there is nothing to train, and the summary would read "trained steps 4..4 of 2"."""
+    if plan.start_step <= steps:
+        return
+    problem = Problem(path="training.steps", value=steps,
+                      message=f"{steps} is below the step this resume starts from ({plan.start_step}, "
+                              f"{plan.step_dir}): nothing to train",
+                      hint=f"training.steps is the absolute target step: set it above {plan.start_step} "
+                           f"(e.g. --set training.steps={plan.start_step + steps})")
+    raise ConfigError(message=problem.render(), problems=[problem])
+
+
+def saved_architecture(plan: ResumePlan, current: Any) -> tuple[Any, list[str]]:
+    """The ``model:`` section a checkpoint was saved with (typed) and the keys where it differs from ``current``."""
+    if plan.kind != "mf":
+        return None, []
+    # lazy: the config model costs ~1 s of imports; `inspect-ckpt` imports this module for `ResumeScenario` alone
+    from mftk.config.load import build_model_section
+    from mftk.config.report import resolved
+
+    section, _ = saved_model_section(plan.step_dir, plan.saved_world)
+    if section is None:
+        return None, []
+    saved, problems = build_model_section(dict(section))
+    if saved is None or any(p.severity == "error" for p in problems):
+        return None, []
+    a, b = resolved(current), resolved(saved)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return saved, [f"model.{k}: YAML {a.get(k)!r}, checkpoint {b.get(k)!r}" for k in keys]
+
+
+@attrs.frozen
+class Architecture:
+    """Which ``model:`` a resume trains: the YAML's, or the checkpoint's saved one; and the plan for it."""
+
+    config: Any  # the run's config, its model: section the one trained
+    plan: ResumePlan
+    warnings: tuple[str, ...] = ()
+    from_checkpoint: bool = False  # the checkpoint's architecture replaced the YAML's
+
+
+def fit_architecture(config: Any, plan: ResumePlan, *, replan: Callable[[Any], ResumePlan],
+                     model_from_checkpoint: bool) -> Architecture:
+    """The architecture a resume trains. When the YAML's model does not fit the checkpoint (``plan.problems``)
+    but the checkpoint's saved config does (``replan``: the plan for a config with that ``model:``), the
+    differing fields are an error, unless ``model_from_checkpoint`` asks for the checkpoint's architecture
+    (issue 35: it used to be taken silently, so a Qwen3 YAML trained a DeepSeek-V3 checkpoint). Differing fields
+    that do not change the fit are a warning. A dry run decides the same way."""
+    saved, differences = saved_architecture(plan, config.model)
+    if plan.problems and saved is not None:
+        candidate = attrs.evolve(config, model=saved)
+        replanned = replan(candidate)
+        if not replanned.problems:
+            if not model_from_checkpoint:
+                raise CheckpointError(
+                    message=f"the model: section differs from the checkpoint's ({plan.step_dir}, saved config): "
+                            f"{plural(len(differences), 'field')}", path=plan.step_dir, problems=differences,
+                    hint="make the model: section match the checkpoint, or resume with `mftk resume "
+                         "--model-from-checkpoint` to train the checkpoint's architecture")
+            return Architecture(candidate, replanned, ("the model: section does not fit the checkpoint; its "
+                                                       "architecture is taken from the checkpoint's saved config "
+                                                       f"({'; '.join(differences)})",), from_checkpoint=True)
+    elif differences:
+        return Architecture(config, plan, ("model: keys differ from the checkpoint's saved config (the YAML's are "
+                                           "used): " + "; ".join(differences),))
+    return Architecture(config, plan)
+
+
+def skipped_warnings(plan: ResumePlan) -> list[str]:
+    """Damaged newer checkpoints passed over (`select_checkpoint`), each with the dir the resume loads instead."""
+    return [f"{n}; resuming from {Path(plan.step_dir).name}" for n in plan.skipped]
+
+
+def saved_schedule(plan: ResumePlan) -> tuple[dict, int] | None:
+    """The saved run's ``lr_scheduler`` section and ``training.steps`` (its resolved config), for the LR-jump
+    check (`engine.schedule.lr_change_at_resume`); None for a weights-only start or when the config is not saved."""
+    if plan.kind != "mf" or plan.scenario == ResumeScenario.WEIGHTS_ONLY:
+        return None
+    saved = read_run_config(plan.step_dir) or {}
+    section, steps = saved.get("lr_scheduler"), (saved.get("training") or {}).get("steps")
+    if not isinstance(section, dict) or not isinstance(steps, int):
+        return None
+    return section, steps

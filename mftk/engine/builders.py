@@ -76,10 +76,6 @@ def _check_muon_adapters(config: Any, model: Any) -> None:
                                             "out of lora_config.target_modules")])
 
 
-def param_shapes(model: Any) -> dict[str, tuple[int, ...]]:
-    return {p.name: tuple(p.shape) for p in model.get_parameters()}
-
-
 def build_data(config: Any, *, dp: int, dp_rank: int = 0) -> Any:
     """This data rank's loader over the blended training samples (`mftk.data.loader`)."""
     from mftk.data.loader import build_train_dataset

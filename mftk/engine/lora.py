@@ -21,6 +21,10 @@ Init: ``A ~ N(0, lora_a_std)``, ``B = 0`` (or ``N(0, lora_b_std)``), from a gene
 run's seed in name order, so every layout starts from the same adapters. Every other parameter is frozen
 (``requires_grad = False``): no gradient, no optimizer state, no FSDP rows, no gradient sync.
 
+Checkpoints (`base_checkpoint`, `load_base`, `adapter_manifest`): a run with ``checkpoint.base_load_path`` loads the
+frozen base first (2.1 §2.8), then the adapters (an adapter-only checkpoint, whose manifest must name the same
+base) on top; with ``save_trainable_only`` its saves hold the adapters and a manifest naming the base.
+
 Tensor parallel cuts an adapter with its base (`TP_SPLITS`, read by `parallel.parallelize`): a
 column-parallel base keeps ``lora_a`` whole and splits ``lora_b`` by rows; a row-parallel base splits
 ``lora_a`` by columns and keeps ``lora_b`` whole (its partial products sum like the base's). Expert
@@ -29,18 +33,24 @@ parallel cuts every expert tensor on dim 0.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
+from mftk.ckpt.layout import locate
+from mftk.ckpt.lora import fingerprint, is_adapter_checkpoint, manifest, read_manifest
 from mftk.ckpt.names import is_lora_name
+from mftk.config.report import resolved
 from mftk.engine.layers.linear import Linear
 from mftk.engine.layers.mlp import GateUpLinear
 from mftk.engine.layers.moe import GroupedMLP
 from mftk.engine.layers.ops_cpu import split_last
-from mftk.errors import ConfigError, Problem
+from mftk.engine.restore import load_checkpoint, plan_for
+from mftk.errors import CheckpointError, ConfigError, Problem
+from mftk.logs.sinks import log
 
 ROOT = "model"  # the reference's module paths start at its ForCausalLM root
 HEAD = "output_layer"  # its forward is never called: the LM head's weight goes straight into the fused loss
@@ -254,3 +264,52 @@ def init_adapters(model: Any, s: LoraSettings, seed: int) -> None:
         std = s.a_std if name.endswith("lora_a") else s.b_std
         value = rng.normal(0.0, std, p.shape) if std > 0 else np.zeros(p.shape)
         p.set_data(Tensor(value.astype(np.float32)))
+
+
+# ------------------------------------------------------------------------------- checkpoints
+def base_checkpoint(config: Any, load_path: str) -> tuple[str, list[str]]:
+    """``checkpoint.base_load_path`` when it is to be loaded ("" when not): the run starts from it (no load_path)
+    or load_path is an adapter-only checkpoint (whose manifest must name the same base); and the run's notes."""
+    base = config.checkpoint.base_load_path.strip()
+    adapter_only = bool(load_path) and is_adapter_checkpoint(load_path)
+    if adapter_only and not base:
+        raise CheckpointError(message="An adapter-only checkpoint requires checkpoint.base_load_path.",
+                              path=load_path, hint="set checkpoint.base_load_path to the base it was trained on")
+    if not base:
+        return "", []
+    if not Path(base).exists():
+        raise CheckpointError(message=f"base_load_path does not exist: {base}", path=base,
+                              hint="point checkpoint.base_load_path at the frozen base (an HF dir or a checkpoint)")
+    if load_path and not adapter_only:
+        note = f"checkpoint.base_load_path is not loaded: {load_path} is a full checkpoint"
+        log.info(note)
+        return "", [note]
+    if adapter_only:
+        saved = (read_manifest(locate(load_path).step_dir) or {}).get("base_fingerprint")
+        now = fingerprint(base)
+        if saved and now and saved != now:
+            raise CheckpointError(message="base_load_path fingerprint does not match the adapter checkpoint.",
+                                  path=base, hint="load the base the adapters were trained on (its files, "
+                                  "sizes and modification times are fingerprinted)")
+        if not (saved and now):
+            log.warning("base fingerprint unknown: the base is not checked against the adapter checkpoint")
+    return base, []
+
+
+def load_base(model: Any, config: Any, base: str, *, layout: Any, rank: int) -> None:
+    """The base weights into the model: no optimizer, no step, no data position."""
+    plan = plan_for(config, model, base, weights_only=True, layout=layout)
+    load_checkpoint(plan, model, config, rank=rank)
+    log.info("Loaded the frozen base weights from base_load_path %s (%s)", base, plan.kind)
+
+
+def adapter_manifest(config: Any, state: Any) -> dict | None:
+    """What an adapter-only save records beside the adapters (`ckpt.lora.manifest`); None for full saves."""
+    ck = config.checkpoint
+    if not ck.save_trainable_only:
+        return None
+    fp = fingerprint(ck.base_load_path)
+    if fp is None:
+        log.warning("base_load_path %s cannot be fingerprinted; the adapter manifest records none", ck.base_load_path)
+    return manifest(ck.base_load_path, resolved(config.lora_config), global_step=state.global_step,
+                    consumed_samples=state.consumed_samples, base_fingerprint=fp)

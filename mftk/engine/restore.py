@@ -1,4 +1,5 @@
-"""Resume, the loading half: a `ckpt.resume.ResumePlan`'s tensors into the model, optimizer and train state.
+"""Resume, the engine's half: the plan for a built model (`plan_start`, deciding with `ckpt.resume`), then its
+tensors into the model, optimizer and train state.
 
 The plan (pure, `mftk.ckpt.resume`) decided what to load; this module reads the tensors (one file,
 shards assembled through ``metadata.json``, or balanced loading) into the full model, and returns
@@ -8,12 +9,14 @@ position) for `restore_state` to apply once the loader and optimizer exist.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 
 from mftk.ckpt.names import is_optimizer_name
-from mftk.ckpt.resume import ResumePlan, ResumeScenario
+from mftk.ckpt.resume import (ResumePlan, ResumeScenario, check_target_step, fit_architecture, plan_resume,
+                              saved_schedule, skipped_warnings)
+from mftk.engine.schedule import lr_change_at_resume
 from mftk.engine.state import TrainState, restore_rng
 from mftk.errors import CheckpointError
 
@@ -26,6 +29,49 @@ class LoadedCheckpoint:
 
     optimizer: dict | None  # global optimizer tensors (None: weights only)
     extra: dict | None  # mftk's extra state of the saving rank (None: a reference checkpoint)
+
+
+def param_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    """The model's parameter names and shapes: what a resume plan checks a checkpoint against."""
+    return {p.name: tuple(p.shape) for p in model.get_parameters()}
+
+
+def plan_for(config: Any, model: Any, path: str, *, weights_only: bool, layout: Any) -> ResumePlan:
+    """`ckpt.resume.plan_resume` for ``model`` in this run's layout."""
+    return plan_resume(config, path, weights_only=weights_only, params=param_shapes(model), world=layout.world,
+                       dp=layout.dp)
+
+
+def plan_start(config: Any, model: Any, path: str, *, weights_only: bool, layout: Any, build: Callable[[Any], Any],
+               model_from_checkpoint: bool) -> tuple[Any, Any, ResumePlan, list[str]]:
+    """(config, model, plan, warnings) of a resume from ``path``: the architecture it trains
+    (`ckpt.resume.fit_architecture`; ``build`` builds the checkpoint's when that is taken), a target step below
+    the checkpoint's refused, and the warnings, logged as they are found: differing ``model:`` fields, damaged
+    newer checkpoints passed over, an LR schedule that does not continue the saved run's."""
+    built: list[Any] = []
+
+    def replan(candidate: Any) -> ResumePlan:
+        built.append(build(candidate))
+        return plan_for(candidate, built[-1], path, weights_only=weights_only, layout=layout)
+
+    arch = fit_architecture(config, plan_for(config, model, path, weights_only=weights_only, layout=layout),
+                            replan=replan, model_from_checkpoint=model_from_checkpoint)
+    config, plan, warnings = arch.config, arch.plan, list(arch.warnings)
+    for w in warnings:
+        log.warning(w)
+    check_target_step(plan, config.training.steps)
+    for w in skipped_warnings(plan):
+        warnings.append(w)
+        log.warning(w)
+    for n in plan.notes:
+        log.info(n)
+    saved = saved_schedule(plan)
+    jump = saved and lr_change_at_resume(saved[0], saved[1], plan.saved_step, config.lr_scheduler,
+                                         config.training.steps, plan.start_step)
+    if jump:
+        warnings.append(jump)
+        log.warning(jump)
+    return config, built[-1] if arch.from_checkpoint else model, plan, warnings
 
 
 def load_checkpoint(plan: ResumePlan, model: Any, config: Any, *, rank: int = 0) -> LoadedCheckpoint:

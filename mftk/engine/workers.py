@@ -1,11 +1,13 @@
-"""A training run as an msrun job: the parent that launches it (`train_distributed`) and the body every
-worker runs (`train_worker`), on top of the generic launcher (`engine.launch`).
+"""Where a training run goes (`start`: this process, or an msrun job), and the msrun job: the parent that
+launches it (`train_distributed`) and the body every worker runs (`train_worker`), on top of the generic
+launcher (`engine.launch`).
 
 The parent follows rank 0's log: its reference-format lines go to ``on_log_line`` and its step lines,
 parsed back, to the sinks; each worker returns its `TrainResult` as JSON, and rank 0's is the job's.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -14,12 +16,64 @@ from typing import Any, Iterable
 
 import attrs
 
+from mftk.ckpt.guard import hold_save_path, save_path_notes
 from mftk.ckpt.resume import ResumePlan, ResumeScenario
+from mftk.engine.device import select
 from mftk.engine.run import TrainResult, train
-from mftk.logs.sinks import log, mf_console_handler
+from mftk.logs.sinks import log, mf_console_handler, train_logger
 from mftk.progress import StepSink
 
 WORKER_TARGET = "mftk.engine.workers:train_worker"
+
+
+def start(loaded: Any, config: str | os.PathLike, *, spec: Any, overrides: Iterable[str] = (),
+          output_dir: str | os.PathLike = "output", sinks: Iterable[StepSink] = (),
+          console: logging.Handler | None = None, on_log_line: Any = None, on_restart: Any = None,
+          resume_from: Any = None, weights_only: bool = False, dry_run: bool = False, new_run: bool = False,
+          model_from_checkpoint: bool = False, max_restarts: int = 0) -> TrainResult:
+    """The one choice between this process and an msrun job, for `mftk train` and `mftk resume`.
+
+    ``loaded`` is ``config`` (the YAML path the workers load again) validated for ``spec.world`` workers. More than
+    one, and not a dry run: an msrun job (`train_distributed`; ``on_log_line``, ``on_restart``), its device chosen
+    and its save path checked and held here first. Otherwise `run.train` in this process, ``console`` on the
+    ``mftk.train`` logger while it runs (an msrun job's lines come through ``on_log_line`` instead).
+    """
+    if spec.world > 1 and not dry_run:
+        return _start_job(loaded, config, spec=spec, overrides=list(overrides), output_dir=output_dir, sinks=sinks,
+                          on_log_line=on_log_line, on_restart=on_restart, resume_from=resume_from,
+                          weights_only=weights_only, new_run=new_run, model_from_checkpoint=model_from_checkpoint,
+                          max_restarts=max_restarts)
+    logger = train_logger()  # its level as MFTK_DEBUG says now
+    if console is not None:
+        logger.addHandler(console)
+    try:
+        return train(loaded, output_dir=output_dir, sinks=sinks, new_run=new_run, resume_from=resume_from,
+                     weights_only=weights_only, dry_run=dry_run, world_size=spec.world,
+                     model_from_checkpoint=model_from_checkpoint)
+    finally:
+        if console is not None:
+            logger.removeHandler(console)
+
+
+def _start_job(loaded: Any, config: str | os.PathLike, *, spec: Any, overrides: list[str], output_dir: Any,
+               sinks: Iterable[StepSink], on_log_line: Any, on_restart: Any, resume_from: Any, weights_only: bool,
+               new_run: bool, model_from_checkpoint: bool, max_restarts: int) -> TrainResult:
+    """The msrun job of `start`. The layout was checked by the config's validation (``config.runnable``) before
+    any worker starts; the device is chosen once, for every worker; this process outlives every worker, so it
+    holds the save path (node 0, when it waits for the job)."""
+    cfg, ck = loaded.config, loaded.config.checkpoint
+    device = select(cfg.context.device_target)
+    if spec.hang_timeout_s is None and cfg.mftk.hang_timeout_s is not None:
+        spec = attrs.evolve(spec, hang_timeout_s=cfg.mftk.hang_timeout_s)
+    with hold_save_path(ck.save_path, enabled=ck.enable_save and spec.join and spec.node_rank == 0) as lock:
+        save_path_notes(cfg, new_run=new_run, source=resume_from or ck.load_path, weights_only=weights_only)
+        return train_distributed(config, overrides=overrides, output_dir=output_dir, spec=spec, resume_from=resume_from,
+                                 weights_only=weights_only, on_log_line=on_log_line, sinks=sinks, new_run=new_run,
+                                 device=device, model_from_checkpoint=model_from_checkpoint,
+                                 max_restarts=max_restarts, on_restart=on_restart,
+                                 keep_fds=(lock.fd,) if lock is not None and lock.fd is not None else (),
+                                 save_path=ck.save_path if ck.enable_save else None,
+                                 follow_rank=loss_rank(cfg, spec.world))
 
 
 def train_worker(config: str, overrides: list[str], output_dir: str, resume_from: str | None = None,
@@ -64,6 +118,7 @@ def result_from_json(data: dict[str, Any]) -> TrainResult:
     for key in ("losses", "grad_norms", "notes"):
         d[key] = tuple(d.get(key) or ())
     d["phases"] = tuple(tuple(p) for p in d.get("phases") or ())
+    d["parameters"] = tuple(d.get("parameters") or (0, 0))
     if plan is not None:
         plan = {k: tuple(v) if isinstance(v, list) else v for k, v in plan.items()}
         plan = ResumePlan(**{**plan, "scenario": ResumeScenario(plan["scenario"])})

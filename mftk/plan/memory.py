@@ -184,7 +184,7 @@ class Assumptions:
 # - TP/EP cut: every rank builds the full model, then cuts its blocks; the cut-away part's build footprint
 #   (6 B/param since malloc_trim runs after parallelizing: the `--multi` tp2/ep2 points give 3-4). FSDP's rows
 #   are new Parameters (units.renew) and the built ones, in reference cycles, are collected before the trim
-#   (run._release_freed_memory): no cut-build term for them (the 220M fsdp2 run kept its 838 MiB build before).
+#   (memstat.release_freed_memory): no cut-build term for them (the 220M fsdp2 run kept its 838 MiB build before).
 MFTK_CPU = Assumptions(fused_attention=False, attention_score_copies=1.85, overhead_bytes=45 * 2 ** 20,
                        framework_grad_bytes=4.0, always_master=True, optimizer_scratch_bytes=0.0,
                        retained_bytes_per_param=0.4, activation_factor=1.25,

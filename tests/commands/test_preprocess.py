@@ -76,7 +76,7 @@ def test_missing_input_and_tokenizer_exit_2(tmp_path):
 
 
 def test_finished_run_ends_without_teardown_and_keeps_its_output(tmp_path):
-    """The real process (commands.app.main) ends with os._exit once the outputs are in place: stdout is
+    """The real process (commands.entry.main) ends with os._exit once the outputs are in place: stdout is
     complete, the files equal an in-process run's, and a failed run still exits normally (code 1)."""
     import os
     import subprocess
@@ -86,7 +86,7 @@ def test_finished_run_ends_without_teardown_and_keeps_its_output(tmp_path):
     d = _setup(tmp_path)
     root = Path(__file__).resolve().parents[2]
     code = ("import atexit, sys\natexit.register(lambda: print('TEARDOWN', file=sys.stderr))\n"
-            "sys.argv = ['mftk', *sys.argv[1:]]\nfrom commands.app import main\nmain()\n")
+            "sys.argv = ['mftk', *sys.argv[1:]]\nfrom commands.entry import main\nmain()\n")
 
     def run(*args):
         return subprocess.run([sys.executable, "-c", code, "preprocess", "-t", str(d), *args], capture_output=True,
@@ -125,7 +125,7 @@ def test_a_preprocess_process_runs_one_openblas_thread(tmp_path, user_value):
             "    lib = glob.glob(os.path.join(os.path.dirname(numpy.__file__), '..', 'numpy.libs', 'libopenblas*'))[0]\n"
             "    print('THREADS', ctypes.CDLL(lib).openblas_get_num_threads64_(), flush=True)\n"
             "    real_exit(code)\n"
-            "os._exit = _exit\nsys.argv = ['mftk', *sys.argv[1:]]\nfrom commands.app import main\nmain()\n")
+            "os._exit = _exit\nsys.argv = ['mftk', *sys.argv[1:]]\nfrom commands.entry import main\nmain()\n")
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     env.update({"PYTHONPATH": str(root)}, **({"OPENBLAS_NUM_THREADS": user_value} if user_value else {}))
     r = subprocess.run([sys.executable, "-c", code, "preprocess", "-t", str(d), "-i", str(d / "a.jsonl"), "-o",

@@ -89,7 +89,7 @@ def test_weights_loaded_from_hf_equal_the_original(template, tmp_path):
     from mftk.ckpt.save import save_checkpoint
     from mftk.engine import build_model, state_dict
     from mftk.ckpt.resume import plan_resume
-    from mftk.engine.builders import param_shapes
+    from mftk.engine.restore import param_shapes
     from mftk.engine.restore import load_checkpoint
 
     raw = tiny_raw(template, tmp_path / "unused", tmp_path / "ckpt")

@@ -17,5 +17,5 @@ def test_worker_result_round_trips_through_json():
                       skip_micro_batches=8, loads=("model weights",), notes=("n",))
     r = TrainResult(start_step=2, final_step=4, total_steps=4, consumed_samples=16, losses=(1.5, 1.25),
                     grad_norms=(0.5, None), skipped_steps=0, checkpoint="c", output_dir="o", log_file="l",
-                    metrics_file="m", phases=(("model build", 0.1),), resume=plan)
+                    metrics_file="m", phases=(("model build", 0.1),), resume=plan, parameters=(623, 600))
     assert result_from_json(json.loads(json.dumps(attrs.asdict(r)))) == r

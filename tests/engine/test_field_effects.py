@@ -430,7 +430,8 @@ def test_process_setup_takes_the_device_and_determinism_from_the_config(monkeypa
     deterministic mode on."""
     import mindspore as ms
 
-    from mftk.engine import device, run
+    from mftk.engine import device
+    from mftk.engine.process import setup_process
 
     asked, deterministic = [], []
     monkeypatch.setattr(device, "select", lambda target: asked.append(target) or "CPU")
@@ -440,7 +441,7 @@ def test_process_setup_takes_the_device_and_determinism_from_the_config(monkeypa
     raw["training"]["deterministic"] = True
     from mftk.config.load import load_data
 
-    run._setup_process(load_data(raw, check_files=False).config)
+    setup_process(load_data(raw, check_files=False).config)
     assert asked == ["CPU"] and deterministic == [True]
 
 
@@ -522,8 +523,8 @@ def test_monitor_setting_reaches_the_profiler_or_writer(path, tmp_path, monkeypa
     assert with_it != without, f"{path}: {value!r} reaches neither the profiler nor the writer differently"
 
 
-# recompute: the cells the run replays and keeps (`run.distribute` → `recompute.apply_exclusions`, `apply_recompute`;
-# applied with several processes, so the config is loaded for two)
+# recompute: the cells the run replays and keeps (`parallel.startup.distribute` → `recompute.apply_exclusions`,
+# `apply_recompute`; applied with several processes, so the config is loaded for two)
 FULL = {"mode": "full", "full_recompute_layer": ["0-1"]}
 RECOMPUTE_SETTINGS = {
     "recompute.mode": ("full", {"recompute": {"full_recompute_layer": ["0-1"]}}),

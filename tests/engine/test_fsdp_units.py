@@ -186,13 +186,13 @@ def test_units_put_their_gradients_in_the_flat_buffer(rng):
 
 def test_release_frees_the_build_parameters_fsdp_replaced():
     """The built Parameters FSDP replaces with row blocks sit in reference cycles, so only a full collection
-    frees them; `run._release_freed_memory` runs one before the trim (bench/memory.py's 220M fsdp2 run kept its
+    frees them; `memstat.release_freed_memory` runs one before the trim (bench/memory.py's 220M fsdp2 run kept its
     838 MiB build through every step before)."""
     import gc
     import weakref
 
+    from mftk.engine.memstat import release_freed_memory
     from mftk.engine.parallel import fsdp
-    from mftk.engine.run import _release_freed_memory
 
     model = build_model(make_qwen3(), seed=0)
     built = [weakref.ref(p) for p in model.trainable_params()]
@@ -204,7 +204,7 @@ def test_release_frees_the_build_parameters_fsdp_replaced():
         replaced = [r for r in built if r() is None or id(r()) not in now]  # cut into new Parameters (rows)
         assert len(replaced) > len(built) // 2
         assert all(r() is not None for r in replaced)  # nothing refers to them but their cycles
-        _release_freed_memory()
+        release_freed_memory()
         assert [r for r in replaced if r() is not None] == []
     finally:
         if enabled:

@@ -391,7 +391,8 @@ def test_an_adapter_only_checkpoint_exports_merged_with_its_base(tmp_path, corpu
     assert r.exit_code == 0, r.output
     ids = np.random.default_rng(2).integers(1, 256, (2, 16))
     from mftk.ckpt.resume import plan_resume
-    from mftk.engine.builders import build_model, param_shapes
+    from mftk.engine.builders import build_model
+    from mftk.engine.restore import param_shapes
     from mftk.engine.restore import load_checkpoint
 
     config = load(raw, "training.seed=7").config

@@ -188,7 +188,8 @@ def test_export_hf_skips_the_buffer(runs, tmp_path):
 
 def test_checkpoints_load_with_tracking_switched_either_way(runs, corpus):
     from mftk.ckpt.resume import plan_resume
-    from mftk.engine.builders import build_model, param_shapes
+    from mftk.engine.builders import build_model
+    from mftk.engine.restore import param_shapes
     from mftk.engine.restore import load_checkpoint
 
     d, _, _ = runs

@@ -29,12 +29,6 @@ def vocab_data() -> dict[str, np.ndarray]:
             "head": (rng.normal(size=(V, H)) * 0.5).astype(np.float32)}
 
 
-def dp_data() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(3)
-    return {"x": rng.normal(size=(4, 3)).astype(np.float32), "t": rng.normal(size=(4, 5)).astype(np.float32),
-            "w": rng.normal(size=(5, 3)).astype(np.float32), "b": rng.normal(size=(5,)).astype(np.float32)}
-
-
 def _l(t) -> list:
     return np.asarray(t.asnumpy() if hasattr(t, "asnumpy") else t, np.float64).tolist()
 
@@ -43,7 +37,7 @@ def _l(t) -> list:
 
 
 def two_rank_checks() -> dict:
-    """Collectives, TP+SP MLP, vocab-parallel embedding + CE, DP sync and FSDP step on 2 ranks."""
+    """Collectives, TP+SP MLP, vocab-parallel embedding + CE and a 2-stage pipeline on 2 ranks."""
     from mindspore import communication
 
     from mftk.engine.parallel.groups import create_groups
@@ -51,14 +45,11 @@ def two_rank_checks() -> dict:
 
     world = communication.get_group_size()
     tp_groups = create_groups(Layout(world=world, tp=world))
-    dp_groups = create_groups(Layout(world=world, dp_shard=world))
     out = {"rank": communication.get_rank()}
     out["collectives"] = _collectives(tp_groups.tp)
     out["tp_mlp"] = _tp_mlp(tp_groups.tp, sequence_parallel=True)
     out["tp_mlp_nosp"] = _tp_mlp(tp_groups.tp, sequence_parallel=False)
     out["vocab"] = _vocab(tp_groups.tp)
-    out["dp"] = _dp(dp_groups)
-    out["fsdp"] = _fsdp(dp_groups)
     pp_groups = create_groups(Layout(world=world, pp=world))
     out["pp_1f1b"] = _pipeline(pp_groups.pp, "1f1b")
     out["pp_gpipe"] = _pipeline(pp_groups.pp, "gpipe")
@@ -184,57 +175,6 @@ def _vocab(g) -> dict:
     loss, grads = ms.value_and_grad(net, None, net.trainable_params())(
         Tensor(d["ids"]), Tensor(d["labels"]), Tensor(d["mask"]))
     return {"loss": float(loss.asnumpy()), "demb": _l(grads[0]), "dhead": _l(grads[1])}
-
-
-def _dp_loss_grads(d: dict, rows: slice):
-    import mindspore as ms
-    from mindspore import Parameter, Tensor, nn, ops
-
-    class Reg(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.w = Parameter(Tensor(d["w"]), name="w")
-            self.b = Parameter(Tensor(d["b"]), name="b")
-
-        def construct(self, x, t):
-            y = ops.matmul(x, self.w.T) + self.b
-            return ((y - t) ** 2).mean()
-
-    net = Reg()
-    loss, grads = ms.value_and_grad(net, None, net.trainable_params())(Tensor(d["x"][rows]), Tensor(d["t"][rows]))
-    return net, loss, grads
-
-
-def _dp(groups) -> dict:
-    from mftk.engine.parallel.data_parallel import (global_grad_norm, mean_over, param_replicas, sync_flat_gradients,
-                                                    sync_gradients)
-
-    d = dp_data()
-    n = 4 // groups.dp.size
-    _, loss, grads = _dp_loss_grads(d, slice(groups.dp_rank * n, (groups.dp_rank + 1) * n))
-    synced = sync_gradients(grads, groups)
-    norm = global_grad_norm(synced, [param_replicas(groups)] * len(synced), groups)
-    flat = sync_flat_gradients(np.concatenate([g.asnumpy().reshape(-1) for g in grads]), groups)
-    return {"dw": _l(synced[0]), "db": _l(synced[1]), "norm": norm, "flat": _l(flat),
-            "loss_mean": mean_over(float(loss.asnumpy()), groups.dp)}
-
-
-def _fsdp(groups) -> dict:
-    from mindspore import ops
-
-    from mftk.engine.parallel.data_parallel import FsdpParams, global_grad_norm, param_replicas
-
-    d = dp_data()
-    n = 4 // groups.dp.size
-    net, _, grads = _dp_loss_grads(d, slice(groups.dp_rank * n, (groups.dp_rank + 1) * n))
-    fsdp = FsdpParams(net.trainable_params(), groups)
-    local_grads = fsdp.reduce_scatter(grads)
-    norm = global_grad_norm(local_grads, [param_replicas(groups, ("dp_shard",))] * 2, groups)
-    for p, g in zip(fsdp.local, local_grads):  # plain SGD on the shards
-        ops.assign(p, p - 0.1 * g)
-    fsdp.all_gather()
-    return {"local_rows": [list(b) for b in fsdp.bounds], "local_dw": _l(local_grads[0]), "norm": norm,
-            "w_after": _l(net.w), "b_after": _l(net.b)}
 
 
 def _pipeline(g, schedule: str) -> dict:

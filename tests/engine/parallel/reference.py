@@ -32,11 +32,3 @@ def vocab_ce(d: dict) -> dict[str, np.ndarray]:
     np.add.at(demb, ids.reshape(-1), (dz @ head).reshape(-1, emb.shape[1]))
     return {"loss": float((ce * m).sum() / m.sum()), "demb": demb,
             "dhead": dz.reshape(-1, head.shape[0]).T @ h.reshape(-1, head.shape[1])}
-
-
-def regression(d: dict) -> dict[str, np.ndarray]:
-    """Full-batch L = mean((x Wᵀ + b − t)²) gradients and their norm."""
-    x, t, w, b = (d[k].astype(np.float64) for k in ("x", "t", "w", "b"))
-    dy = 2 * (x @ w.T + b - t) / t.size
-    dw, db = dy.T @ x, dy.sum(0)
-    return {"dw": dw, "db": db, "loss": float(((x @ w.T + b - t) ** 2).mean()), "norm": float(np.sqrt((dw ** 2).sum() + (db ** 2).sum()))}

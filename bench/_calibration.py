@@ -3,8 +3,8 @@
 Each point runs in a fresh process: import MindSpore and the engine, record RSS (the idle-process baseline),
 train 3 steps, record the peak (VmHWM). Measured = peak − baseline; the estimate is the planner's total for
 the same config under the "mftk-cpu" profile (`plan.memory.MFTK_CPU`). Several workers: one msrun job per
-point, each rank measuring its own baseline and peak. `bench/plan_calibration.py` prints the whole grid; the
-slow tests in tests/plan/test_memory.py hold the quick points to ±15%.
+point, each rank measuring its own baseline and peak. `bench/plan_calibration.py` prints the whole grid and
+`bench/memory.py` the large runs; no test measures memory (`run_all.sh` skips this module: its name starts with _).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mftk.config.templates import TEMPLATES_DIR
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the mftk package
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the repository: the mftk package and bench/ (a namespace package)
 
 QWEN3, DSV3 = "qwen3_tiny.yaml", "deepseek_v3_tiny.yaml"  # shipped templates (`config.templates`)
 H256 = {"model.hidden_size": 256, "model.intermediate_size": 768, "model.num_attention_heads": 8,
@@ -151,8 +151,9 @@ def measure_multi(template: str, over: dict, nproc: int, timeout_s: float = 900)
     """One msrun job of ``nproc`` workers on free ports; each rank's own baseline/peak, by rank."""
     from mftk.engine.launch import LaunchSpec, launch
 
+    os.environ["PYTHONPATH"] = _with_root(os.environ.get("PYTHONPATH", ""))  # the workers import bench._calibration
     with tempfile.TemporaryDirectory(prefix="mftk-calib-") as logs:
-        res = launch("mftk.engine.calibration:dist_worker", {"template": template, "over": over},
+        res = launch("bench._calibration:dist_worker", {"template": template, "over": over},
                      spec=LaunchSpec(nproc=nproc, log_dir=Path(logs)), timeout_s=timeout_s)
     return [res.results[r] for r in sorted(res.results)]
 
@@ -161,11 +162,16 @@ def measure(template: str, over: dict, compiled: bool | None = None) -> dict:
     """One single-process run of 3 steps in a fresh interpreter: its baseline, peak and measured bytes.
     ``compiled`` forces the layers compiled (True) or eager (False) whatever the model's size (None: the
     trainer's own rule, `derive.compiles_blocks`)."""
-    code = ("import json; from mftk.engine.calibration import worker; "
+    code = ("import json; from bench._calibration import worker; "
             "print('RESULT ' + json.dumps(worker(%r, %r, %r)))" % (template, over, compiled))
-    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=_with_root(os.environ.get("PYTHONPATH", "")))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def _with_root(pythonpath: str) -> str:
+    """``PYTHONPATH`` with the repository first, so a fresh interpreter imports mftk and ``bench._calibration``."""
+    return str(PACKAGE_ROOT) + (os.pathsep + pythonpath if pythonpath else "")
