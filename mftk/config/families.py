@@ -13,7 +13,10 @@ from typing import Any, Callable
 
 import attrs
 
-from mftk.config.model import DeepseekV3ModelConfig, DeepseekV4ModelConfig, Qwen3ModelConfig, Qwen3MoeModelConfig
+from mftk.config.model_deepseek_v3 import DeepseekV3ModelConfig
+from mftk.config.model_deepseek_v4 import DeepseekV4ModelConfig
+from mftk.config.model_qwen3 import Qwen3ModelConfig
+from mftk.config.model_qwen3_moe import Qwen3MoeModelConfig
 
 
 @attrs.frozen

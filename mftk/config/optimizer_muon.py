@@ -112,9 +112,8 @@ def adamw_only_problems(config: Any) -> list[Problem]:
     """Muon keys set in an AdamW section: read by nothing, so say so."""
     import attrs
 
-    from mftk.config.sections import OptimizerConfig
-
-    o, defaults = config.optimizer, {f.name: f for f in attrs.fields(OptimizerConfig)}
+    o = config.optimizer
+    defaults = {f.name: f for f in attrs.fields(type(o))}  # the section's own class: no import back to sections
     out = []
     for key in MUON_KEYS:
         d = defaults[key]
