@@ -351,7 +351,7 @@ def _default(f: attrs.Attribute) -> Any:
 
 def check_statuses(config: Any, *, world_size: int = 1, reported: frozenset[str] = frozenset()) -> list[Problem]:
     """Errors for refused fields set to another value than their default, notes for no-effect ones.
-    ``reported``: paths that already have an error (a grammar rule said more)."""
+    ``reported``: paths that already have a problem (the owning rule said more)."""
     problems: list[Problem] = []
     for path, value, default in _set_values(config):
         st = status_of(_strip_index(path))
