@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mftk.config.families import MODEL_TYPES
 from mftk.errors import Problem
 
 DEFAULT_ADAMW_INCLUDE = ("*word_embeddings*", "*output_layer*")
@@ -94,13 +95,14 @@ def _qk_clip_notes(config: Any) -> list[Problem]:
     """Where QK-clip has nothing to rescale: DeepSeek-V4's attention (as in the reference) and qk-norm models."""
     o, m = config.optimizer, config.model
     mt = getattr(m, "model_type", None)
-    if not o.qk_clip_enabled or m is None:
+    family = MODEL_TYPES.get(mt)
+    if not o.qk_clip_enabled or m is None or family is None:
         return []
-    if mt == "deepseek_v4":
+    if family.attention == "csa":
         return [Problem(path="optimizer.qk_clip_enabled", value=True, severity="note",
-                        message="no effect for deepseek_v4: its compressed sparse attention keeps no max logits "
+                        message=f"no effect for {mt}: its compressed sparse attention keeps no max logits "
                                 "(the reference's QK-clip returns at once too)")]
-    if mt in ("qwen3", "qwen3_moe"):
+    if family.qk_norm:
         return [Problem(path="optimizer.qk_clip_enabled", value=True, severity="warning",
                         message=f"no effect for {mt}: q and k are RMS-normalised per head after the projection, so "
                                 "rescaling the projection cannot lower a logit (the reference runs Muon on MLA models only)",
@@ -128,5 +130,5 @@ def qk_clip_active(config: Any) -> bool:
     """QK-clip has something to clip: Muon with ``qk_clip_enabled`` on an MLA model (DeepSeek-V3), whose core
     attention then tracks its max logits (the reference switches the tracking on the same way)."""
     o, m = config.optimizer, getattr(config, "model", None)
-    return (o.type == "Muon" and bool(o.qk_clip_enabled)
-            and getattr(m, "model_type", None) in ("deepseek_v3", "deepseek_mtp"))
+    family = MODEL_TYPES.get(getattr(m, "model_type", None))
+    return o.type == "Muon" and bool(o.qk_clip_enabled) and family is not None and family.mla

@@ -187,14 +187,12 @@ def _check_parallel(c: Config, world: int, r: _Rules) -> L.Layout | None:
         r.error("parallelism", f"tp·pp·cp must be ≤ world size: {dp_text}", world,
                 "lower the degrees or pass a larger --world-size")
         return None
-    rep, shard, _ = L.split_dp(dp, p.data_parallel_shard)
-    layout = L.Layout(world=world, tp=p.tensor_parallel, pp=p.pipeline_parallel, cp=p.context_parallel,
-                      ep=p.expert_parallel, dp_replicate=rep, dp_shard=shard,
-                      interleave=p.pipeline_parallel_interleave_num)
+    layout = L.layout_from_config(p, world)  # the one builder of a Layout from a parallelism: section
     if p.data_parallel_shard > 0 and dp % p.data_parallel_shard:
         r.error("parallelism.data_parallel_shard",
                 f"must divide dp: {dp} % {p.data_parallel_shard} = {dp % p.data_parallel_shard}",
-                p.data_parallel_shard, f"the reference silently adjusts it to {rep}×{shard}; pick a divisor of {dp}")
+                p.data_parallel_shard,
+                f"the reference silently adjusts it to {layout.dp_replicate}×{layout.dp_shard}; pick a divisor of {dp}")
     return layout
 
 
