@@ -132,9 +132,11 @@ def rename(hf: str, mf: str) -> Rule:
     return Rule((hf,), (mf,))
 
 
-def apply_table(table: Iterable[Rule], tensors: Mapping[str, np.ndarray], to: str) -> dict[str, np.ndarray]:
+def apply_table(table: Iterable[Rule], tensors: Mapping[str, np.ndarray], to: str,
+                ignore_prefixes: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """``tensors`` (HF names when ``to == "mf"``, reference names when ``to == "hf"``) through every row of
-    ``table`` in that direction; raises CheckpointError naming every missing and unexpected tensor."""
+    ``table`` in that direction; raises CheckpointError naming every missing and unexpected tensor (but those
+    under ``ignore_prefixes``)."""
     src, out = Source(tensors, "HF" if to == "mf" else "mftk"), {}
     for row in table:
         names, made, fn = (row.hf, row.mf, row.to_mf) if to == "mf" else (row.mf, row.hf, row.to_hf)
@@ -145,7 +147,7 @@ def apply_table(table: Iterable[Rule], tensors: Mapping[str, np.ndarray], to: st
         arrays = [src.take(name) for name in names]
         if all(a is not None for a in arrays):
             out.update(zip(made, fn(*arrays)))
-    src.check()
+    src.check(ignore_prefixes)
     return out
 
 
