@@ -72,7 +72,7 @@ FAMILIES: tuple[Family, ...] = (
            attention="mla", hf_model_type="deepseek_v3", qk_norm=False),  # deepseek_mtp is not an HF type
     Family("deepseek_v4", ("deepseek_v4",), DeepseekV4ModelConfig, ("DeepseekV4ForCausalLM",),
            spec="mftk.engine.models.deepseek_v4.spec:deepseek_v4_spec", hf="mftk.ckpt.hf.deepseek_v4",
-           attention="csa", hf_model_type="deepseek_v4", qk_norm=True),
+           attention="csa", hf_model_type="deepseek_v4", qk_norm=False),
     Family("qwen3_moe", ("qwen3_moe",), Qwen3MoeModelConfig, ("Qwen3MoeForCausalLM",),
            spec="mftk.engine.models.qwen3_moe.spec:qwen3_moe_spec", hf="mftk.ckpt.hf.qwen3_moe",
            attention="gqa", hf_model_type="qwen3_moe", qk_norm=True),
