@@ -1,4 +1,4 @@
-"""Hugging Face `config.json` ↔ our `model:` section (Qwen3, DeepSeek-V3; DeepSeek-V4 and Qwen3-MoE in `hf_families`).
+"""Hugging Face `config.json` ↔ our `model:` section, every family: the one module of HF config import and export.
 
 Users start from published models. The HF keys are already our field names (models.md §1.3/§1.4),
 so most values pass through; what changes is what HF leaves implicit and the reference needs
@@ -6,6 +6,13 @@ spelled out (models.md §1.2): DeepSeek-V3 needs `moe_grouped_gemm`, `qk_layerno
 weight and a valid aux-loss type; both families want `hidden_dropout: 0.0` (HF models train
 without it, and Qwen3's reference default is 0.1). Keys that only matter to HF (`torch_dtype`,
 `auto_map`, FP8 `quantization_config`, ...) are dropped, each reported as a note, never silently.
+
+DeepSeek-V4's HF config describes the same model with other words (mindformers-2.1.md §5.2 last
+column): per-layer ``layer_types`` + ``compress_rates`` for our ``compress_ratios``, ``mlp_layer_types``
+for ``num_hash_layers``, ``partial_rotary_factor·head_dim`` for ``qk_rope_head_dim``, a nested
+``rope_parameters`` for the YaRN keys, ``swiglu_limit``/``hc_mult``/``sliding_window`` for the reference's
+names; the shared expert is always one of width ``moe_intermediate_size``. Export refuses what
+transformers cannot express, import says what it dropped.
 """
 import json
 import math
@@ -15,7 +22,7 @@ from typing import Any
 import attrs
 import yaml
 
-from mftk.config import hf_families as _fam
+from mftk.config.families import family_of
 from mftk.config.model import (ALIASES, DELETED, NOTE, WARNING, DeepseekV3ModelConfig, DeepseekV4ModelConfig,
                                Qwen3ModelConfig, Qwen3MoeModelConfig, TransformerFields, model_configs,
                                normalize_model_dict)
@@ -34,7 +41,6 @@ _HF_ONLY = {
 }
 
 DEFAULT_MTP_LOSS_SCALING_FACTOR = 0.3  # DeepSeek-V3 paper, first 10T tokens; pynative_ds3.yaml uses it too
-_FAMILY_HANDLED = {DeepseekV4ModelConfig: _fam.V4_HANDLED, Qwen3MoeModelConfig: _fam.QWEN3_MOE_HANDLED}
 
 
 def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> tuple[dict, list[Problem]]:
@@ -70,9 +76,9 @@ def hf_to_model_section(config_json: dict, *, seq_length: int | None = None) -> 
     if cls is DeepseekV3ModelConfig:
         raw.update(_deepseek_extras(config_json, notes))
     elif cls is DeepseekV4ModelConfig:
-        raw.update(_fam.deepseek_v4_from_hf(config_json, notes))
+        raw.update(deepseek_v4_from_hf(config_json, notes))
     elif cls is Qwen3MoeModelConfig:
-        raw.update(_fam.qwen3_moe_from_hf(config_json, notes))
+        raw.update(qwen3_moe_from_hf(config_json, notes))
     raw["hidden_dropout"] = 0.0
     raw["seq_length"] = seq_length if seq_length is not None else fields["seq_length"].default
     raw.setdefault("architectures", fields["architectures"].default)
@@ -182,9 +188,9 @@ def hf_config_from_model_section(cfg: Any, *, dtype: str = "float32") -> dict:
                                   f"({len(problems)} problem(s))", problems=problems)
     out: dict[str, Any] = {"architectures": [_HF_ARCH[type(cfg)]], "model_type": _hf_model_type(cfg)}
     if isinstance(cfg, DeepseekV4ModelConfig):
-        out.update(_fam.deepseek_v4_to_hf(cfg))
+        out.update(deepseek_v4_to_hf(cfg))
     elif isinstance(cfg, Qwen3MoeModelConfig):
-        out.update({**_common_keys(cfg), **_fam.qwen3_moe_to_hf(cfg)})
+        out.update({**_common_keys(cfg), **qwen3_moe_to_hf(cfg)})
     else:
         out.update(_qwen3_keys(cfg) if isinstance(cfg, Qwen3ModelConfig) else _dsv3_keys(cfg))
     pad = None if cfg.pad_token_id < 0 else cfg.pad_token_id  # −1: no padding id (transformers wants None)
@@ -216,10 +222,10 @@ def hf_export_problems(cfg: Any) -> list[Problem]:
         ignored("rotary_interleaved", cfg.rotary_interleaved, False)
         ignored("position_embedding_type", cfg.position_embedding_type, "rope")
         if isinstance(cfg, Qwen3MoeModelConfig):
-            _fam.qwen3_moe_export_problems(cfg, err)
+            qwen3_moe_export_problems(cfg, err)
         return ps
     if isinstance(cfg, DeepseekV4ModelConfig):
-        _fam.deepseek_v4_export_problems(cfg, err)
+        deepseek_v4_export_problems(cfg, err)
         return ps
     ignored("tie_word_embeddings", cfg.tie_word_embeddings, False)
     if cfg.moe_router_score_function != "sigmoid":
@@ -281,9 +287,7 @@ def _as_config(cfg: Any) -> Any:
 
 
 def _hf_model_type(cfg: Any) -> str:
-    if isinstance(cfg, (DeepseekV4ModelConfig, Qwen3MoeModelConfig)):
-        return cfg.model_type
-    return "qwen3" if isinstance(cfg, Qwen3ModelConfig) else "deepseek_v3"  # deepseek_mtp is not an HF type
+    return family_of(cfg).hf_model_type  # deepseek_mtp exports as deepseek_v3 (not an HF type)
 
 
 def _hf_act(cfg: Any) -> str:
@@ -341,3 +345,171 @@ def _hf_mla_scale(cfg: DeepseekV3ModelConfig) -> float:
         g = 1.0 if rp.factor <= 1 else 0.1 * rp.mscale_all_dim * math.log(rp.factor) + 1.0
         scale *= g * g
     return scale
+
+
+# ------------------------------------------------------------------ DeepSeek-V4 and Qwen3-MoE
+
+V4_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+V4_HANDLED = frozenset("""head_dim partial_rotary_factor layer_types compress_rates compress_ratios mlp_layer_types
+num_hash_layers scoring_func hc_mult hc_sinkhorn_iters swiglu_limit sliding_window rope_parameters rope_scaling
+num_key_value_heads router_aux_loss_coef output_router_logits router_jitter_noise mlp_bias qk_rope_head_dim
+compress_rate_csa compress_rate_hca expert_dtype""".split())
+QWEN3_MOE_HANDLED = frozenset("rope_parameters rope_scaling".split())
+V4_MTP_LOSS_SCALING_FACTOR = 0.3  # the shipped DeepSeek-V4 YAMLs' mtp_loss_factor
+
+
+def _note(notes: list[Problem], key: str, value: Any, message: str, severity: str = NOTE) -> None:
+    notes.append(Problem(path=f"model.{key}", severity=severity, value=value, message=message))
+
+
+def deepseek_v4_from_hf(cj: dict, notes: list[Problem]) -> dict:
+    """The `model:` keys an HF ``DeepseekV4Config`` implies beyond the same-named ones."""
+    out: dict[str, Any] = {"qk_layernorm": True, "apply_dsa_kernel_fusion": False, "moe_grouped_gemm": True}
+    L = int(cj.get("num_hidden_layers", 43))
+    d = int(cj.get("head_dim", 512))
+    rope = int(cj.get("qk_rope_head_dim") or round(d * float(cj.get("partial_rotary_factor") or 64 / 512)))
+    out.update(v_head_dim=d, qk_rope_head_dim=rope, qk_nope_head_dim=d - rope)
+    rates = {**V4_RATIO, **(cj.get("compress_rates") or {})}
+    if cj.get("compress_rate_hca"):
+        rates["heavily_compressed_attention"] = cj["compress_rate_hca"]
+    types = cj.get("layer_types")
+    if types:
+        ratios = [int(rates[t]) for t in types[:L]]
+    elif cj.get("compress_ratios"):
+        ratios = [int(r) for r in cj["compress_ratios"][:L]]
+    else:  # transformers' default: two HCA layers, then CSA at odd offsets
+        ratios = [128] * min(L, 2) + [4 if i % 2 else 128 for i in range(max(L - 2, 0))]
+        _note(notes, "compress_ratios", ratios, "added: transformers' default layer_types (none in config.json)")
+    mtp = int(cj.get("num_nextn_predict_layers", 1) or 0)
+    out["compress_ratios"] = ratios + [0] * mtp
+    if mtp:
+        out["mtp_loss_scaling_factor"] = V4_MTP_LOSS_SCALING_FACTOR
+        _note(notes, "mtp_loss_scaling_factor", V4_MTP_LOSS_SCALING_FACTOR,
+              "added: required with MTP on (the shipped YAMLs' mtp_loss_factor); MTP layers are sliding-window")
+    mlp = cj.get("mlp_layer_types")
+    if mlp:
+        n_hash = next((i for i, t in enumerate(mlp) if t != "hash_moe"), len(mlp))
+        if any(t == "hash_moe" for t in mlp[n_hash:]):
+            _note(notes, "num_hash_layers", mlp, "hash-routed layers after a learned one are not supported "
+                  "(the reference's hash layers are the leading ones); read as the leading run", WARNING)
+        out["num_hash_layers"] = n_hash
+    elif cj.get("num_hash_layers") is not None:
+        out["num_hash_layers"] = int(cj["num_hash_layers"])
+    for src, dst in (("scoring_func", "moe_router_score_function"), ("hc_mult", "num_residual_streams"),
+                     ("hc_sinkhorn_iters", "mhc_sinkhorn_iterations"), ("swiglu_limit", "activation_func_clamp_value"),
+                     ("sliding_window", "csa_window_size")):
+        if src in cj:
+            out[dst] = cj[src]
+    if cj.get("n_shared_experts", 1):
+        out["moe_shared_expert_intermediate_size"] = cj.get("moe_intermediate_size", 2048)
+    out.update(_v4_rope(cj, notes))
+    for key in ("router_aux_loss_coef", "output_router_logits", "router_jitter_noise"):
+        if key in cj:
+            _note(notes, key, cj[key], "dropped: transformers' load-balancing loss differs from the reference's; "
+                  "set moe_aux_loss_coeff / moe_router_load_balancing_type")
+    _note(notes, "num_key_value_heads", cj.get("num_key_value_heads", 1), "dropped: one shared KV head (MQA) is implied")
+    return out
+
+
+def _v4_rope(cj: dict, notes: list[Problem]) -> dict:
+    rp = cj.get("rope_parameters") or cj.get("rope_scaling") or {}
+    comp = rp.get("compress", rp) if isinstance(rp, dict) else {}
+    out: dict[str, Any] = {}
+    kind = comp.get("rope_type", comp.get("type", "default"))
+    out["position_embedding_type"] = "yarn" if kind == "yarn" else "rope"
+    if kind == "yarn":
+        for src, dst in (("factor", "rotary_scaling_factor"), ("original_max_position_embeddings",
+                         "original_max_position_embeddings"), ("beta_fast", "beta_fast"), ("beta_slow", "beta_slow")):
+            if comp.get(src) is not None:
+                out[dst] = comp[src]
+    main = rp.get("main", {}) if isinstance(rp, dict) else {}
+    if main.get("rope_theta") is not None:
+        out["rope_theta"] = main["rope_theta"]
+    if comp.get("rope_theta") is not None and "main" in rp:
+        out["compress_rope_theta"] = comp["rope_theta"]
+    return out
+
+
+def deepseek_v4_to_hf(cfg: Any) -> dict:
+    L = cfg.num_hidden_layers
+    named = {0: "sliding_attention", 4: "compressed_sparse_attention"}
+    types = [named.get(cfg.compress_ratio(i), "heavily_compressed_attention") for i in range(L)]
+    hca = sorted({cfg.compress_ratio(i) for i in range(L)} - {0, 4}) or [128]
+    rope = {"rope_type": "default"}
+    if cfg.position_embedding_type == "yarn":
+        rope = {"rope_type": "yarn", "factor": cfg.rotary_scaling_factor, "beta_fast": cfg.beta_fast,
+                "beta_slow": cfg.beta_slow, "original_max_position_embeddings": cfg.original_max_position_embeddings}
+    return {
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "moe_intermediate_size": cfg.moe_intermediate_size,
+        "num_hidden_layers": L, "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": 1,
+        "head_dim": cfg.v_head_dim, "q_lora_rank": cfg.q_lora_rank,
+        "partial_rotary_factor": cfg.qk_rope_head_dim / cfg.v_head_dim, "num_experts_per_tok": cfg.num_experts_per_tok,
+        "n_routed_experts": cfg.n_routed_experts, "n_shared_experts": 1, "scoring_func": cfg.moe_router_score_function,
+        "norm_topk_prob": True, "routed_scaling_factor": cfg.routed_scaling_factor,
+        "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta, "layer_types": types,
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": hca[0]},
+        "compress_rope_theta": cfg.compress_rope_theta, "hc_mult": cfg.num_residual_streams,
+        "hc_sinkhorn_iters": cfg.mhc_sinkhorn_iterations, "hc_eps": cfg.hc_eps,
+        "mlp_layer_types": ["hash_moe" if h else "moe" for h in cfg.hash_layer_pattern()],
+        "swiglu_limit": cfg.activation_func_clamp_value, "sliding_window": cfg.csa_window_size,
+        "o_groups": cfg.o_groups, "o_lora_rank": cfg.o_lora_rank, "index_n_heads": cfg.index_n_heads,
+        "index_head_dim": cfg.index_head_dim, "index_topk": cfg.index_topk,
+        "num_nextn_predict_layers": cfg.mtp_num_layers(), "hidden_act": "silu",
+        "initializer_range": cfg.initializer_range, "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_word_embeddings, "rope_parameters": rope, "attention_bias": False,
+        "mlp_bias": False, "attention_dropout": cfg.attention_dropout,
+    }
+
+
+def deepseek_v4_export_problems(cfg: Any, err) -> None:
+    """``err(key, value, message, hint="")`` for every engine setting transformers' DeepSeek-V4 cannot express."""
+    L = cfg.num_hidden_layers
+    if not cfg.norm_topk_prob:
+        err("norm_topk_prob", False, "transformers' DeepSeek-V4 router always renormalises the top-k weights")
+    fs = cfg.moe_shared_expert_intermediate_size_resolved()
+    if fs != cfg.moe_intermediate_size:
+        err("moe_shared_expert_intermediate_size", fs, f"transformers builds one shared expert of width "
+            f"moe_intermediate_size = {cfg.moe_intermediate_size}; this model's is {fs or 'absent'}")
+    if cfg.activation_func_clamp_value is None:
+        err("activation_func_clamp_value", None, "transformers' DeepSeek-V4 always clamps the SwiGLU (swiglu_limit)")
+    if len({cfg.compress_ratio(i) for i in range(L)} - {0, 4}) > 1:
+        err("compress_ratios", cfg.compress_ratios, "transformers has one ratio for every heavily compressed layer")
+    if cfg.csa_dense_mode:
+        err("csa_dense_mode", True, "transformers' CSA layers always select through the indexer")
+    if (cfg.n_group or 0) > 0:
+        err("n_group", cfg.n_group, "transformers' DeepSeek-V4 router has no group-limited routing")
+    if cfg.moe_router_score_function not in ("sqrtsoftplus", "sigmoid"):
+        err("moe_router_score_function", cfg.moe_router_score_function, "transformers' router supports "
+            "sqrtsoftplus and sigmoid scores")
+    if any(cfg.compress_ratio(L + k) != 0 for k in range(cfg.mtp_num_layers())):
+        err("compress_ratios", cfg.compress_ratios, "the exported MTP layer is read as a sliding-window layer")
+
+
+def qwen3_moe_to_hf(cfg: Any) -> dict:
+    return {"head_dim": cfg.kv_channels(), "max_position_embeddings": cfg.max_position_embeddings,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}, "rope_theta": cfg.rope_theta,
+            "attention_bias": cfg.attention_bias, "tie_word_embeddings": cfg.tie_word_embeddings,
+            "use_sliding_window": False, "sliding_window": None, "moe_intermediate_size": cfg.moe_intermediate_size,
+            "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+            "norm_topk_prob": cfg.norm_topk_prob, "decoder_sparse_step": cfg.decoder_sparse_step,
+            "mlp_only_layers": list(cfg.mlp_only_layers or []), "output_router_logits": False}
+
+
+def qwen3_moe_export_problems(cfg: Any, err) -> None:
+    if cfg.routed_scaling_factor != 1.0:
+        err("routed_scaling_factor", cfg.routed_scaling_factor, "transformers' Qwen3-MoE router has no scaling factor")
+
+
+def qwen3_moe_from_hf(cj: dict, notes: list[Problem]) -> dict:
+    rp = cj.get("rope_parameters") or {}
+    out: dict[str, Any] = {"moe_grouped_gemm": True}
+    if isinstance(rp, dict) and rp.get("rope_theta") is not None:
+        out["rope_theta"] = rp["rope_theta"]
+    if cj.get("output_router_logits"):
+        _note(notes, "output_router_logits", True, "transformers' joint load-balancing loss is not implemented; "
+              "set moe_aux_loss_coeff for the per-layer one", WARNING)
+    return out
+
+
+# the HF keys each family's own import reads (read when a config is imported, so defined after the readers)
+_FAMILY_HANDLED = {DeepseekV4ModelConfig: V4_HANDLED, Qwen3MoeModelConfig: QWEN3_MOE_HANDLED}

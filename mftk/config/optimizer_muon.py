@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mftk.config.families import MODEL_TYPES
 from mftk.errors import Problem
 
 DEFAULT_ADAMW_INCLUDE = ("*word_embeddings*", "*output_layer*")
@@ -94,13 +95,14 @@ def _qk_clip_notes(config: Any) -> list[Problem]:
     """Where QK-clip has nothing to rescale: DeepSeek-V4's attention (as in the reference) and qk-norm models."""
     o, m = config.optimizer, config.model
     mt = getattr(m, "model_type", None)
-    if not o.qk_clip_enabled or m is None:
+    family = MODEL_TYPES.get(mt)
+    if not o.qk_clip_enabled or m is None or family is None:
         return []
-    if mt == "deepseek_v4" and not m.plain_mla():
+    if family.attention == "csa" and not m.plain_mla():
         return [Problem(path="optimizer.qk_clip_enabled", value=True, severity="note",
-                        message="no effect for deepseek_v4: its compressed sparse attention keeps no max logits "
+                        message=f"no effect for {mt}: its compressed sparse attention keeps no max logits "
                                 "(the reference's QK-clip returns at once too)")]
-    if mt in ("qwen3", "qwen3_moe"):
+    if family.qk_norm:
         return [Problem(path="optimizer.qk_clip_enabled", value=True, severity="warning",
                         message=f"no effect for {mt}: q and k are RMS-normalised per head after the projection, so "
                                 "rescaling the projection cannot lower a logit (the reference runs Muon on MLA models only)",
@@ -112,9 +114,8 @@ def adamw_only_problems(config: Any) -> list[Problem]:
     """Muon keys set in an AdamW section: read by nothing, so say so."""
     import attrs
 
-    from mftk.config.sections import OptimizerConfig
-
-    o, defaults = config.optimizer, {f.name: f for f in attrs.fields(OptimizerConfig)}
+    o = config.optimizer
+    defaults = {f.name: f for f in attrs.fields(type(o))}  # the section's own class: no import back to sections
     out = []
     for key in MUON_KEYS:
         d = defaults[key]
@@ -131,6 +132,6 @@ def qk_clip_active(config: Any) -> bool:
     tracking on the same way and clips every ``MLASelfAttention`` that tracks them: mindformers 2.1.0
     pynative/base_models/gpt/gpt_model.py ``apply_qk_clip_scaling``)."""
     o, m = config.optimizer, getattr(config, "model", None)
-    mt = getattr(m, "model_type", None)
-    return (o.type == "Muon" and bool(o.qk_clip_enabled)
-            and (mt in ("deepseek_v3", "deepseek_mtp") or (mt == "deepseek_v4" and m.plain_mla())))
+    family = MODEL_TYPES.get(getattr(m, "model_type", None))
+    return (o.type == "Muon" and bool(o.qk_clip_enabled) and family is not None
+            and (family.mla or (family.attention == "csa" and m.plain_mla())))

@@ -70,10 +70,6 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True,
     _note_device_traffic(config, r)
     _check_device(config, r)
     _check_mftk(config, world_size, r)
-    from mftk.config.status import check_statuses
-
-    reported = reported | frozenset(p.path for p in r.problems if p.severity == "error")
-    r.problems += check_statuses(config, world_size=world_size, reported=reported)
     if config.model is not None:
         from mftk.config.model import model_problems
         from mftk.config.support import unsupported_model_settings
@@ -83,6 +79,11 @@ def check(config: Config, *, world_size: int = 1, check_files: bool = True,
         r.problems += grammar
         # what the engine implements is asked only of values the reference itself accepts: one error per path
         r.problems += [p for p in unsupported_model_settings(config.model) if p.path not in refused]
+    from mftk.config.status import check_statuses
+
+    # the status table speaks last, where no rule spoke: one problem per path (the rule's says more)
+    reported = reported | frozenset(p.path for p in r.problems)
+    r.problems += check_statuses(config, world_size=world_size, reported=reported)
     return r.problems
 
 
@@ -186,14 +187,12 @@ def _check_parallel(c: Config, world: int, r: _Rules) -> L.Layout | None:
         r.error("parallelism", f"tp·pp·cp must be ≤ world size: {dp_text}", world,
                 "lower the degrees or pass a larger --world-size")
         return None
-    rep, shard, _ = L.split_dp(dp, p.data_parallel_shard)
-    layout = L.Layout(world=world, tp=p.tensor_parallel, pp=p.pipeline_parallel, cp=p.context_parallel,
-                      ep=p.expert_parallel, dp_replicate=rep, dp_shard=shard,
-                      interleave=p.pipeline_parallel_interleave_num)
+    layout = L.layout_from_config(p, world)  # the one builder of a Layout from a parallelism: section
     if p.data_parallel_shard > 0 and dp % p.data_parallel_shard:
         r.error("parallelism.data_parallel_shard",
                 f"must divide dp: {dp} % {p.data_parallel_shard} = {dp % p.data_parallel_shard}",
-                p.data_parallel_shard, f"the reference silently adjusts it to {rep}×{shard}; pick a divisor of {dp}")
+                p.data_parallel_shard,
+                f"the reference silently adjusts it to {layout.dp_replicate}×{layout.dp_shard}; pick a divisor of {dp}")
     return layout
 
 
@@ -215,8 +214,12 @@ def _check_layout(c: Config, layout: L.Layout | None, r: _Rules) -> None:
     from mftk.config.runnable import layout_refusals, settings_of
     from mftk.config.sections import tracking_requested
 
+    by_path: dict[str, list] = {}
     for ref in layout_refusals(c.model, layout, settings_of(c, track_max_logits=tracking_requested(c))):
-        r.error(ref.path, ref.message, _value_at(c, ref.path), ref.hint)
+        by_path.setdefault(ref.path, []).append(ref)
+    for path, refs in by_path.items():  # one error per path, with every reason the layout fails there
+        hints = list(dict.fromkeys(ref.hint for ref in refs if ref.hint))
+        r.error(path, "; ".join(ref.message for ref in refs), _value_at(c, path), "; ".join(hints))
 
 
 def _value_at(c: Config, path: str) -> Any:
@@ -645,7 +648,8 @@ def _check_moe_monitor(c: Config, r: _Rules) -> None:
             r.error(f"{base}.target_layers", f"a list of non-negative layer ids, got {bad}", t)
         elif layers and max(t, default=-1) >= layers:
             r.error(f"{base}.target_layers", f"layer {max(t)} does not exist (layers and MTP layers: 0..{layers - 1})", t)
-    if n and c.model is not None and hasattr(c.model, "is_moe") and not c.model.is_moe():
+    if (n and not isinstance(n, bool) and n > 0 and c.model is not None and hasattr(c.model, "is_moe")
+            and not c.model.is_moe()):
         r.note(f"{base}.save_tokens_per_expert_interval", "the model has no MoE layer: nothing to monitor", n)
 
 

@@ -26,11 +26,9 @@ import attrs
 
 from mftk.derive import Layout, accumulation_steps, parse_layer_range, stage_chunks
 
-# attention kind per model family: which tensor / context parallel plan applies (engine/parallel/parallelize.py)
-ATTENTION_KINDS = {"qwen3": "gqa", "qwen3_moe": "gqa", "deepseek_v3": "mla", "deepseek_v4": "csa"}
-
-# dimensions besides TP and CP (no attention kind above) a family's parallel plan does not cover yet, and why
-FAMILY_GAPS: dict[str, dict[str, str]] = {}
+# attention kinds with a tensor / context parallel plan (engine/parallel/parallelize.py); a family's kind is in
+# its row of config/families.py, as are the dimensions besides TP and CP its plan does not cover (parallel_gaps)
+PLANNED_ATTENTION = ("gqa", "mla", "csa")
 
 # rule name -> (mesh dimension it constrains, what it says); plan-parallel explains its rejections with these
 RULES: dict[str, tuple[str, str]] = {
@@ -116,15 +114,16 @@ def ulysses_degree(method: str, cp: int, degree: int | None) -> int:
     return 1
 
 
-def family_name(model: Any) -> str | None:
+def _family(model: Any) -> Any:
     from mftk.config.families import MODEL_TYPES
 
-    family = MODEL_TYPES.get(getattr(model, "model_type", None))
-    return family.name if family is not None else None
+    return MODEL_TYPES.get(getattr(model, "model_type", None))
 
 
 def attention_kind(model: Any) -> str | None:
-    return ATTENTION_KINDS.get(family_name(model) or "")
+    """The family's attention kind where a tensor / context parallel plan exists for it; None otherwise."""
+    family = _family(model)
+    return family.attention if family is not None and family.attention in PLANNED_ATTENTION else None
 
 
 def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refusal]:
@@ -181,8 +180,9 @@ def _mesh(lay: Layout, s: LayoutSettings) -> list[Refusal]:
 
 
 def _family_gaps(m: Any, lay: Layout) -> list[Refusal]:
-    """`FAMILY_GAPS`: the dimensions this family's parallel plan lacks (TP/CP: `_tensor`, `_context`)."""
-    gaps = FAMILY_GAPS.get(family_name(m) or "", {})
+    """The family's ``parallel_gaps``: the dimensions its parallel plan lacks (TP/CP: `_tensor`, `_context`)."""
+    family = _family(m)
+    gaps = family.parallel_gaps if family is not None else {}
     return [Refusal("family_dims", f"parallelism.{field}", f"{field}={degree} is not supported for model_type "
                     f"{m.model_type!r} yet: {gaps[dim]}", f"set parallelism.{field}: 1")
             for dim, field, degree in (("ep", "expert_parallel", lay.ep), ("pp", "pipeline_parallel", lay.pp))

@@ -11,6 +11,8 @@
 
 ``rule=True``: the note or error is given by the rule module that owns the field (`rules.py`,
 `support.py`, `model.py`) with a message of its own; `check_statuses` leaves it to that module.
+``accepts`` holds the accepted values as code next to ``only``, their text: one declaration per field
+(`support.py` refuses the other values of the ``rule`` rows with ``engine``; `check_statuses` the others).
 `tests/config/test_status.py` walks every attrs field of every section and model family, so a new
 field without a row fails; it also sets every refused field and expects the error at its path.
 """
@@ -36,6 +38,13 @@ class Status:
     multi_only: bool = False  # refused only with more than one process (the reference reads it only then)
     slow: bool = False  # implemented: the proving test takes more than ~5 s (CI runs the mutants of the others)
     loader: bool = False  # implemented: read while the config is loaded (the family, a spelling): no mutant applies
+    # the accepted values as code, next to ``only`` (their text): `support.unsupported_model_settings` refuses the
+    # others with ``engine`` (what the engine does instead); ``families``: only these model types are asked,
+    # ``exempt``: model types whose own layers implement every value
+    accepts: Callable[[Any], bool] | None = None
+    engine: str = ""
+    families: tuple[str, ...] = ()
+    exempt: tuple[str, ...] = ()
 
     def test_for(self, path: str) -> str:
         """The proving test's node id for the field at ``path`` (implemented rows)."""
@@ -263,22 +272,37 @@ MODEL: dict[str, Status] = {
     **_fx("num_nextn_predict_layers mtp_loss_scaling_factor"),
     **{n: _inert(_FP32, rule=True) for n in ("compute_dtype", "params_dtype", "embedding_params_dtype")},
     **{n: _inert(_FP32) for n in ("layernorm_compute_dtype", "rotary_dtype", "moe_router_dtype")},
-    # DeepSeek-V4: silu / fusedswiglu only; gated_linear_unit false: dense models only (support.py says why)
-    "hidden_act": _impl(_MLP, rule=True, only="silu / fusedswiglu / gelu", example="relu"),
-    "gated_linear_unit": _impl(_MLP + "::test_gpt_style_model_validates_and_builds_a_plain_mlp", rule=True),
-    "add_bias_linear": _impl(_SUPPORT, rule=True, only="false"),
-    "apply_residual_connection_post_layernorm": _impl(_SUPPORT, rule=True, only="false"),
-    "rotary_interleaved": _impl(_SUPPORT, rule=True, only="false"),
-    "rotary_percent": _impl(_SUPPORT, rule=True, only="1.0", example=0.5),
-    "moe_router_force_expert_balance": _impl(_SUPPORT, rule=True, only="false"),
-    "moe_apply_probs_on_input": _impl(_SUPPORT, rule=True, only="false"),
-    "activation_func_clamp_value": _impl(_SUPPORT, rule=True, only="null", example=7.0),
+    # GELU (exact erf, as the reference's) and non-gated MLPs are built for every dense MLP and for gated experts
+    # (model.py's grammar owns the names); routed experts are gated only (``weight1`` holds [gate | up]);
+    # DeepSeek-V4's experts are transformers' clamped SwiGLU.
+    "hidden_act": _impl(_MLP, rule=True, only="silu / fusedswiglu / gelu", example="relu",
+                        accepts=lambda v: v in ("silu", "fusedswiglu"), families=("deepseek_v4",),
+                        engine="DeepSeek-V4's experts are the clamped SwiGLU of transformers' DeepseekV4: use silu"),
+    "gated_linear_unit": _impl(_MLP + "::test_gpt_style_model_validates_and_builds_a_plain_mlp", rule=True,
+                               accepts=lambda v: v is True,
+                               families=("qwen3_moe", "deepseek_v3", "deepseek_mtp", "deepseek_v4"),
+                               engine="routed experts are gated (weight1 holds [gate | up]): set true; a non-gated "
+                               "MLP is built for dense models (model_type qwen3)"),
+    "add_bias_linear": _impl(_SUPPORT, rule=True, only="false", accepts=lambda v: v is False,
+                             engine="linear layers have no bias: set false"),
+    "apply_residual_connection_post_layernorm": _impl(_SUPPORT, rule=True, only="false", accepts=lambda v: v is False,
+                                                      engine="residuals are taken before the norm"),
+    "rotary_interleaved": _impl(_SUPPORT, rule=True, only="false", accepts=lambda v: v is False,
+                                engine="rotary pairs are the two halves (not interleaved)"),
+    "rotary_percent": _impl(_SUPPORT, rule=True, only="1.0", example=0.5, accepts=lambda v: v == 1.0,
+                            engine="the whole rope head dim is rotated"),
+    "moe_router_force_expert_balance": _impl(_SUPPORT, rule=True, only="false", accepts=lambda v: v is False,
+                                             engine="routing follows the router scores"),
+    "moe_apply_probs_on_input": _impl(_SUPPORT, rule=True, only="false", accepts=lambda v: v is False,
+                                      engine="routing probabilities scale the expert outputs"),
+    "activation_func_clamp_value": _impl(_SUPPORT, rule=True, only="null", example=7.0, accepts=lambda v: v is None,
+                                         engine="the experts' SwiGLU is not clamped", exempt=("deepseek_v4",)),
     "calculate_per_token_loss": _refused("", rule=True),
     "attention_dropout": _inert("the reference's attention has no dropout either (models.md §1.3)"),
     # model.py's grammar owns these two (one error per path: issue 36)
     "normalization": _impl("tests/engine/test_hf_parity.py", rule=True, only="RMSNorm", example="LayerNorm"),
     "fused_norm": _impl("tests/engine/test_hf_parity.py", rule=True, only="true", example=False),
-    "ignore_token_id": _impl("tests/engine/test_model.py", only="-100", example=0),
+    "ignore_token_id": _impl("tests/engine/test_model.py", only="-100", example=0, accepts=lambda v: v == -100),
     "use_eod_attn_mask_compression": _refused(
         "document-packed (TND) attention is not implemented by mftk: set it false (reset_attention_mask: true "
         "with an attention_mask column blocks attention across documents)"),
@@ -300,10 +324,6 @@ MODEL: dict[str, Status] = {
     "use_sliding_window": _impl("tests/engine/test_train_families.py", rule=True, only="false"),
     "bos_token_id": _inert("not used in training (the reference's neither)"),
     "eos_token_id": _inert("not used in training (the reference's neither)"),
-}
-# Model fields whose accepted values the rule modules do not already check: value → accepted?
-_MODEL_ONLY: dict[str, Callable[[Any], bool]] = {
-    "ignore_token_id": lambda v: v == -100,
 }
 
 
@@ -351,7 +371,7 @@ def _default(f: attrs.Attribute) -> Any:
 
 def check_statuses(config: Any, *, world_size: int = 1, reported: frozenset[str] = frozenset()) -> list[Problem]:
     """Errors for refused fields set to another value than their default, notes for no-effect ones.
-    ``reported``: paths that already have an error (a grammar rule said more)."""
+    ``reported``: paths that already have a problem (the owning rule said more)."""
     problems: list[Problem] = []
     for path, value, default in _set_values(config):
         st = status_of(_strip_index(path))
@@ -366,7 +386,7 @@ def check_statuses(config: Any, *, world_size: int = 1, reported: frozenset[str]
             problems.append(Problem(path=path, value=value, message="not applied by mftk", hint=st.why))
         elif st.kind == NO_EFFECT:
             problems.append(Problem(path=path, value=value, severity="note", message=f"no effect in mftk: {st.why}"))
-        elif path.startswith("model.") and name in _MODEL_ONLY and not _MODEL_ONLY[name](value):
+        elif path.startswith("model.") and st.accepts is not None and not st.accepts(value):
             problems.append(Problem(path=path, value=value, message=f"{value!r} is not implemented by mftk's "
                                     f"engine (only {st.only})", hint=f"set {name}: {st.only}"))
     return problems

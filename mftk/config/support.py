@@ -1,38 +1,17 @@
 """Which `model:` settings mftk's engine implements, checked before a run (no MindSpore import).
 
 A setting the reference honours but our layers do not would otherwise be accepted and silently
-computed differently; `validate-config` and `train` report it instead. Each row: the field, the
-values the engine implements, and what to write instead.
+computed differently; `validate-config` and `train` report it instead. The accepted values of each field
+are declared once, in its row of `status.MODEL` (``accepts`` as code, ``only`` as text, ``engine``: what the
+engine does instead); this module asks them of a model and adds the rules that span fields.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from mftk.errors import Problem
 
-# (field, accepted?, what the engine does) — a field missing from a family is skipped.
-_ROWS: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("add_bias_linear", lambda v: v is False, "linear layers have no bias: set false"),
-    ("apply_residual_connection_post_layernorm", lambda v: v is False, "residuals are taken before the norm"),
-    ("rotary_interleaved", lambda v: v is False, "rotary pairs are the two halves (not interleaved)"),
-    ("rotary_percent", lambda v: v == 1.0, "the whole rope head dim is rotated"),
-    ("moe_router_force_expert_balance", lambda v: v is False, "routing follows the router scores"),
-    ("moe_apply_probs_on_input", lambda v: v is False, "routing probabilities scale the expert outputs"),
-    ("activation_func_clamp_value", lambda v: v is None, "the experts' SwiGLU is not clamped"),
-]
-# Rows that hold for some families only: (field, model types, accepted?, what the engine does there).
-# GELU (exact erf, as the reference's) and non-gated MLPs are built for every dense MLP and for gated experts;
-# routed experts are gated only (``weight1`` holds [gate | up]); DeepSeek-V4's experts are transformers'
-# clamped SwiGLU.
-_FAMILY_ROWS: list[tuple[str, tuple[str, ...], Callable[[Any], bool], str]] = [
-    ("hidden_act", ("deepseek_v4",), lambda v: v in ("silu", "fusedswiglu"),
-     "DeepSeek-V4's experts are the clamped SwiGLU of transformers' DeepseekV4: use silu"),
-    ("gated_linear_unit", ("qwen3_moe", "deepseek_v3", "deepseek_mtp", "deepseek_v4"), lambda v: v is True,
-     "routed experts are gated (weight1 holds [gate | up]): set true; a non-gated MLP is built for dense "
-     "models (model_type qwen3)"),
-]
 _FP32_ON_CPU = ("compute_dtype", "params_dtype", "embedding_params_dtype")
-_IMPLEMENTED_FOR = {"activation_func_clamp_value": ("deepseek_v4",)}  # rows a family's own layers do implement
 
 
 NOT_IN_ENGINE = "is not implemented by mftk's engine yet"  # the mark of these errors (demote_for_plan finds them)
@@ -54,20 +33,23 @@ def demote_for_plan(problems: list[Problem]) -> list[Problem]:
 
 def unsupported_model_settings(model: Any) -> list[Problem]:
     """Errors for settings the engine does not implement; notes for dtypes computed in fp32."""
+    from mftk.config.status import MODEL
+
     problems: list[Problem] = []
-    for name, accepted, does in _ROWS:
-        if not hasattr(model, name) or getattr(model, "model_type", "") in _IMPLEMENTED_FOR.get(name, ()):
+    mt = getattr(model, "model_type", "")
+    rows = [(n, st) for n, st in MODEL.items() if st.rule and st.accepts is not None]
+    for name, st in [r for r in rows if not r[1].families] + [r for r in rows if r[1].families]:
+        if st.families:  # the family rows: asked of those model types, with the value a missing field reads as
+            if mt not in st.families:
+                continue
+            value, family = getattr(model, name, None), f" for {mt}"
+        elif not hasattr(model, name) or mt in st.exempt:
             continue
-        value = getattr(model, name)
-        if not accepted(value):
+        else:
+            value, family = getattr(model, name), ""
+        if not st.accepts(value):
             problems.append(Problem(path=f"model.{name}", value=value,
-                                    message=f"{value!r} {NOT_IN_ENGINE} ({does})",
-                                    hint="change it, or train this model with MindSpore Transformers"))
-    for name, types, accepted, does in _FAMILY_ROWS:
-        value = getattr(model, name, None)
-        if getattr(model, "model_type", "") in types and not accepted(value):
-            problems.append(Problem(path=f"model.{name}", value=value,
-                                    message=f"{value!r} {NOT_IN_ENGINE} for {model.model_type} ({does})",
+                                    message=f"{value!r} {NOT_IN_ENGINE}{family} ({st.engine})",
                                     hint="change it, or train this model with MindSpore Transformers"))
     if getattr(model, "model_type", "") == "qwen3":
         if getattr(model, "rope_scaling", None) is not None or getattr(model, "position_embedding_type", "rope") != "rope":

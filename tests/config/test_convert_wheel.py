@@ -7,7 +7,6 @@ The static YAMLs without the wheel are written here from the 2.1 static schema (
 """
 from __future__ import annotations
 
-import collections
 import copy
 import json
 from pathlib import Path
@@ -18,30 +17,15 @@ import yaml
 from commands.app import app
 from mftk.config.convert import check_conversion, convert_file, convert_static
 from mftk.config.load import load_data
-from mftk.config.static import is_static_config
 from mftk.errors import ConfigError
 from tests.config.static_yamls import STATIC
 from tests.helpers.cli import runner
-from tests.helpers.mf21 import shipped_configs_dir
+from tests.helpers.mf21 import wheel_train_configs
 
 ROOT = Path(__file__).resolve().parents[2]
-FAMILIES = ("qwen3", "qwen3_moe", "deepseek3")
 
 
-def wheel_configs() -> list[Path]:
-    """The wheel's static-graph train configs of the three families (predict configs are not training)."""
-    root = shipped_configs_dir()
-    if root is None:
-        return []
-    found = []
-    for family in FAMILIES:
-        for path in sorted((root / family).glob("*.yaml")):
-            if path.name.startswith(("pretrain_", "finetune_")) and is_static_config(yaml.safe_load(path.read_text())):
-                found.append(path)
-    return found
-
-
-WHEEL = wheel_configs()
+WHEEL = wheel_train_configs()
 needs_wheel = pytest.mark.skipif(not WHEEL, reason="mindformers 2.1.0 not installed (pip install --no-deps "
                                                    "mindformers==2.1.0)")
 
@@ -163,42 +147,7 @@ def test_no_model_type_anywhere_exits_1_naming_it_once(tmp_path):
 
 
 # ---------------------------------------------------------------------------- one error per YAML path
-
-def _hostile() -> list[dict]:
-    base = yaml.safe_load((ROOT / "templates" / "qwen3_tiny.yaml").read_text())
-    cases = []
-    for key, value in (("normalization", "LayerNorm"), ("fused_norm", False), ("hidden_act", "swiglu"),
-                       ("hidden_act", "relu"), ("hidden_act", 3), ("normalization", None), ("fused_norm", "yes")):
-        data = copy.deepcopy(base)
-        data["model"][key] = value
-        cases.append(data)
-    both = copy.deepcopy(base)
-    both["model"].update(normalization="LayerNorm", fused_norm=False, hidden_act="swiglu", rotary_percent=0.5)
-    data = base["train_dataset"]["dataloader"]["config"]
-    for key, value in (("seq_length", -1), ("train_data_path", "corpus")):  # form error + a cross-field rule
-        case = copy.deepcopy(base)
-        case["train_dataset"]["dataloader"]["config"] = {**data, key: value}
-        cases.append(case)
-    return cases + [both]
-
-
-def _configs() -> list[tuple[str, dict, int]]:
-    out = [(p.name, yaml.safe_load(p.read_text()), 1) for p in sorted((ROOT / "templates").glob("*.yaml"))]
-    for name in STATIC:
-        conv = convert_static(_static(name))
-        out.append((f"converted {name}", conv.config, conv.world_size))
-    for path in WHEEL:
-        conv = convert_file(path)
-        out.append((f"converted wheel {path.name}", conv.config, conv.world_size))
-    out += [(f"hostile {i}", data, 1) for i, data in enumerate(_hostile())]
-    return out
-
-
-@pytest.mark.parametrize("name, data, world", _configs(), ids=lambda v: v if isinstance(v, str) else "")
-def test_no_yaml_path_gets_two_errors(name, data, world):
-    paths = collections.Counter(p.path for p in errors_of(data, world))
-    assert [p for p, n in paths.items() if n > 1] == [], name
-
+# (every shipped, converted and hostile YAML: tests/config/test_one_problem_per_path.py)
 
 def test_normalization_and_fused_norm_are_refused_once_by_their_owner():
     for key, value in (("normalization", "LayerNorm"), ("fused_norm", False)):

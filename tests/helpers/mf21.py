@@ -67,3 +67,24 @@ def train_config_class() -> Any | None:
             else:
                 sys.modules[name] = module
     return sys.modules[f"{_PRIVATE}.config"].TrainConfig
+
+
+WHEEL_FAMILIES = ("qwen3", "qwen3_moe", "deepseek3")  # the wheel's config folders of mftk's families
+
+
+def wheel_train_configs() -> list[Path]:
+    """The wheel's static-graph train configs of mftk's families (predict configs are not training); [] without
+    the wheel."""
+    import yaml
+
+    from mftk.config.static import is_static_config
+
+    root = shipped_configs_dir()
+    if root is None:
+        return []
+    found = []
+    for family in WHEEL_FAMILIES:
+        for path in sorted((root / family).glob("*.yaml")):
+            if path.name.startswith(("pretrain_", "finetune_")) and is_static_config(yaml.safe_load(path.read_text())):
+                found.append(path)
+    return found

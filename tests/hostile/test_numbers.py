@@ -1,6 +1,6 @@
 """NaN, infinity and absurd magnitudes (issue 21, item 3).
 
-The settings are enumerated here from the attrs classes of the config model (every field whose type
+The settings are enumerated (`tests/helpers/hostile_numbers.py`) from the attrs classes of the config model (every field whose type
 is a float or an int, in every section and model family, lists and nested sections included), so a
 field added later is covered without this file changing. Every one must reject NaN, infinity and an
 out-of-range magnitude with its YAML path. Then what the numbers would have done: a non-finite
@@ -13,92 +13,20 @@ import json
 import math
 import re
 import struct
-import types
-import typing
-from typing import Any, Iterator, Union
+from typing import Any
 
 import attrs
 import numpy as np
 import pytest
 
-from mftk.config import sections as S
-from mftk.config.model import ALIASES, DeepseekV3ModelConfig, Qwen3ModelConfig
+from mftk.config.model import DeepseekV3ModelConfig, Qwen3ModelConfig
 from mftk.errors import ConfigError, TrainingError
 from tests.helpers.config import load_dict, template_dict
 from tests.helpers.handmade import f32, mf_step_dir, write
 from tests.helpers.hostile import ROOT, assert_clean_failure, mftk
+from tests.helpers.hostile_numbers import dotted, number_cases, set_path, yaml_path
 
-NUMBER = (int, float)
-
-
-def _number_fields(cls: type, path: list) -> Iterator[tuple[list, type]]:
-    """(path, int or float) of every number-typed field reachable from ``cls``; lists get index 0."""
-    hints = typing.get_type_hints(cls)
-    for f in attrs.fields(cls):
-        yield from _of_type(hints[f.name], path + [f.name])
-
-
-def _of_type(tp: Any, path: list) -> Iterator[tuple[list, type]]:
-    origin = typing.get_origin(tp)
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if origin in (Union, types.UnionType):
-        plain = [a for a in args if a in NUMBER]
-        if plain:  # int | list[int]: the plain number is the case to hit
-            yield path, float if float in plain else int
-        else:
-            for a in args:
-                yield from _of_type(a, path)
-    elif origin is list:
-        yield from _of_type(args[0], path + [0])
-    elif attrs.has(tp):
-        yield from _number_fields(tp, path)
-    elif tp in NUMBER:
-        yield path, tp
-
-
-def _cases() -> list[tuple[str, list, type]]:
-    out = [("qwen3_tiny", p, t) for p, t in _number_fields(S.Config, []) if p[0] != "model"]
-    out += [("qwen3_tiny", ["model", *p], t) for p, t in _number_fields(Qwen3ModelConfig, [])]
-    out += [("deepseek_v3_tiny", ["model", *p], t) for p, t in _number_fields(DeepseekV3ModelConfig, [])]
-    return out
-
-
-CASES = _cases()
-
-
-def _yaml_path(raw: dict, path: list, family: type | None) -> list:
-    """The key the template spells a model field with (an alias such as num_layers) where it has one."""
-    if path[0] == "model" and family is not None:
-        for alias, target in ALIASES[family].items():
-            if target == path[1] and alias in raw["model"]:
-                return ["model", alias, *path[2:]]
-    return path
-
-
-def _set(raw: dict, path: list, value: Any) -> None:
-    node = raw
-    for key, nxt in zip(path, path[1:]):
-        if isinstance(key, int):
-            while len(node) <= key:
-                node.append({} if not isinstance(nxt, int) else [])
-            node = node[key]
-            continue
-        if not isinstance(node.get(key), (dict, list)):
-            node[key] = [] if isinstance(nxt, int) else {}
-        node = node[key]
-    last = path[-1]
-    if isinstance(last, int):
-        node[:] = (node or [value])[:max(len(node), 1)]
-        node[last] = value
-    else:
-        node[last] = value
-
-
-def _dotted(path: list) -> str:
-    out = ""
-    for k in path:
-        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else k)
-    return out
+CASES = number_cases()
 
 
 def test_the_enumeration_reaches_every_section():
@@ -124,9 +52,9 @@ def test_every_number_setting_rejects_non_finite_and_absurd_values(value):
             value_here = value
         raw = template_dict(template)
         family = Qwen3ModelConfig if template == "qwen3_tiny" else DeepseekV3ModelConfig
-        ypath = _yaml_path(raw, path, family)
-        _set(raw, ypath, value_here)
-        where = _dotted(ypath)
+        ypath = yaml_path(raw, path, family)
+        set_path(raw, ypath, value_here)
+        where = dotted(ypath)
         try:
             load_dict(copy.deepcopy(raw))
         except ConfigError as exc:

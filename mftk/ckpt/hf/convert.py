@@ -1,8 +1,13 @@
-"""Numpy layout helpers shared by the HF ↔ reference mappings (no MindSpore import)."""
+"""Numpy layout helpers shared by the HF ↔ reference mappings (no MindSpore import).
+
+A family's mapping is one table of `Rule` rows (HF names ↔ reference names, with the layout change each way);
+`apply_table` reads it in either direction, so the two directions cannot drift apart.
+"""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
+import attrs
 import numpy as np
 
 from mftk.errors import CheckpointError
@@ -50,54 +55,78 @@ def expect_shape(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
                               hint="check hidden_size / heads / head dims in the model: section")
 
 
-def stack_experts(src: Source, key, num_experts: int, names: tuple[str, str, str]) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-expert HF tensors ``key(e, name)`` (gate ``[F, H]``, up ``[F, H]``, down ``[H, F]``, named by ``names``)
-    → reference ``weight1 [E, H, 2F]`` = ``[gateᵀ | upᵀ]`` and ``weight2 [E, F, H]`` = ``downᵀ``; None if any is missing."""
-    w1, w2 = [], []
-    for e in range(num_experts):
-        g, u, d = (src.take(key(e, n)) for n in names)
-        if g is not None and u is not None and d is not None:
-            w1.append(np.concatenate([g.T, u.T], 1))
-            w2.append(d.T)
-    return (np.stack(w1), np.stack(w2)) if len(w1) == num_experts else None
+# ----------------------------------------------------------------------------- one table, both directions
+
+def _same(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    return arrays
 
 
-def unstack_experts(w1: np.ndarray, w2: np.ndarray, key, names: tuple[str, str, str], out: dict) -> None:
-    """The inverse of `stack_experts`, into ``out``."""
-    f = w1.shape[-1] // 2
-    for e in range(w1.shape[0]):
-        out[key(e, names[0])] = w1[e, :, :f].T.copy()
-        out[key(e, names[1])] = w1[e, :, f:].T.copy()
-        out[key(e, names[2])] = w2[e].T.copy()
+@attrs.frozen
+class Rule:
+    """One row of a family's mapping table: HF tensors ``hf`` ↔ reference tensors ``mf``. ``to_mf`` turns the HF
+    arrays (in ``hf``'s order) into the reference's, ``to_hf`` back; a rename needs neither. A side with no
+    counterpart on the other is made or dropped: ``to_mf=None`` (or ``to_hf=None``) drops the source tensors
+    when present (max-logit buffers, a tied head), a row with no ``hf`` names makes its reference tensors
+    from nothing (the zeros of ``tokens_per_expert``), and a function that returns nothing checks what it
+    drops (a frozen buffer that must hold its constant)."""
+
+    hf: tuple[str, ...]
+    mf: tuple[str, ...]
+    to_mf: Callable[..., tuple[np.ndarray, ...]] | None = _same
+    to_hf: Callable[..., tuple[np.ndarray, ...]] | None = _same
 
 
-def dense_mlp_to_mf(src: Source, p: str, m: str, out: dict) -> None:
-    """HF ``mlp.{gate,up,down}_proj`` → the reference's row-interleaved ``mlp.linear_fc1`` and ``mlp.linear_fc2``."""
-    out[m + "mlp.linear_fc2.weight"] = src.take(p + "mlp.down_proj.weight")
-    g, u = src.take(p + "mlp.gate_proj.weight"), src.take(p + "mlp.up_proj.weight")
-    if g is not None and u is not None:
-        out[m + "mlp.linear_fc1.weight"] = interleave_rows(g, u)
+def rename(hf: str, mf: str) -> Rule:
+    return Rule((hf,), (mf,))
 
 
-def dense_mlp_to_hf(src: Source, p: str, m: str, out: dict) -> None:
-    out[p + "mlp.down_proj.weight"] = src.take(m + "mlp.linear_fc2.weight")
-    fc1 = src.take(m + "mlp.linear_fc1.weight")
-    if fc1 is not None:
-        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = deinterleave_rows(fc1)
+def apply_table(table: Iterable[Rule], tensors: Mapping[str, np.ndarray], to: str,
+                ignore_prefixes: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """``tensors`` (HF names when ``to == "mf"``, reference names when ``to == "hf"``) through every row of
+    ``table`` in that direction; raises CheckpointError naming every missing and unexpected tensor (but those
+    under ``ignore_prefixes``)."""
+    src, out = Source(tensors, "HF" if to == "mf" else "mftk"), {}
+    for row in table:
+        names, made, fn = (row.hf, row.mf, row.to_mf) if to == "mf" else (row.mf, row.hf, row.to_hf)
+        if fn is None:
+            for name in names:
+                src.skip(name)
+            continue
+        arrays = [src.take(name) for name in names]
+        if all(a is not None for a in arrays):
+            out.update(zip(made, fn(*arrays)))
+    src.check(ignore_prefixes)
+    return out
 
 
-def ends_to_mf(src: Source, out: dict, tied: bool, names: tuple[str, str, str]) -> None:
-    """The embedding, final norm and output layer from HF ``names`` (embedding, norm, head) to the reference's."""
-    out["embedding.word_embeddings.weight"] = src.take(names[0])
-    out["decoder.final_layernorm.weight"] = src.take(names[1])
-    if tied:
-        src.skip(names[2])
-    else:
-        out["output_layer.weight"] = src.take(names[2])
+def ends_table(tied: bool, names: tuple[str, str, str]) -> list[Rule]:
+    """The embedding, final norm and output layer: HF ``names`` (embedding, norm, head) ↔ the reference's; a tied
+    head has no reference tensor (HF may store one: dropped)."""
+    head = (Rule((names[2],), (), to_mf=None) if tied else rename(names[2], "output_layer.weight"))
+    return [rename(names[0], "embedding.word_embeddings.weight"), rename(names[1], "decoder.final_layernorm.weight"),
+            head]
 
 
-def ends_to_hf(src: Source, out: dict, tied: bool, names: tuple[str, str, str]) -> None:
-    out[names[0]] = src.take("embedding.word_embeddings.weight")
-    out[names[1]] = src.take("decoder.final_layernorm.weight")
-    if not tied:
-        out[names[2]] = src.take("output_layer.weight")
+def dense_mlp_table(p: str, m: str) -> list[Rule]:
+    """HF ``mlp.{gate,up,down}_proj`` ↔ the reference's row-interleaved ``mlp.linear_fc1`` and ``mlp.linear_fc2``."""
+    return [rename(p + "mlp.down_proj.weight", m + "mlp.linear_fc2.weight"),
+            Rule((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m + "mlp.linear_fc1.weight",),
+                 to_mf=lambda g, u: (interleave_rows(g, u),), to_hf=deinterleave_rows)]
+
+
+def experts_rule(key: Callable[[int, str], str], num_experts: int, names: tuple[str, str, str],
+                 weight1: str, weight2: str) -> Rule:
+    """Per-expert HF tensors ``key(e, name)`` (gate ``[F, H]``, up ``[F, H]``, down ``[H, F]``) ↔ reference
+    ``weight1 [E, H, 2F]`` = ``[gateᵀ | upᵀ]`` and ``weight2 [E, F, H]`` = ``downᵀ``."""
+    hf = tuple(key(e, n) for e in range(num_experts) for n in names)
+
+    def to_mf(*arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        per = [arrays[i:i + 3] for i in range(0, len(arrays), 3)]
+        return (np.stack([np.concatenate([g.T, u.T], 1) for g, u, _ in per]), np.stack([d.T for _, _, d in per]))
+
+    def to_hf(w1: np.ndarray, w2: np.ndarray) -> tuple[np.ndarray, ...]:
+        f = w1.shape[-1] // 2
+        return tuple(a for e in range(w1.shape[0])
+                     for a in (w1[e, :, :f].T.copy(), w1[e, :, f:].T.copy(), w2[e].T.copy()))
+
+    return Rule(hf, (weight1, weight2), to_mf=to_mf, to_hf=to_hf)

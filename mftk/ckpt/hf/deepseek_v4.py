@@ -12,14 +12,16 @@ what a model directory on the hub holds and what ``transformers`` renames on loa
 - ``mtp.0.e_proj | h_proj`` (dim 1) = ``eh_proj``;
 - ``tid2eid`` int64 ↔ int32; reference-only buffers (``rms_weight``, ``q_rms_gamma``: frozen ones;
   ``tokens_per_expert``: zeros) are filled on import and must hold those values on export.
+
+One table (`table`) holds every tensor; both directions read it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from mftk.ckpt.hf.convert import Source, ends_to_hf, ends_to_mf, deinterleave_rows, interleave_rows, stack_experts, unstack_experts
+from mftk.ckpt.hf.convert import Rule, apply_table, deinterleave_rows, ends_table, experts_rule, interleave_rows, rename
 from mftk.errors import CheckpointError
 
 _ATTN = (("linear_q_down_proj.weight", "wq_a.weight"), ("q_layernorm.weight", "q_norm.weight"),
@@ -54,41 +56,77 @@ def _renames(cfg: Any, layer_id: int, hashed: bool) -> list[tuple[str, str]]:
     return out
 
 
-def _layer_to_mf(src: Source, p: str, m: str, cfg: Any, layer_id: int, hashed: bool, out: dict) -> None:
-    for a, b in _renames(cfg, layer_id, hashed):
-        out[m + a] = src.take(p + b)
-    n, h = cfg.num_residual_streams, cfg.hidden_size
+def _constant(name: str, value: float) -> Callable[[np.ndarray], tuple[()]]:
+    """Export of a reference-only buffer that must still hold its constant (else the export would drop information)."""
+    def check(a: np.ndarray) -> tuple[()]:
+        if not np.all(a == value):
+            raise CheckpointError(message=f"{name} is not all {value:g}: this tensor has no place in the HF layout",
+                                  problems=[f"{name}: expected the frozen constant {value:g}"])
+        return ()
+    return check
+
+
+def _frozen(m: str, shape: tuple[int, ...], value: float) -> Rule:
+    """A reference-only buffer: filled with ``value`` on import, checked and dropped on export."""
+    return Rule((), (m,), to_mf=lambda: (np.full(shape, value, np.float32),), to_hf=_constant(m, value))
+
+
+def _split_scale(scale: np.ndarray) -> tuple[np.ndarray, ...]:
+    flat = np.asarray(scale, np.float32).reshape(-1)
+    return tuple(flat[k:k + 1].copy() for k in range(3))
+
+
+def _layer_table(p: str, m: str, cfg: Any, layer_id: int, hashed: bool) -> list[Rule]:
+    """One layer: native prefix ``p`` ↔ reference prefix ``m``."""
+    rows = [rename(p + b, m + a) for a, b in _renames(cfg, layer_id, hashed)]
+    n, h, e_n = cfg.num_residual_streams, cfg.hidden_size, cfg.n_routed_experts
     for hc in _HC:
-        out[m + f"{hc}_hc.mapping_proj.weight"] = src.take(p + f"hc_{hc}_fn")
-        out[m + f"{hc}_hc.mapping_proj.bias"] = src.take(p + f"hc_{hc}_base")
-        scale = src.take(p + f"hc_{hc}_scale")
-        if scale is not None:
-            for k, name in enumerate(("alpha_pre", "alpha_post", "alpha_res")):
-                out[m + f"{hc}_hc.{name}"] = np.asarray(scale, np.float32).reshape(-1)[k:k + 1].copy()
-        out[m + f"{hc}_hc.rms_weight"] = np.ones((n * h,), np.float32)
-    out[m + "self_attention.q_rms_gamma"] = np.ones((cfg.v_head_dim,), np.float32)
+        rows += [rename(p + f"hc_{hc}_fn", m + f"{hc}_hc.mapping_proj.weight"),
+                 rename(p + f"hc_{hc}_base", m + f"{hc}_hc.mapping_proj.bias"),
+                 Rule((p + f"hc_{hc}_scale",), tuple(m + f"{hc}_hc.{x}" for x in ("alpha_pre", "alpha_post", "alpha_res")),
+                      to_mf=_split_scale,
+                      to_hf=lambda *a: (np.concatenate([np.asarray(x, np.float32).reshape(-1) for x in a]),)),
+                 _frozen(m + f"{hc}_hc.rms_weight", (n * h,), 1.0)]
+    rows.append(_frozen(m + "self_attention.q_rms_gamma", (cfg.v_head_dim,), 1.0))
     if hashed:
-        t = src.take(p + "ffn.gate.tid2eid")
-        if t is not None:
-            out[m + "mlp.router.tid2eid"] = np.asarray(t).astype(np.int32)
-    elif not cfg.moe_router_enable_expert_bias:
-        src.skip(p + "ffn.gate.bias")
-    w = stack_experts(src, lambda e, x: p + f"ffn.experts.{e}.{x}.weight", cfg.n_routed_experts, _EXPERT)
-    if w is not None:
-        out[m + "mlp.experts.weight1"], out[m + "mlp.experts.weight2"] = w
+        rows.append(Rule((p + "ffn.gate.tid2eid",), (m + "mlp.router.tid2eid",),
+                         to_mf=lambda t: (np.asarray(t).astype(np.int32),),
+                         to_hf=lambda t: (np.asarray(t).astype(np.int64),)))
+    elif not cfg.moe_router_enable_expert_bias:  # transformers' router always has the buffer
+        rows.append(Rule((p + "ffn.gate.bias",), (), to_mf=None, to_hf=lambda: (np.zeros((e_n,), np.float32),)))
+    rows.append(experts_rule(lambda e, x: p + f"ffn.experts.{e}.{x}.weight", e_n, _EXPERT,
+                             m + "mlp.experts.weight1", m + "mlp.experts.weight2"))
     if cfg.moe_shared_expert_intermediate_size_resolved():
-        g, u = src.take(p + "ffn.shared_experts.w1.weight"), src.take(p + "ffn.shared_experts.w3.weight")
-        if g is not None and u is not None:
-            out[m + "mlp.shared_experts.linear_fc1.weight"] = interleave_rows(g, u)
-    out[m + "mlp.tokens_per_expert"] = np.zeros((cfg.n_routed_experts,), np.float32)
+        rows.append(Rule((p + "ffn.shared_experts.w1.weight", p + "ffn.shared_experts.w3.weight"),
+                         (m + "mlp.shared_experts.linear_fc1.weight",),
+                         to_mf=lambda g, u: (interleave_rows(g, u),), to_hf=deinterleave_rows))
+    rows.append(Rule((), (m + "mlp.tokens_per_expert",), to_mf=lambda: (np.zeros((e_n,), np.float32),), to_hf=None))
+    return rows
 
 
 _HEAD = (("hc_fn.weight", "hc_head_fn"), ("hc_base", "hc_head_base"), ("hc_scale", "hc_head_scale"))  # (reference, published) names of the hc head
 
 
-def _head_to_mf(src: Source, p: str, m: str, out: dict) -> None:
-    for a, b in _HEAD:
-        out[m + a] = src.take(p + b)
+def _head_table(p: str, m: str) -> list[Rule]:
+    return [rename(p + b, m + a) for a, b in _HEAD]
+
+
+def table(cfg: Any) -> list[Rule]:
+    """Every published DeepSeek-V4 tensor (native names, MTP as ``mtp.{k}.*``) ↔ reference names: both
+    directions read it."""
+    L, hashed, hd = cfg.num_hidden_layers, cfg.hash_layer_pattern(), cfg.hidden_size
+    rows = ends_table(cfg.tie_word_embeddings, _ENDS) + _head_table("", "decoder.hc_head.")
+    for i in range(L):
+        rows += _layer_table(f"layers.{i}.", f"decoder.layers.{i}.", cfg, i, hashed[i])
+    for k in range(cfg.mtp_num_layers()):
+        p, m = f"mtp.{k}.", f"mtp.layers.{k}."
+        rows += [rename(p + b, m + a) for a, b in (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
+                                                   ("final_layernorm.weight", "norm.weight"))]
+        rows.append(Rule((p + "e_proj.weight", p + "h_proj.weight"), (m + "eh_proj.weight",),
+                         to_mf=lambda e, h: (np.concatenate([e, h], 1),),
+                         to_hf=lambda eh: (eh[:, :hd].copy(), eh[:, hd:].copy())))
+        rows += _head_table(p, m + "hc_head.") + _layer_table(p, m + "transformer_layer.", cfg, L + k, False)
+    return rows
 
 
 def _published_layout(cfg: Any) -> None:
@@ -104,84 +142,11 @@ def _published_layout(cfg: Any) -> None:
 def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Published DeepSeek-V4 tensors (native names, MTP as ``mtp.{k}.*``) → reference names."""
     _published_layout(cfg)
-    src, out = Source(hf, "HF"), {}
-    L, hashed = cfg.num_hidden_layers, cfg.hash_layer_pattern()
-    ends_to_mf(src, out, cfg.tie_word_embeddings, _ENDS)
-    _head_to_mf(src, "", "decoder.hc_head.", out)
-    for i in range(L):
-        _layer_to_mf(src, f"layers.{i}.", f"decoder.layers.{i}.", cfg, i, hashed[i], out)
-    for k in range(cfg.mtp_num_layers()):
-        p, m = f"mtp.{k}.", f"mtp.layers.{k}."
-        for a, b in (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
-                     ("final_layernorm.weight", "norm.weight")):
-            out[m + a] = src.take(p + b)
-        e, h = src.take(p + "e_proj.weight"), src.take(p + "h_proj.weight")
-        if e is not None and h is not None:
-            out[m + "eh_proj.weight"] = np.concatenate([e, h], 1)
-        _head_to_mf(src, p, m + "hc_head.", out)
-        _layer_to_mf(src, p, m + "transformer_layer.", cfg, L + k, False, out)
-    src.check(ignore_prefixes=() if cfg.mtp_num_layers() else ("mtp.",))  # MTP layers the config turns off
-    return {k: v for k, v in out.items() if v is not None}
-
-
-def _constant(src: Source, name: str, value: float) -> None:
-    """A reference-only buffer that must still hold its constant (else the export would drop information)."""
-    a = src.take(name)
-    if a is not None and not np.all(a == value):
-        raise CheckpointError(message=f"{name} is not all {value:g}: this tensor has no place in the HF layout",
-                              problems=[f"{name}: expected the frozen constant {value:g}"])
-
-
-def _layer_to_hf(src: Source, p: str, m: str, cfg: Any, layer_id: int, hashed: bool, out: dict) -> None:
-    for a, b in _renames(cfg, layer_id, hashed):
-        out[p + b] = src.take(m + a)
-    for hc in _HC:
-        out[p + f"hc_{hc}_fn"] = src.take(m + f"{hc}_hc.mapping_proj.weight")
-        out[p + f"hc_{hc}_base"] = src.take(m + f"{hc}_hc.mapping_proj.bias")
-        alphas = [src.take(m + f"{hc}_hc.{n}") for n in ("alpha_pre", "alpha_post", "alpha_res")]
-        if all(a is not None for a in alphas):
-            out[p + f"hc_{hc}_scale"] = np.concatenate([np.asarray(a, np.float32).reshape(-1) for a in alphas])
-        _constant(src, m + f"{hc}_hc.rms_weight", 1.0)
-    _constant(src, m + "self_attention.q_rms_gamma", 1.0)
-    if hashed:
-        t = src.take(m + "mlp.router.tid2eid")
-        if t is not None:
-            out[p + "ffn.gate.tid2eid"] = np.asarray(t).astype(np.int64)
-    elif not cfg.moe_router_enable_expert_bias:  # transformers' router always has the buffer
-        out[p + "ffn.gate.bias"] = np.zeros((cfg.n_routed_experts,), np.float32)
-    w1, w2 = src.take(m + "mlp.experts.weight1"), src.take(m + "mlp.experts.weight2")
-    if w1 is not None and w2 is not None:
-        unstack_experts(w1, w2, lambda e, x: p + f"ffn.experts.{e}.{x}.weight", _EXPERT, out)
-    if cfg.moe_shared_expert_intermediate_size_resolved():
-        fc1 = src.take(m + "mlp.shared_experts.linear_fc1.weight")
-        if fc1 is not None:
-            out[p + "ffn.shared_experts.w1.weight"], out[p + "ffn.shared_experts.w3.weight"] = deinterleave_rows(fc1)
-    src.skip(m + "mlp.tokens_per_expert")
-
-
-def _head_to_hf(src: Source, p: str, m: str, out: dict) -> None:
-    for a, b in _HEAD:
-        out[p + b] = src.take(m + a)
+    # MTP layers the config turns off
+    return apply_table(table(cfg), hf, "mf", ignore_prefixes=() if cfg.mtp_num_layers() else ("mtp.",))
 
 
 def mf_to_hf(mf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Reference names → the published DeepSeek-V4 layout (the inverse of ``hf_to_mf``)."""
     _published_layout(cfg)
-    src, out = Source(mf, "mftk"), {}
-    L, hashed = cfg.num_hidden_layers, cfg.hash_layer_pattern()
-    ends_to_hf(src, out, cfg.tie_word_embeddings, _ENDS)
-    _head_to_hf(src, "", "decoder.hc_head.", out)
-    for i in range(L):
-        _layer_to_hf(src, f"layers.{i}.", f"decoder.layers.{i}.", cfg, i, hashed[i], out)
-    for k in range(cfg.mtp_num_layers()):
-        p, m = f"mtp.{k}.", f"mtp.layers.{k}."
-        for a, b in (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
-                     ("final_layernorm.weight", "norm.weight")):
-            out[p + b] = src.take(m + a)
-        eh = src.take(m + "eh_proj.weight")
-        if eh is not None:
-            out[p + "e_proj.weight"], out[p + "h_proj.weight"] = eh[:, :cfg.hidden_size].copy(), eh[:, cfg.hidden_size:].copy()
-        _head_to_hf(src, p, m + "hc_head.", out)
-        _layer_to_hf(src, p, m + "transformer_layer.", cfg, L + k, False, out)
-    src.check()
-    return {k: v for k, v in out.items() if v is not None}
+    return apply_table(table(cfg), mf, "hf")

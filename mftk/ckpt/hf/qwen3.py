@@ -1,7 +1,8 @@
 """Qwen3: HF ``transformers`` names ↔ reference (MindSpore Transformers PyNative) names, numpy only.
 
 Layouts (models.md §3.3): ``linear_qkv`` is group-interleaved ``[q heads of group g | k_g | v_g]`` per
-KV group; ``linear_fc1`` rows interleave gate and up. Everything else is a rename.
+KV group; ``linear_fc1`` rows interleave gate and up. Everything else is a rename. One table (`table`)
+holds every tensor; both directions read it.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mftk.ckpt.hf.convert import Source, ends_to_hf, ends_to_mf, dense_mlp_to_hf, dense_mlp_to_mf, expect_shape
+from mftk.ckpt.hf.convert import Rule, apply_table, dense_mlp_table, ends_table, expect_shape, rename
 
 _RENAMES = (  # (HF suffix, MF suffix) of the attention half of a layer (Qwen3-MoE shares it)
     ("input_layernorm.weight", "input_layernorm.weight"),
@@ -38,48 +39,33 @@ def qkv_to_hf(qkv: np.ndarray, nh: int, ng: int, hd: int) -> tuple[np.ndarray, n
             g[:, (r + 1) * hd:].reshape(-1, h).copy())
 
 
-def attention_to_mf(src: Source, p: str, m: str, cfg: Any, out: dict) -> None:
-    """The norms and the GQA attention of HF layer prefix ``p`` into reference layer prefix ``m``."""
-    ng = cfg.num_query_groups()
-    for a, b in _RENAMES:
-        out[m + b] = src.take(p + a)
-    q, k, v = (src.take(p + f"self_attn.{x}_proj.weight") for x in "qkv")
-    if q is not None and k is not None and v is not None:
-        out[m + "self_attention.linear_qkv.weight"] = qkv_to_mf(q, k, v, ng)
-    if cfg.attention_bias:
-        qb, kb, vb = (src.take(p + f"self_attn.{x}_proj.bias") for x in "qkv")
-        if qb is not None and kb is not None and vb is not None:
-            out[m + "self_attention.linear_qkv.bias"] = qkv_to_mf(qb[:, None], kb[:, None], vb[:, None], ng)[:, 0]
-
-
-def attention_to_hf(src: Source, p: str, m: str, cfg: Any, out: dict) -> None:
-    """The inverse of `attention_to_mf`."""
+def attention_table(p: str, m: str, cfg: Any) -> list[Rule]:
+    """The norms and the GQA attention of HF layer prefix ``p`` ↔ reference layer prefix ``m``."""
     _, nh, ng, hd = _dims(cfg)
-    for a, b in _RENAMES:
-        out[p + a] = src.take(m + b)
-    qkv = src.take(m + "self_attention.linear_qkv.weight")
-    if qkv is not None:
-        for x, w in zip("qkv", qkv_to_hf(qkv, nh, ng, hd)):
-            out[p + f"self_attn.{x}_proj.weight"] = w
+    rows = [rename(p + a, m + b) for a, b in _RENAMES]
+    rows.append(Rule(tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"), (m + "self_attention.linear_qkv.weight",),
+                     to_mf=lambda q, k, v: (qkv_to_mf(q, k, v, ng),), to_hf=lambda qkv: qkv_to_hf(qkv, nh, ng, hd)))
     if cfg.attention_bias:
-        b = src.take(m + "self_attention.linear_qkv.bias")
-        if b is not None:
-            for x, w in zip("qkv", qkv_to_hf(b[:, None], nh, ng, hd)):
-                out[p + f"self_attn.{x}_proj.bias"] = w[:, 0]
-    src.skip(m + "self_attention.core_attention.max_logits_val")  # max-logit tracking: no HF counterpart
+        rows.append(Rule(tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"), (m + "self_attention.linear_qkv.bias",),
+                         to_mf=lambda q, k, v: (qkv_to_mf(q[:, None], k[:, None], v[:, None], ng)[:, 0],),
+                         to_hf=lambda b: tuple(w[:, 0] for w in qkv_to_hf(b[:, None], nh, ng, hd))))
+    rows.append(Rule((), (m + "self_attention.core_attention.max_logits_val",), to_mf=None, to_hf=None))  # no HF twin
+    return rows
+
+
+def table(cfg: Any) -> list[Rule]:
+    """Every tensor of ``Qwen3ForCausalLM``, HF ↔ reference: read one way by `hf_to_mf`, the other by `mf_to_hf`."""
+    rows = ends_table(cfg.tie_word_embeddings, _ENDS)
+    for i in range(cfg.num_hidden_layers):
+        p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        rows += attention_table(p, m, cfg) + dense_mlp_table(p, m)
+    return rows
 
 
 def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """HF ``Qwen3ForCausalLM`` state dict → reference names; raises CheckpointError on any mismatch."""
-    src, out = Source(hf, "HF"), {}
     h, nh, ng, hd = _dims(cfg)
-    ends_to_mf(src, out, cfg.tie_word_embeddings, _ENDS)
-    for i in range(cfg.num_hidden_layers):
-        p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        attention_to_mf(src, p, m, cfg, out)
-        dense_mlp_to_mf(src, p, m, out)
-    src.check()
-    out = {k: v for k, v in out.items() if v is not None}
+    out = apply_table(table(cfg), hf, "mf")
     expect_shape("decoder.layers.0.self_attention.linear_qkv.weight",
                  out["decoder.layers.0.self_attention.linear_qkv.weight"], ((nh + 2 * ng) * hd, h))
     return out
@@ -87,11 +73,4 @@ def hf_to_mf(hf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
 
 def mf_to_hf(mf: Mapping[str, np.ndarray], cfg: Any) -> dict[str, np.ndarray]:
     """Reference names → HF ``Qwen3ForCausalLM`` names (the inverse of ``hf_to_mf``)."""
-    src, out = Source(mf, "mftk"), {}
-    ends_to_hf(src, out, cfg.tie_word_embeddings, _ENDS)
-    for i in range(cfg.num_hidden_layers):
-        p, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        attention_to_hf(src, p, m, cfg, out)
-        dense_mlp_to_hf(src, p, m, out)
-    src.check()
-    return {k: v for k, v in out.items() if v is not None}
+    return apply_table(table(cfg), mf, "hf")
