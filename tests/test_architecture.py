@@ -214,3 +214,81 @@ def test_tests_import_helpers_not_other_tests_or_bench():
                                       and (parts[-1].startswith("test_") or parts[-1] == "conftest")):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert bad == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """Module → the modules of ``package`` it imports (at any depth, lazily too); ``from pkg import name``
+    counts as ``pkg.name`` where that is a module, and relative imports are resolved."""
+    files = sorted((ROOT / package.replace(".", "/")).rglob("*.py"))
+    modules = {_module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in modules and t != name}
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                found.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_circle_of_two():
+    assert _cycles({"a": {"b"}, "b": {"a", "c"}, "c": set()}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_engine_has_no_import_circle():
+    """No module of mftk/engine imports (even lazily) one that imports it back: the trainer's parts are
+    built by `trainer_build`, which the trainer imports, never the other way round."""
+    graph = _import_graph("mftk.engine")
+    assert "mftk.engine.trainer_build" in graph["mftk.engine.trainer"]  # the graph sees this package's imports
+    assert _cycles(graph) == []
