@@ -12,7 +12,8 @@ sensitive than wall time to other load on a shared machine. Variants:
 - ``mftk``            mftk's real step, ``Trainer.train_step``: value_and_grad → fp32 flat gradient buffer →
   global norm → clip → chunked, threaded numpy AdamW over fp32 masters → weights (phase times printed
   below); with its defaults (here: every dense layer compiled whole by ``GPTModel.jit_blocks``, see
-  ``trainer_build.auto_jit_blocks``; the step dispatched from an idle-class thread, ``trainer_build.auto_low_priority_dispatch``;
+  ``trainer_build.auto_jit_blocks``; the step dispatched from an idle-class thread,
+  ``trainer_build.auto_low_priority_dispatch``;
   the hand-written backward kernels of ``layers/kernels.py`` in all mftk variants);
 - ``mftk_spin``       the same with ``build_path(low_priority_dispatch=False)``: the step dispatched from the calling
   thread at normal priority, whose busy-wait (and MindSpore's relay thread's) competes with the kernels;

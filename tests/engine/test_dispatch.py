@@ -58,14 +58,14 @@ for tid in [int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")]:
 out = {
     "same_losses": losses == ref_losses,
     "same_params": all(np.array_equal(a, b) for a, b in zip(params, ref_params)),
-    "lowered": tr.dispatch.lowered,
+    "lowered": tr.path.dispatch.lowered,
     "dispatch_idle": policy(pool_tid) == os.SCHED_IDLE,
     "main_idle": policy(threading.get_native_id()) == os.SCHED_IDLE,
     "relay_idle": [policy(t) == os.SCHED_IDLE for t in threads_named(("frontend_queue",))],
     "kernel_threads_idle": [policy(t) == os.SCHED_IDLE for t, n in names.items()
                             if n.startswith(("ActorThread", "KernelThread"))],
 }
-tr.dispatch.close()
+tr.path.close()
 out["relay_idle_after_close"] = [policy(t) == os.SCHED_IDLE for t in threads_named(("frontend_queue",))]
 print("RESULT " + json.dumps(out))
 """
