@@ -12,11 +12,12 @@ sensitive than wall time to other load on a shared machine. Variants:
 - ``mftk``            mftk's real step, ``Trainer.train_step``: value_and_grad → fp32 flat gradient buffer →
   global norm → clip → chunked, threaded numpy AdamW over fp32 masters → weights (phase times printed
   below); with its defaults (here: every dense layer compiled whole by ``GPTModel.jit_blocks``, see
-  ``trainer.auto_jit_blocks``; the step dispatched from an idle-class thread, ``trainer.auto_low_priority_dispatch``;
+  ``trainer_build.auto_jit_blocks``; the step dispatched from an idle-class thread,
+  ``trainer_build.auto_low_priority_dispatch``;
   the hand-written backward kernels of ``layers/kernels.py`` in all mftk variants);
-- ``mftk_spin``       the same with ``Trainer(low_priority_dispatch=False)``: the step dispatched from the calling
+- ``mftk_spin``       the same with ``build_path(low_priority_dispatch=False)``: the step dispatched from the calling
   thread at normal priority, whose busy-wait (and MindSpore's relay thread's) competes with the kernels;
-- ``mftk_eager``      the same with ``Trainer(jit_blocks=False)`` (every op in PyNative);
+- ``mftk_eager``      the same with ``build_path(jit_blocks=False)`` (every op in PyNative);
 - ``ms_default``      MindSpore PyNative, default async dispatch;
 - ``ms_blocking``     + ``mindspore.runtime.launch_blocking()`` (mftk's default on CPU);
 - ``ms_ops_ce``       blocking, but the logits + ``ops.cross_entropy`` instead of mftk's fused LM-head loss;
@@ -248,7 +249,9 @@ def run_mftk(args, variant: str) -> dict:
     ms.runtime.launch_blocking()  # as mftk.engine.run does
     from mftk.engine.optim import AdamW, decide_weight_decay
     from mftk.engine.state import TrainState
-    from mftk.engine.trainer import BatchSchedule, NanPolicy, Trainer
+    from mftk.engine.step import BatchSchedule, StepPlan
+    from mftk.engine.trainer import Trainer
+    from mftk.engine.trainer_build import TrainerParts, build_path
 
     model = _mftk_model(args)
     params = list(model.trainable_params())
@@ -256,12 +259,12 @@ def run_mftk(args, variant: str) -> dict:
     opt = AdamW([p.name for p in params], [p.asnumpy() for p in params], decisions, betas=(0.9, 0.999), eps=1e-8)
     ids, labels, mask = _batch(args)
     batch = {"input_ids": ids, "labels": labels, "loss_mask": mask}
-    trainer = Trainer(model=model, optimizer=opt, schedule=lambda step: LR, batches=itertools.repeat(batch),
-                      batch_schedule=BatchSchedule(args.batch, args.batch), total_steps=10 ** 9, max_norm=CLIP,
-                      nan_policy=NanPolicy(skip=False, max_consecutive=0),
-                      columns=("input_ids", "labels", "loss_mask"),
+    path = build_path(model, opt, itertools.repeat(batch), columns=("input_ids", "labels", "loss_mask"),
                       jit_blocks=False if variant == "mftk_eager" else None,
                       low_priority_dispatch=False if variant == "mftk_spin" else None)
+    trainer = Trainer(TrainerParts(path=path, schedule=lambda step: LR,
+                                   plan=StepPlan(BatchSchedule(args.batch, args.batch), total_steps=10 ** 9,
+                                                 max_norm=CLIP)))
     state, phases = TrainState(), []
 
     def step() -> float:

@@ -200,7 +200,7 @@ def _muon(lay: Layout, s: LayoutSettings) -> list[Refusal]:
     return []
 
 
-# What still crosses between host and device on the device-resident update (`engine.device_step`), per
+# What still crosses between host and device on the device-resident update (`engine.device_path`), per
 # micro-batch unless said: no weight, gradient or moment does between saves. Counted by
 # tests/engine/test_device_update.py::test_device_path_moves_no_weight_sized_tensor_between_saves on Qwen3
 # (11 reads and 18 writes per step of 2 micro-batches, each at most one micro-batch's seq×seq mask).

@@ -5,7 +5,7 @@ Only this package imports MindSpore, and only when a model symbol is used. Publi
     model = build_model(model_cfg, seed=1234)        # GPTModel (mindspore.nn.Cell), fp32
     out = model.forward(batch)                        # ModelOutput (numpy): loss, aux terms, counts
     grad_fn = ms.value_and_grad(model, None, model.trainable_params(), has_aux=True)
-    (objective, (lm_loss, aux, mtp, counts)), grads = grad_fn(ids, labels, loss_mask)
+    (objective, lm_loss, aux, mtp, counts, named), grads = grad_fn(ids, labels, loss_mask)
     model.update_expert_bias()                        # after the optimizer step
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ clipping kept as MindSpore tensors on the run's device (``mftk.update_on_device`
 Why a second optimizer class: the host `optim.AdamW` copies every micro-batch's gradients to numpy and
 writes the weights back from numpy, which is the fastest way on CPU (no MindSpore kernel per parameter) but
 would move every gradient and weight across the bus each step on an accelerator. Here no weight, gradient
-or moment leaves the device between checkpoints: the trainer (`device_step.DeviceTrainer`) reads one small
+or moment leaves the device between checkpoints: the trainer (`device_path.DevicePath`) reads one small
 batch of scalars per step (losses, aux terms, the squared norm) and the full tensors only when a checkpoint is
 written or read. Token-sized data still crosses each micro-batch (the batch, the loss kernel, MoE dispatch,
 V4's Sinkhorn and CSA top-k, FSDP's gathers): `config.runnable.DEVICE_HOST_TRAFFIC`, counted by

@@ -1,209 +1,69 @@
 """The training loop: one optimizer step is a list of named component calls (reference §2.3).
 
     plan     = batches.at(consumed_samples)        # static or ramp-up gbs → accumulation steps
-    grads    = forward_backward(plan)             # data fetch + fwd/bwd per micro-batch, fp32 accumulation
-    norm     = global_norm(grads)                  # reported *before* clipping
+    grads    = path.accumulate(plan)               # data fetch + fwd/bwd per micro-batch, fp32 accumulation
+    norm     = path.norm(grads)                    # reported *before* clipping
     nan_guard(norm, loss)                          # skip-on-NaN (budgeted) or stop with TrainingError
-    clip(grads, norm)                              # max_norm <= 0 disables clipping (reference: zeroes/flips)
-    optimizer_step(grads)                          # lr = schedule(global_step) before the increment
+    path.clip(grads, clip_factor(norm))            # max_norm <= 0 disables clipping (reference: zeroes/flips)
+    path.update(grads, schedule(global_step))      # lr = schedule(global_step) before the increment
     expert_bias_update(tokens_per_expert)          # after the optimizer, every step (reference LossCallback)
     advance(state)                                 # consumed_samples += gbs; global_step += 1
     report(metrics)                                # the MF log line + JSON metrics through StepSinks
     checkpointer.save(step, INTERVAL)              # every save_interleaved_steps (ckpt.checkpointer), FINAL at the end
     stop.check()                                   # SIGTERM/SIGINT: save (SIGNAL), then TrainingInterrupted
 
-Every policy lives in its component; the loop body only calls them in order. `Trainer.from_config` builds
-the trainer of a run from its validated config; its counters live in `TrainState`.
+Every policy lives in its component; the loop body only calls them in order. How gradients are made and
+applied is the gradient path's (`grad_path.GradientPath`: host, device-resident or pipeline), picked with
+the other parts by `trainer_build`; `Trainer.from_config` builds the trainer of a run from its validated
+config. Its counters live in `TrainState`.
 """
 from __future__ import annotations
 
 import logging
 import math
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
-import attrs
 import numpy as np
 
 from mftk.ckpt.checkpointer import Checkpointer, Payload, SaveReason
 from mftk.ckpt.common import CommonInfo
-from mftk.derive import accumulation_steps, compiles_blocks, rampup_gbs
-from mftk.engine.dispatch import Dispatcher, low_priority_applies
-from mftk.engine.optim import AdamW, clip_factor, global_norm
-from mftk.engine.state import TrainState, extra_state, model_tensors, write_masters
+from mftk.engine.optim import AdamW, clip_factor
+from mftk.engine.state import TrainState, extra_state, model_tensors
+from mftk.engine.step import BatchPlan, PhaseTimer, StepOutput, StopFlag
+from mftk.engine.trainer_build import TrainerParts, build_parts
 from mftk.errors import DataFormatError, MftkError, TrainingError, TrainingInterrupted
 from mftk.logs.sinks import StepLogSink
 from mftk.progress import FanOut, StepSink
 
 log = logging.getLogger("mftk.train")
 
-MODEL_INPUTS = ("input_ids", "labels", "loss_mask", "position_ids", "attention_mask")
-
-
-# --------------------------------------------------------------------------------------- batches
-@attrs.frozen
-class BatchPlan:
-    global_batch_size: int
-    accumulation: int
-
-
-@attrs.frozen
-class BatchSchedule:
-    """Static gbs, or ``rampup_batch_size: [start, increment, samples]`` up to gbs (reference §2.8)."""
-
-    global_batch_size: int
-    local_batch_size: int
-    dp: int = 1
-    rampup: tuple[int, int, int] | None = None
-
-    def at(self, consumed_samples: int) -> BatchPlan:
-        gbs = self.global_batch_size
-        if self.rampup is not None:
-            start, inc, samples = self.rampup
-            gbs = rampup_gbs(consumed_samples, start, inc, samples, self.global_batch_size)
-        return BatchPlan(gbs, accumulation_steps(gbs, self.local_batch_size, self.dp)[0] or 1)
-
-
-@attrs.frozen
-class NanPolicy:
-    """``use_skip_step_on_nan``: drop the update of a step whose loss or grad norm is not finite, until
-    ``max_consecutive_skipped_steps`` (> 0) steps in a row were dropped (0: no limit); otherwise a NaN stops the run."""
-
-    skip: bool
-    max_consecutive: int
-
-
-# --------------------------------------------------------------------------------------- stop flag
-class StopFlag:
-    """Set by a signal handler; the loop saves and raises TrainingInterrupted at the next step end."""
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-
-    def request(self, name: str) -> None:
-        self.signal_name = name
-
-    @property
-    def requested(self) -> bool:
-        return self.signal_name is not None
-
-
-# --------------------------------------------------------------------------------------- timing
-class PhaseTimer:
-    """Seconds spent per phase within one step (data, forward_backward, optimizer, save)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
-
-
-@attrs.frozen
-class StepOutput:
-    loss: float
-    aux: list[float]  # per MoE layer, mean over micro-batches (α-free)
-    mtp: list[float]  # per MTP depth, mean over micro-batches (× λ/D)
-    tokens_per_expert: np.ndarray | None  # (n_moe, E) summed over micro-batches
-    local_losses: list[float]
-    indexer: list[float] = attrs.field(factory=list)  # DeepSeek-V4: [mean over indexer layers × coeff] or []
-
-
-# --------------------------------------------------------------------------------------- trainer
-
-def kernel_bound(model: Any, dist: Any) -> bool:
-    """A single-process run of a model of at least ``derive.JIT_MIN_PARAMS`` parameters: big enough that
-    its step is bound by the kernels rather than by dispatching them (bench/train_step.py)."""
-    return compiles_blocks(sum(int(np.prod(p.shape)) for p in model.trainable_params()), one_process=dist is None)
-
-
-def auto_jit_blocks(model: Any, dist: Any) -> bool:
-    """Compile the dense blocks (``GPTModel.jit_blocks``) when `kernel_bound`: 1.2–1.3× faster steps on
-    a 29 M model (bench/train_step.py) for a one-off ~4–6 s compile that a tiny model never repays.
-    Multi-process runs stay eager: TP/CP put communication inside the blocks."""
-    return hasattr(model, "jit_blocks") and kernel_bound(model, dist)
-
-
-def auto_low_priority_dispatch(model: Any, dist: Any) -> bool:
-    """Dispatch from an idle-class thread (`dispatch.Dispatcher`) when `kernel_bound` on CPU: 1.06–1.19×
-    faster steps on the 29 M model; a tiny model's step is dispatch-bound and gets 10–25 % slower.
-    Multi-process runs keep normal priority: an idle-class thread of one worker would wait behind the
-    kernels of the others."""
-    return kernel_bound(model, dist) and low_priority_applies()
-
 
 class Trainer:
-    """Runs steps ``state.global_step + 1 .. total_steps`` on one process."""
+    """Runs steps ``state.global_step + 1 .. total_steps`` on one process, with the parts `trainer_build` made."""
 
-    def __init__(self, *, model: Any, optimizer: AdamW, schedule: Callable[[int], float], batches: Iterator[dict],
-                 batch_schedule: BatchSchedule, total_steps: int, max_norm: float, nan_policy: NanPolicy,
-                 sinks: Sequence[StepSink] = (), checkpointer: Checkpointer | None = None,
-                 saved_config: dict | None = None, flops_per_sample: float = 0.0,
-                 columns: tuple[str, ...] = ("input_ids", "labels"), monitor: Any = None, stop: StopFlag | None = None,
-                 epoch_micro_batches: int = 0, show_mtp: bool = True, seq_length: int = 0, dist: Any = None,
-                 jit_blocks: bool | None = None, low_priority_dispatch: bool | None = None,
-                 data_check: Callable[[], None] | None = None) -> None:
-        import mindspore as ms
-
-        self.model, self.optimizer, self.schedule = model, optimizer, schedule
-        self.batches, self.batch_schedule = batches, batch_schedule
-        self.total_steps, self.max_norm = int(total_steps), float(max_norm)
+    def __init__(self, parts: TrainerParts) -> None:
+        self.path, self.schedule, self.plan = parts.path, parts.schedule, parts.plan
+        self.model, self.optimizer, self.dist = parts.path.model, parts.path.optimizer, parts.path.dist
+        self.total_steps = int(parts.plan.total_steps)
         self.step_log = StepLogSink(self.total_steps)  # the reference's step line, and the run's losses
-        self.sink = FanOut(self.step_log, *sinks)
-        self.checkpointer, self.saved_config = checkpointer, saved_config
-        self.flops_per_sample, self.nan_policy, self.monitor = flops_per_sample, nan_policy, monitor
-        self.stop = stop or StopFlag()
-        self.columns = tuple(c for c in MODEL_INPUTS if c in columns)
-        self.epoch_micro_batches = epoch_micro_batches
-        self.show_mtp, self.seq_length = show_mtp, seq_length
-        self.last_gbs = batch_schedule.global_batch_size
-        self.params = list(model.trainable_params())
-        self.jit_blocks = auto_jit_blocks(model, dist) if jit_blocks is None else jit_blocks
-        if self.jit_blocks:
-            model.jit_blocks()
-        self.grad_fn = ms.value_and_grad(model, None, self.params, has_aux=True)
-        low = auto_low_priority_dispatch(model, dist) if low_priority_dispatch is None else low_priority_dispatch
-        self.dispatch = Dispatcher(low_priority=low)
+        self.sink = FanOut(self.step_log, *parts.sinks)
+        self.checkpointer, self.saved_config, self.monitor = parts.checkpointer, parts.saved_config, parts.monitor
+        self.stop = parts.stop or StopFlag()
+        self.data_check = parts.data_check  # raises DataFormatError when a data file changed
+        self.last_gbs = parts.plan.batches.global_batch_size
         self.state = TrainState()  # the state being advanced (given to `fit`)
         self.first_step_seconds: float | None = None
         self._logged_rss = 0  # the peak RSS of the last memory line
-        self.dist = dist  # distributed.DistContext of a multi-process job, else None
         self.fault: MftkError | None = None  # a log write or data file failure: save, then stop with it
-        self.data_check = data_check  # raises DataFormatError when a data file changed (`DataLoader.check_files`)
 
     @classmethod
     def from_config(cls, config: Any, *, model: Any, optimizer: AdamW, loader: Any, state: TrainState, dist: Any,
                     layout: Any, checkpointer: Checkpointer | None, sinks: Sequence[StepSink] = (),
                     monitor: Any = None, stop: StopFlag | None = None) -> "Trainer":
-        """The trainer of a run: every setting from the validated config, the data from ``state``'s position."""
-        from mftk.config.report import resolved
-        from mftk.engine.builders import build_schedule
-        from mftk.plan.flops import flops_per_step
-
-        tr, m = config.training, config.model
-        kind, extra = cls, {}
-        if dist is not None and dist.pipeline:
-            from mftk.engine.pipeline_trainer import PipelineTrainer
-
-            kind = PipelineTrainer
-            extra = {"stage": dist.stage, "schedule_name": config.parallelism.pipeline_parallel_schedule,
-                     "local_batch_size": tr.local_batch_size}
-        elif getattr(optimizer, "on_device", False):
-            from mftk.engine.device_step import DeviceTrainer
-
-            kind = DeviceTrainer
-        rampup = tuple(tr.rampup_batch_size) if tr.rampup_batch_size else None
-        return kind(
-            **extra, model=model, optimizer=optimizer, schedule=build_schedule(config),
-            batches=loader.iter_batches(loader.start_batch(state.consumed_samples)),
-            batch_schedule=BatchSchedule(tr.global_batch_size, tr.local_batch_size, layout.dp, rampup),
-            total_steps=tr.steps, max_norm=tr.max_norm, nan_policy=nan_policy_from(config), sinks=sinks,
-            checkpointer=checkpointer, saved_config=resolved(config),
-            flops_per_sample=flops_per_step(m, global_batch_size=1) / layout.world, columns=config.model_columns,
-            monitor=monitor, stop=stop, epoch_micro_batches=len(loader),
-            show_mtp=bool(getattr(model.spec, "mtp_loss_scaling_factor", 0)),
-            seq_length=int(getattr(m, "seq_length", 0) or 0), dist=dist,
-            low_priority_dispatch=config.mftk.low_priority_dispatch, data_check=getattr(loader, "check_files", None))
+        """The trainer of a run (`trainer_build.build_parts`)."""
+        return cls(build_parts(config, model=model, optimizer=optimizer, loader=loader, state=state, dist=dist,
+                               layout=layout, checkpointer=checkpointer, sinks=sinks, monitor=monitor, stop=stop))
 
     # ------------------------------------------------------------------------------- the loop
     def fit(self, state: TrainState) -> TrainState:
@@ -229,7 +89,7 @@ class Trainer:
                 self.check_faults()
                 self.stop_if_requested(state)
         finally:
-            self.dispatch.close()
+            self.path.close()
         self.save_final(state)
         return state
 
@@ -263,14 +123,15 @@ class Trainer:
         t0 = time.perf_counter()
         timer = PhaseTimer()
         c0 = _collectives() if self.dist is not None else (0.0, 0)
-        plan = self.batch_schedule.at(state.consumed_samples)
-        grads, out = self.forward_backward(plan, timer)
-        norm = self.grad_norm(grads)
+        plan = self.plan.batches.at(state.consumed_samples)
+        grads, out = self.path.accumulate(plan, state, timer)
+        norm = self.path.norm(grads)
         applied = self.nan_guard(state, out.loss, norm)
         lr = None
         if applied:
             self.clip(grads, norm)
-            lr = self.optimizer_step(grads, timer)
+            lr = self.schedule(self.optimizer.global_step)
+            self.path.update(grads, lr, timer)
         self.expert_bias_update(out.tokens_per_expert)
         self.advance(state, plan)
         step_ms = (time.perf_counter() - t0) * 1000.0
@@ -287,86 +148,6 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------------------- components
-    def forward_backward(self, plan: BatchPlan, timer: PhaseTimer) -> tuple[np.ndarray, StepOutput]:
-        """Every micro-batch's gradient, scaled by 1/accum and summed in fp32 (reference §2.5)."""
-        acc = self.optimizer.grad_buffer()  # the optimizer's flat layout (FSDP: this rank's rows), reused
-        scale = 1.0 / plan.accumulation
-        losses, aux_sum, mtp_sum, counts, indexer = [], None, None, None, []
-        sink = getattr(self.dist, "grad_sink", None)  # FSDP units put their gradients in ``acc``
-        for _ in range(plan.accumulation):
-            if sink is not None:
-                sink.begin(acc, scale, first=not losses)
-            t, (outputs, grads) = self.micro_batch(timer)
-            _, lm, aux, mtp, tpe = outputs
-            fill = self.optimizer.add_grads if len(losses) else self.optimizer.put_grads
-            fill(acc, grads, scale)
-            grads = None  # the framework's gradients go before the next micro-batch (and the sync)
-            losses.append(float(lm.asnumpy()))
-            a = np.array([float(x.asnumpy()) for x in aux], np.float64)
-            m = np.array([float(x.asnumpy()) for x in mtp], np.float64)
-            aux_sum = a if aux_sum is None else aux_sum + a
-            mtp_sum = m if mtp_sum is None else mtp_sum + m
-            if tpe:
-                c = np.stack([x.asnumpy() for x in tpe]).astype(np.float64)
-                counts = c if counts is None else counts + c
-            if getattr(self.model, "last_indexer_loss", None) is not None:
-                indexer.append(self.model.last_indexer_loss)
-            timer.add("forward_backward", time.perf_counter() - t)
-        n = plan.accumulation
-        out = StepOutput(loss=float(np.mean(losses)), aux=list(aux_sum / n), mtp=list(mtp_sum / n),
-                         tokens_per_expert=counts, local_losses=[x * scale for x in losses],
-                         indexer=[float(np.mean(indexer))] if indexer else [])
-        if self.dist is not None:
-            t = time.perf_counter()
-            acc, out = self.sync(acc, out)
-            timer.add("communication", time.perf_counter() - t)
-        return acc, out
-
-    def micro_batch(self, timer: PhaseTimer) -> tuple[float, tuple[Any, Any]]:
-        """The next micro-batch read (timed as ``data``) and its `gradients`; returns the time its compute
-        started, for the caller's ``forward_backward`` phase."""
-        from mindspore import Tensor
-
-        t = time.perf_counter()
-        batch = next(self.batches)
-        self.state.micro_batches_read += 1
-        timer.add("data", time.perf_counter() - t)
-        t = time.perf_counter()
-        inputs = [Tensor(np.ascontiguousarray(batch[c])) if c in self.columns and c in batch else None
-                  for c in MODEL_INPUTS]
-        try:
-            return t, self.dispatch.call(self.gradients, inputs)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise TrainingError(message=f"error in the forward/backward pass: {exc}",
-                                hint="run with MFTK_DEBUG=1 for the traceback") from exc
-
-    def gradients(self, inputs: list[Any]) -> tuple[Any, list[np.ndarray | None]]:
-        """One micro-batch's model outputs and parameter gradients (on the dispatch thread); None for those an
-        FSDP unit put in the buffer already (`parallel.fsdp.GradSink`)."""
-        sink = getattr(self.dist, "grad_sink", None)
-        try:
-            outputs, grads = self.grad_fn(*inputs)
-        finally:
-            done = sink.end() if sink is not None else set()
-        return outputs, [None if i in done else g.asnumpy() for i, g in enumerate(grads)]
-
-    def sync(self, acc: np.ndarray, out: StepOutput) -> tuple[np.ndarray, StepOutput]:
-        """Data parallel: gradients and logged losses averaged over dp×cp, expert counts summed (FSDP-sharded
-        parameters arrive reduced from their units)."""
-        d = self.dist
-        acc = d.sync_grads(acc)
-        means = d.mean([out.loss, *out.aux, *out.mtp, *out.indexer])
-        na, nm = len(out.aux), len(out.mtp)
-        counts = d.sum_counts(out.tokens_per_expert) if out.tokens_per_expert is not None else None
-        return acc, StepOutput(loss=float(means[0]), aux=[float(x) for x in means[1:1 + na]],
-                               mtp=[float(x) for x in means[1 + na:1 + na + nm]], tokens_per_expert=counts,
-                               local_losses=out.local_losses, indexer=[float(x) for x in means[1 + na + nm:]])
-
-    def grad_norm(self, grads: np.ndarray) -> float:
-        if self.dist is not None:  # each element counted once over the whole world
-            return self.dist.grad_norm(grads)
-        return global_norm(grads)
-
     def nan_guard(self, state: TrainState, loss: float, norm: float) -> bool:
         """True when the update may be applied; a non-finite loss/norm is skipped or stops the run.
 
@@ -377,7 +158,7 @@ class Trainer:
             state.consecutive_skipped = 0
             return True
         step = state.global_step + 1
-        if not self.nan_policy.skip:
+        if not self.plan.nan_policy.skip:
             raise TrainingError(message=f"loss {loss} / grad_norm {norm} is not finite at step {step}; training stopped "
                                 "before applying the update (MindSpore Transformers would apply it, log nan and "
                                 "continue; mftk stops so no weight becomes NaN)", step=step,
@@ -385,7 +166,7 @@ class Trainer:
                                 "training.use_skip_step_on_nan: true to skip such steps")
         state.consecutive_skipped += 1
         state.skipped_steps += 1
-        limit = self.nan_policy.max_consecutive
+        limit = self.plan.nan_policy.max_consecutive
         log.warning("step %d: loss %s / grad_norm %s is not finite; update skipped (%d in a row, limit %s)",
                     step, loss, norm, state.consecutive_skipped, limit if limit > 0 else "none")
         if 0 < limit <= state.consecutive_skipped:
@@ -394,20 +175,10 @@ class Trainer:
                                 hint="resume from the last checkpoint with a lower learning rate")
         return False
 
-    def clip(self, grads: np.ndarray, norm: float) -> None:
-        c = clip_factor(norm, self.max_norm)
+    def clip(self, grads: Any, norm: float) -> None:
+        c = clip_factor(norm, self.plan.max_norm)
         if c < 1.0:
-            grads *= np.float32(c)
-
-    def optimizer_step(self, grads: np.ndarray, timer: PhaseTimer) -> float:
-        t = time.perf_counter()
-        lr = self.schedule(self.optimizer.global_step)
-        self.optimizer.step(grads, lr)
-        if not getattr(self.optimizer, "shares_weights", False):  # else the update has written the weights
-            # (and reading the masters would copy every one to the host: the device path's whole model)
-            self.dispatch.call(write_masters, self.model, self.params, self.optimizer.masters())
-        timer.add("optimizer", time.perf_counter() - t)
-        return lr
+            self.path.clip(grads, c)
 
     def expert_bias_update(self, tokens_per_expert: np.ndarray | None) -> None:
         if tokens_per_expert is not None and len(tokens_per_expert):
@@ -417,8 +188,8 @@ class Trainer:
         state.consumed_samples += plan.global_batch_size
         state.global_step += 1
         self.last_gbs = plan.global_batch_size
-        if self.epoch_micro_batches:
-            state.epoch = state.micro_batches_read // self.epoch_micro_batches
+        if self.plan.epoch_micro_batches:
+            state.epoch = state.micro_batches_read // self.plan.epoch_micro_batches
 
     def metrics(self, state: TrainState, plan: BatchPlan, out: StepOutput, norm: float | None, step_ms: float,
                 timer: PhaseTimer, lr_used: float | None) -> dict[str, Any]:
@@ -427,20 +198,21 @@ class Trainer:
                              "per_step_time": int(step_ms)}
         if out.aux:
             m["load_balancing_loss"] = float(np.mean(out.aux))
-        if out.indexer:
-            m["indexer_loss"] = out.indexer[0]
-        if self.show_mtp:
+        m.update(out.named)  # the model's own (DeepSeek-V4: indexer_loss)
+        if self.plan.show_mtp:
             for k, v in enumerate(out.mtp, start=1):
                 m[f"mtp_{k}_loss"] = v
         m["lr"] = self.schedule(self.optimizer.global_step)  # the reference logs the *next* update's LR
         m["grad_norm"] = norm
-        if self.flops_per_sample:
-            m["throughput"] = self.flops_per_sample * plan.global_batch_size / (max(step_ms, 1e-3) * 1e9)
+        if self.plan.flops_per_sample:
+            m["throughput"] = self.plan.flops_per_sample * plan.global_batch_size / (max(step_ms, 1e-3) * 1e9)
         m.update(self.memory())
         m.update({"lr_used": lr_used, "skipped": norm is None, "total_steps": self.total_steps,
                   "accumulation": plan.accumulation, "epoch": state.epoch,
-                  "tokens": plan.global_batch_size * self.seq_length,
+                  "tokens": plan.global_batch_size * self.plan.seq_length,
                   **{f"time_{k}_ms": v * 1000.0 for k, v in timer.seconds.items()}})
+        if not self.path.holds_loss:  # the reference's non-last-stage line; the real values stay in the JSON
+            m["pipeline_loss"], m["loss"] = m["loss"], None
         return m
 
     def memory(self) -> dict[str, float]:
@@ -461,9 +233,10 @@ class Trainer:
                      f", device peak {dev / 2 ** 20:.0f} MiB" if dev is not None else "")
         return out
 
-    def report(self, state: TrainState, metrics: dict[str, Any], out: StepOutput, grads: np.ndarray) -> None:
+    def report(self, state: TrainState, metrics: dict[str, Any], out: StepOutput, grads: Any) -> None:
         if self.monitor is not None:  # monitors may add to the step's record (the MoE monitor's expert load)
-            metrics.update(self.monitor.flush(state.global_step, out, grads, self.optimizer) or {})
+            host = self.path.host_grads(grads)
+            metrics.update(self.monitor.flush(state.global_step, out, host, self.optimizer) or {})
         self.sink.on_step(metrics)
 
     def checkpoint_policy(self, state: TrainState, timer: PhaseTimer | None = None) -> None:
@@ -515,7 +288,7 @@ class Trainer:
 
     def payload(self, state: TrainState) -> Payload:
         """What this rank writes for the current step."""
-        gbs, bs = self.last_gbs, self.batch_schedule
+        gbs, bs = self.last_gbs, self.plan.batches
         common = CommonInfo.for_step(step=state.global_step, max_steps=self.total_steps, global_batch_size=gbs,
                                      consumed_samples=state.consumed_samples, epoch=state.epoch,
                                      extra=state.common_extra)
@@ -523,7 +296,7 @@ class Trainer:
         if self.checkpointer.save_optim:
             from mftk.engine.state import low_precision
 
-            opt = self.optimizer.state_dict(with_masters=low_precision(self.params))
+            opt = self.optimizer.state_dict(with_masters=low_precision(self.path.params))
         model = model_tensors(self.model)
         if self.dist is not None:  # the tensors this rank's stage saves: TP/EP blocks, FSDP rows
             model = self.dist.saved_model(model)
@@ -547,9 +320,3 @@ def _collectives() -> tuple[float, int]:
     from mftk.engine.parallel.comm import CLOCK
 
     return CLOCK.seconds, CLOCK.calls
-
-
-def nan_policy_from(config: Any) -> NanPolicy:
-    """The skip-on-NaN policy of ``training.use_skip_step_on_nan`` / ``max_consecutive_skipped_steps``."""
-    tr = config.training
-    return NanPolicy(skip=tr.use_skip_step_on_nan, max_consecutive=tr.max_consecutive_skipped_steps)

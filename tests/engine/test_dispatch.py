@@ -25,7 +25,9 @@ from tests.helpers.models import train_model as _model
 from mftk.engine.dispatch import threads_named
 from mftk.engine.optim import AdamW, decide_weight_decay
 from mftk.engine.state import TrainState
-from mftk.engine.trainer import BatchSchedule, NanPolicy, Trainer
+from mftk.engine.step import BatchSchedule, StepPlan
+from mftk.engine.trainer import Trainer
+from mftk.engine.trainer_build import TrainerParts, build_path
 
 def train(low):
     model = _model()
@@ -34,9 +36,9 @@ def train(low):
                 decide_weight_decay([(p.name, tuple(p.shape)) for p in params], 0.1))
     ids = np.random.default_rng(0).integers(1, 256, (2, 32)).astype(np.int32)
     batch = {"input_ids": ids, "labels": np.roll(ids, -1, 1)}
-    tr = Trainer(model=model, optimizer=opt, schedule=lambda step: 3e-3, batches=itertools.repeat(batch),
-                 batch_schedule=BatchSchedule(2, 2), total_steps=3, max_norm=1.0,
-                 nan_policy=NanPolicy(skip=False, max_consecutive=0), jit_blocks=True, low_priority_dispatch=low)
+    path = build_path(model, opt, itertools.repeat(batch), jit_blocks=True, low_priority_dispatch=low)
+    tr = Trainer(TrainerParts(path=path, schedule=lambda step: 3e-3,
+                              plan=StepPlan(BatchSchedule(2, 2), total_steps=3, max_norm=1.0)))
     state = TrainState()
     losses = [tr.train_step(state)["loss"] for _ in range(3)]
     return tr, losses, [p.asnumpy() for p in params]
@@ -46,7 +48,7 @@ def policy(tid):
 
 _, ref_losses, ref_params = train(False)   # first: MindSpore's threads are created at normal priority
 tr, losses, params = train(True)
-pool_tid = tr.dispatch._pool.submit(threading.get_native_id).result()
+pool_tid = tr.path.dispatch._pool.submit(threading.get_native_id).result()
 names = {}
 for tid in [int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")]:
     try:
@@ -56,14 +58,14 @@ for tid in [int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")]:
 out = {
     "same_losses": losses == ref_losses,
     "same_params": all(np.array_equal(a, b) for a, b in zip(params, ref_params)),
-    "lowered": tr.dispatch.lowered,
+    "lowered": tr.path.dispatch.lowered,
     "dispatch_idle": policy(pool_tid) == os.SCHED_IDLE,
     "main_idle": policy(threading.get_native_id()) == os.SCHED_IDLE,
     "relay_idle": [policy(t) == os.SCHED_IDLE for t in threads_named(("frontend_queue",))],
     "kernel_threads_idle": [policy(t) == os.SCHED_IDLE for t, n in names.items()
                             if n.startswith(("ActorThread", "KernelThread"))],
 }
-tr.dispatch.close()
+tr.path.close()
 out["relay_idle_after_close"] = [policy(t) == os.SCHED_IDLE for t in threads_named(("frontend_queue",))]
 print("RESULT " + json.dumps(out))
 """
@@ -153,10 +155,10 @@ def test_low_priority_dispatch_only_for_large_single_process_cpu_runs(monkeypatc
     import mindspore as ms
 
     from mftk import derive
-    from mftk.engine import trainer
+    from mftk.engine import trainer_build
 
     model = _model()
     real = ms.get_context
     monkeypatch.setattr(derive, "JIT_MIN_PARAMS", minimum)
     monkeypatch.setattr(ms, "get_context", lambda key: device if key == "device_target" else real(key))
-    assert trainer.auto_low_priority_dispatch(model, dist) is (want and hasattr(os, "SCHED_IDLE"))
+    assert trainer_build.auto_low_priority_dispatch(model, dist) is (want and hasattr(os, "SCHED_IDLE"))

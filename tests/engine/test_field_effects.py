@@ -561,12 +561,12 @@ def test_recompute_setting_changes_the_replayed_cells(path, tmp_path):
 def test_low_priority_dispatch_reaches_the_trainer(corpus, tmp_path, monkeypatch):
     """mftk.low_priority_dispatch: true gives the run's trainer a low-priority dispatcher (null, on this tiny
     model: a normal one; `test_dispatch.py` shows what the low priority does to the threads)."""
-    from mftk.engine import trainer
+    from mftk.engine import host_path
     from mftk.engine.run import train
 
     made = []
-    real = trainer.Dispatcher
-    monkeypatch.setattr(trainer, "Dispatcher", lambda low_priority=False: made.append(low_priority) or real(False))
+    real = host_path.Dispatcher
+    monkeypatch.setattr(host_path, "Dispatcher", lambda low_priority=False: made.append(low_priority) or real(False))
     for setting, d in ((None, tmp_path / "a"), (True, tmp_path / "b")):
         raw = tiny_raw(Q3, corpus, d / "ck", steps=1, gbs=1)
         raw["checkpoint"]["enable_save"] = False

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from mftk.engine.state import TrainState
-from mftk.engine.trainer import NanPolicy, Trainer
+from mftk.engine.step import NanPolicy
+from mftk.engine.trainer import Trainer
 from mftk.errors import TrainingError
 
 pytestmark = pytest.mark.engine
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.engine
 
 def guard(policy: NanPolicy, losses: list[float]) -> tuple[list[bool], TrainState, TrainingError | None]:
     """Feed one loss per step (grad norm 1.0) through nan_guard, advancing the step as the loop does."""
-    fake, state, applied = SimpleNamespace(nan_policy=policy), TrainState(), []
+    fake, state, applied = SimpleNamespace(plan=SimpleNamespace(nan_policy=policy)), TrainState(), []
     for loss in losses:
         try:
             applied.append(Trainer.nan_guard(fake, state, loss, 1.0))
@@ -76,7 +77,7 @@ def test_the_config_sets_skipping_and_its_limit():
     import yaml
 
     from mftk.config.load import load_data
-    from mftk.engine.trainer import nan_policy_from
+    from mftk.engine.trainer_build import nan_policy_from
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "templates" / "qwen3_tiny.yaml").read_text())
     raw["training"].update(use_skip_step_on_nan=True, max_consecutive_skipped_steps=2)

@@ -12,7 +12,9 @@ from tests.helpers.models import train_model as _model
 def _train(jit: bool, steps: int = 3):
     from mftk.engine.optim import AdamW, decide_weight_decay
     from mftk.engine.state import TrainState
-    from mftk.engine.trainer import BatchSchedule, NanPolicy, Trainer
+    from mftk.engine.step import BatchSchedule, StepPlan
+    from mftk.engine.trainer import Trainer
+    from mftk.engine.trainer_build import TrainerParts, build_path
 
     model = _model()
     params = list(model.trainable_params())
@@ -21,9 +23,9 @@ def _train(jit: bool, steps: int = 3):
     rng = np.random.default_rng(0)
     ids = rng.integers(1, 256, (2, 32)).astype(np.int32)
     batch = {"input_ids": ids, "labels": np.roll(ids, -1, 1)}
-    trainer = Trainer(model=model, optimizer=opt, schedule=lambda step: 3e-3, batches=itertools.repeat(batch),
-                      batch_schedule=BatchSchedule(2, 2), total_steps=steps, max_norm=1.0,
-                      nan_policy=NanPolicy(skip=False, max_consecutive=0), jit_blocks=jit)
+    path = build_path(model, opt, itertools.repeat(batch), jit_blocks=jit)
+    trainer = Trainer(TrainerParts(path=path, schedule=lambda step: 3e-3,
+                                   plan=StepPlan(BatchSchedule(2, 2), total_steps=steps, max_norm=1.0)))
     state = TrainState()
     losses = [trainer.train_step(state)["loss"] for _ in range(steps)]
     return losses, [p.asnumpy() for p in params], opt
@@ -59,7 +61,7 @@ def test_jit_blocks_train_exactly_like_eager():
 @pytest.mark.parametrize("dist, minimum, want", [(None, 0, True), (None, 10 ** 9, False), ("dp", 0, False)])
 def test_auto_jit_blocks_only_for_large_single_process_models(monkeypatch, dist, minimum, want):
     from mftk import derive
-    from mftk.engine import trainer
+    from mftk.engine import trainer_build
 
     monkeypatch.setattr(derive, "JIT_MIN_PARAMS", minimum)
-    assert trainer.auto_jit_blocks(_model(), dist) is want
+    assert trainer_build.auto_jit_blocks(_model(), dist) is want

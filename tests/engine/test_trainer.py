@@ -181,19 +181,19 @@ def test_nan_budget_exhausted(corpus, tmp_path, monkeypatch):
 def _poison_loss(monkeypatch, at_calls):
     import attrs
 
-    from mftk.engine import trainer as T
+    from mftk.engine.host_path import HostPath
 
-    original, calls = T.Trainer.forward_backward, {"n": 0}
+    original, calls = HostPath.accumulate, {"n": 0}
 
-    def poisoned(self, plan, timer):
-        grads, out = original(self, plan, timer)
+    def poisoned(self, plan, state, timer):
+        grads, out = original(self, plan, state, timer)
         calls["n"] += 1
         if calls["n"] in at_calls:
             grads[:] = np.nan
             out = attrs.evolve(out, loss=math.nan)
         return grads, out
 
-    monkeypatch.setattr(T.Trainer, "forward_backward", poisoned)
+    monkeypatch.setattr(HostPath, "accumulate", poisoned)
 
 
 def test_unwritable_save_path_fails_before_training(corpus, tmp_path):

@@ -5,10 +5,12 @@ only MoE token order inside a layer differs and no output depends on it). ``posi
 accepted and ignored, as in the reference: RoPE positions are always 0..S−1 (models.md §7.10).
 
 ``construct`` returns a tuple so it can be differentiated with ``ms.value_and_grad(..., has_aux=True)``:
-``(objective, lm_loss, aux_losses, mtp_losses, tokens_per_expert)`` where ``objective =
-lm_loss + α·Σ aux + Σ mtp`` (the terms whose gradients the reference injects), ``aux_losses`` are
-α-free per MoE layer, ``mtp_losses`` are already ×λ/D (as logged), ``tokens_per_expert`` one (E,) per
-MoE layer. ``ModelOutput.from_tuple`` turns it into numpy.
+``(objective, lm_loss, aux_losses, mtp_losses, tokens_per_expert, named)`` where ``objective =
+lm_loss + α·Σ aux + Σ mtp (+ the indexer terms)`` (the terms whose gradients the reference injects),
+``aux_losses`` are α-free per MoE layer, ``mtp_losses`` are already ×λ/D (as logged), ``tokens_per_expert``
+one (E,) per MoE layer, and ``named`` the model's own logged outputs by name (`named_outputs`: DeepSeek-V4's
+``indexer_loss``; empty for the others), which the trainer logs without knowing the family.
+``ModelOutput.from_tuple`` turns it into numpy.
 
 The model holds no parallel code: `parallel.parallelize` cuts the built model's weights and swaps in
 communicating parts (torchtitan's ``parallelize_*`` idea). Two of its parts exist to be swapped:
@@ -112,13 +114,15 @@ class ModelOutput:
     load_balancing_losses: np.ndarray  # (n_moe,) α-free, per MoE layer (MTP layers included)
     mtp_losses: np.ndarray  # (D,) already × λ/D, as the reference logs ``mtp_1_loss``
     tokens_per_expert: np.ndarray  # (n_moe, E)
+    named: dict = attrs.field(factory=dict)  # the model's named outputs (`GPTModel.named_outputs`)
 
     @classmethod
     def from_tuple(cls, out) -> "ModelOutput":
-        objective, lm, aux, mtp, counts = out
+        objective, lm, aux, mtp, counts, named = out
         arr = lambda ts: np.array([float(t.asnumpy()) for t in ts], np.float64)  # noqa: E731
         cnt = np.stack([c.asnumpy() for c in counts]) if counts else np.zeros((0, 0), np.float32)
-        return cls(float(lm.asnumpy()), float(objective.asnumpy()), arr(aux), arr(mtp), cnt)
+        return cls(float(lm.asnumpy()), float(objective.asnumpy()), arr(aux), arr(mtp), cnt,
+                   {k: float(v.asnumpy()) for k, v in named.items()})
 
 
 def loss_weights(loss_mask: np.ndarray, labels: np.ndarray, eps: float = 1e-8) -> np.ndarray:
@@ -191,7 +195,6 @@ class GPTModel(nn.Cell):
         self.seq = WholeSequence()
         self._tied_mm = ops.MatMul(transpose_b=True)
         self._indexer_cells = None  # found on first use (`indexer_losses`)
-        self.last_indexer_loss = None  # the last training forward's logged indexer loss (DeepSeek-V4)
 
     # -- pieces ---------------------------------------------------------------------------------
     def attention_mask(self, ids: np.ndarray) -> np.ndarray:
@@ -284,7 +287,7 @@ class GPTModel(nn.Cell):
 
     def finish(self, h, batch: Batch, moe: list, indexer_cells: list | None = None):
         """Final norm, LM loss and MTP on the decoder output; the ``construct`` tuple (objective, lm loss,
-        aux losses, MTP losses, tokens per expert) of the MoE layers in ``moe`` and the MTP layers.
+        aux losses, MTP losses, tokens per expert, named outputs) of the MoE layers in ``moe`` and the MTP layers.
         ``indexer_cells``: whose indexer losses join the objective (default: every one that ran; a pipeline
         stage names its own, `pipeline_model.StageModel`)."""
         if self.decoder.hc_head is not None:
@@ -308,10 +311,8 @@ class GPTModel(nn.Cell):
         indexer = self.indexer_losses(indexer_cells)
         for a in indexer:
             objective = objective + a * self.spec.indexer_loss_coeff
-        # logged as the reference does: the mean over indexer layers (× its coefficient); None without any
-        self.last_indexer_loss = (float(np.mean([a.asnumpy() for a in indexer])) * self.spec.indexer_loss_coeff
-                                  if indexer else None)
-        return objective, lm_loss, aux_losses, tuple(mtp_losses), tuple(c for _, c in moe)
+        counts = tuple(c for _, c in moe)
+        return objective, lm_loss, aux_losses, tuple(mtp_losses), counts, self.named_outputs(indexer)
 
     def construct(self, input_ids, labels, loss_mask=None, position_ids=None, attention_mask=None):
         batch = self.prepare(input_ids, labels, loss_mask, attention_mask)
@@ -324,6 +325,18 @@ class GPTModel(nn.Cell):
         ``cells`` only when given."""
         cells = self.indexer_cells() if cells is None else cells
         return [c.indexer_loss for c in cells if c.indexer_loss is not None]
+
+    def named_outputs(self, indexer_losses) -> dict:
+        """The forward's logged outputs by name: ``indexer_loss`` (DeepSeek-V4) as the reference logs it, the
+        mean over the indexer layers × its coefficient, of this forward's tensors (or, on a pipeline stage,
+        of the per-layer float64 means, zero for the other stages' layers); none without indexer losses."""
+        if not len(indexer_losses):
+            return {}
+        if isinstance(indexer_losses, np.ndarray):
+            mean = float(np.mean(indexer_losses))
+        else:
+            mean = ops.stack([a.reshape(()) for a in indexer_losses]).mean()
+        return {"indexer_loss": mean * self.spec.indexer_loss_coeff}
 
     def indexer_cells(self) -> list:
         """The cells that leave an indexer loss (`csa.indexer_cells`), decoder then MTP layers."""

@@ -163,7 +163,7 @@ class StageModel(StagePosition):
         owners = [self.moe_index[id(layer.mlp)] for layer in layers if layer.is_moe]
         cells = self.chunk_indexers[chunk]
         if self.last_chunk(chunk):
-            objective, lm, aux, mtp, counts = m.finish(h, batch, moe, cells)
+            objective, lm, aux, mtp, counts, _ = m.finish(h, batch, moe, cells)
             owners += [self.moe_index[id(layer.transformer_layer.mlp)] for layer in (m.mtp.layers if m.mtp else ())
                        if layer.transformer_layer.is_moe]
             self._record(micro, owners, aux, counts, lm=lm, mtp=mtp)
