@@ -34,7 +34,7 @@ class Status:
     only: str = ""  # implemented for these values only (the others are refused, by the owning rule)
     example: Any = None  # a refused value, for the test that sets it (default: the opposite bool)
     multi_only: bool = False  # refused only with more than one process (the reference reads it only then)
-    slow: bool = False  # implemented: the proving test takes more than ~5 s (CI runs the mutants of the others)
+    slow: bool = False  # implemented: the proving test takes more than ~5 s (CI runs the fastest of the others)
     loader: bool = False  # implemented: read while the config is loaded (the family, a spelling): no mutant applies
 
     def test_for(self, path: str) -> str:
