@@ -174,8 +174,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "num_parallel_workers": _inert(PERF), "prefetch_size": _inert(PERF), "numa_enable": _inert(PERF),
         "use_distribute_dataset": _inert("every rank reads its own micro-batches: the same samples the "
                                          "broadcast would deliver"),
-        "balance_enabled": _slow("tests/commands/test_train_distributed.py::"
-                                 "test_balanced_dp2_moves_micro_batches_between_ranks_and_keeps_the_losses", rule=True),
+        # the loaders built from the loaded config (the dp2 msrun run's losses: test_train_distributed.py)
+        "balance_enabled": _impl("tests/data/test_balance.py::test_the_loaded_config_turns_balancing_on", rule=True),
     },
     "train_dataset.dataloader": {
         **_fx("sizes shuffle column_names"),
