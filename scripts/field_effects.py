@@ -55,7 +55,8 @@ SECONDS_FILE = ROOT / "scripts" / "field_effects_seconds.json"
 CI_BUDGET_S = 300.0
 
 
-def ci_fields(fast: list[str], measured: dict[str, float], budget_s: float = CI_BUDGET_S) -> tuple[list[str], list[str]]:
+def ci_fields(fast: list[str], measured: dict[str, float],
+              budget_s: float = CI_BUDGET_S) -> tuple[list[str], list[str]]:
     """(the fast fields CI runs, the ones left to this script): ascending by measured seconds until their sum
     would pass ``budget_s``. A field not measured yet (a new row) is taken first, at the median's cost: its
     row says its test is fast, and a new field should be checked at once."""
