@@ -36,7 +36,7 @@ class Status:
     only: str = ""  # implemented for these values only (the others are refused, by the owning rule)
     example: Any = None  # a refused value, for the test that sets it (default: the opposite bool)
     multi_only: bool = False  # refused only with more than one process (the reference reads it only then)
-    slow: bool = False  # implemented: the proving test takes more than ~5 s (CI runs the mutants of the others)
+    slow: bool = False  # implemented: the proving test takes more than ~5 s (CI runs the fastest of the others)
     loader: bool = False  # implemented: read while the config is loaded (the family, a spelling): no mutant applies
     # the accepted values as code, next to ``only`` (their text): `support.unsupported_model_settings` refuses the
     # others with ``engine`` (what the engine does instead); ``families``: only these model types are asked,
@@ -84,7 +84,8 @@ _SETUP = "tests/engine/test_field_effects.py::test_process_setup_takes_the_devic
 _NAN = "tests/engine/test_nan_limit.py::test_the_config_sets_skipping_and_its_limit"
 _LORA = "tests/engine/test_lora.py"
 _PP = "tests/commands/test_train_pipeline.py"
-_LAYOUTS = "tests/commands/test_train_layouts.py::test_layout_matches_single_process"
+_DIST = ("tests/engine/parallel/test_parallelize.py::"
+         "test_the_config_sets_the_interleaved_stages_and_the_context_parallel_method")
 _MR = "tests/data/test_mindrecord.py::test_the_config_selects_mindrecord_and_keeps_a_partial_last_batch"
 
 
@@ -118,15 +119,18 @@ SECTIONS: dict[str, dict[str, Status]] = {
     },
     "parallelism": {
         # several processes (msrun): slow, run by `scripts/field_effects.py` without --fast
-        "data_parallel_shard": _slow("tests/commands/test_train_distributed.py::test_multi_process_checkpoint_layout"),
+        # the pure-DP run (1): its FSDP default would shard the weights over both workers (dp_shard[2])
+        "data_parallel_shard": _slow("tests/commands/test_train_distributed.py::"
+                                     "test_deepseek_dp2_syncs_moe_losses_and_expert_bias"),
         "tensor_parallel": _slow("tests/commands/test_train_model_parallel.py::test_tp2_matches_single_process"),
         "expert_parallel": _slow("tests/commands/test_train_model_parallel.py::test_ep2_matches_single_process"),
         "pipeline_parallel": _slow(f"{_PP}::test_pp2_log_lines_per_stage"),
         **{n: _slow(f"{_PP}::test_pp2_gpipe_explicit_uneven_split_matches_single_process")
            for n in ("pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule")},
-        "pipeline_parallel_interleave_num": _slow(f"{_LAYOUTS}[qwen3_pp2_v2]"),
+        # what run.distribute builds on a rank from the loaded config (their msrun runs: test_train_layouts.py)
+        **{n: _impl(_DIST) for n in ("pipeline_parallel_interleave_num", "context_parallel_method",
+                                     "ulysses_degree_in_cp")},
         "context_parallel": _slow("tests/commands/test_train_context_parallel.py::test_cp2_matches_single_process"),
-        **{n: _slow(f"{_LAYOUTS}[qwen3_cp4_hybrid]") for n in ("context_parallel_method", "ulysses_degree_in_cp")},
         # tensor parallel always splits the sequence (refused with false); causal is the one mask
         "sequence_parallel": _impl("tests/config/test_runnable.py", rule=True, only="true with tensor_parallel > 1"),
         "context_parallel_mask_type": _impl("tests/config/test_rules.py", rule=True, only="causal"),
@@ -179,8 +183,8 @@ SECTIONS: dict[str, dict[str, Status]] = {
         "num_parallel_workers": _inert(PERF), "prefetch_size": _inert(PERF), "numa_enable": _inert(PERF),
         "use_distribute_dataset": _inert("every rank reads its own micro-batches: the same samples the "
                                          "broadcast would deliver"),
-        "balance_enabled": _slow("tests/commands/test_train_distributed.py::"
-                                 "test_balanced_dp2_moves_micro_batches_between_ranks_and_keeps_the_losses", rule=True),
+        # the loaders built from the loaded config (the dp2 msrun run's losses: test_train_distributed.py)
+        "balance_enabled": _impl("tests/data/test_balance.py::test_the_loaded_config_turns_balancing_on", rule=True),
     },
     "train_dataset.dataloader": {
         **_fx("sizes shuffle column_names"),

@@ -97,3 +97,30 @@ def test_resume_position_gives_the_same_balanced_steps():
     loaders = _loaders(dp, accum, True)
     start = loaders[0].start_batch(3 * dp * accum)  # consumed samples after 3 steps (local batch 1)
     assert _steps(loaders, accum, 2, start=start) == full[3:5]
+
+
+def test_the_loaded_config_turns_balancing_on(tmp_path):
+    """The proving test of ``train_dataset.balance_enabled`` (one process, cheap enough to run under its
+    forgetting mutant): the two data ranks' loaders that `engine.builders.build_data` makes from the loaded
+    config read each step's micro-batches moved between the ranks (the same ones as without it). The dp2 run's
+    losses: tests/commands/test_train_distributed.py."""
+    import copy
+
+    from mftk.config.load import load_data
+    from mftk.engine.builders import build_data
+    from tests.helpers.tiny import tiny_raw, write_corpus
+
+    raw = tiny_raw("qwen3_tiny.yaml", write_corpus(tmp_path / "corpus" / "tiny_text_document"), tmp_path / "ckpt",
+                   steps=3, gbs=8)  # local batch 1: 4 micro-batches per rank and step on 2 ranks
+    raw["train_dataset"]["dataloader"]["config"]["create_compressed_eod_mask"] = True
+    raw["parallelism"]["data_parallel_shard"] = 1
+
+    def steps(balance: bool):
+        raw["train_dataset"]["balance_enabled"] = balance
+        config = load_data(copy.deepcopy(raw), world_size=2).config
+        return _steps([build_data(config, dp=2, dp_rank=r).loader for r in range(2)], 4, 3)
+
+    base, bal = steps(False), steps(True)
+    for s in range(3):
+        assert sorted(mb for r in base[s] for mb in r) == sorted(mb for r in bal[s] for mb in r)
+    assert base != bal

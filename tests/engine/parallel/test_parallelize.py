@@ -4,6 +4,8 @@ the names stay the reference's, and the cells that communicate are where Megatro
 The msrun equality tests are in tests/commands/test_train_layouts.py."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -238,3 +240,38 @@ def test_fsdp_parameters_hold_one_nth_of_the_model(layout, n):
             assert p.asnumpy().size == int(np.prod(p.shape))  # the storage, not only the shape
         held = sum(p.asnumpy().size for p in params.values())
         assert held == sum(full.values()) // n + sum(full[w] for w in whole) * (n - 1) // n
+
+
+def test_the_config_sets_the_interleaved_stages_and_the_context_parallel_method(tmp_path):
+    """What `run.distribute` builds on a rank from the *loaded* config (the proving test of
+    pipeline_parallel_interleave_num, context_parallel_method and ulysses_degree_in_cp, cheap enough to run under
+    each one's forgetting mutant): rank 0 of pp2 × v2 on 4 layers holds layers 0 and 2 (1f1b without interleave:
+    0 and 1), and rank 1 of cp4 hybrid with ulysses 2 attends over its all-to-all pair's positions (colossal:
+    its own chunks only). The msrun runs of both layouts are in tests/commands/test_train_layouts.py."""
+    from mftk.config.runnable import ulysses_degree
+    from mftk.derive import layout_from_config
+    from mftk.config.load import load_data
+    from mftk.engine.parallel.pipeline_model import stage_chunks_of
+    from tests.helpers.tiny import tiny_raw
+
+    raw = tiny_raw("qwen3_tiny.yaml", tmp_path / "corpus", tmp_path / "ckpt")
+    raw["model"].update({"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4})
+
+    def load(world: int, *overrides: str):
+        return load_data(copy.deepcopy(raw), overrides=overrides, world_size=world, check_files=False).config
+
+    pp = load(2, "parallelism.pipeline_parallel=2", "parallelism.pipeline_parallel_interleave_num=2",
+              "parallelism.pipeline_parallel_schedule=interleaved_1f1b")
+    layout = layout_from_config(pp.parallelism, 2)
+    chunks = stage_chunks_of(pp)
+    assert chunks[0] == [[0], [2]]
+    *_, par = _parallelized(pp.model, layout, rank=0)
+    assert par.stage.my_layers == [0, 2]
+    cp = load(4, "parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid",
+              "parallelism.ulysses_degree_in_cp=2")
+    p = cp.parallelism
+    u = ulysses_degree(p.context_parallel_method, p.context_parallel, p.ulysses_degree_in_cp)
+    model, groups, _ = _parallelized(cp.model, layout_from_config(p, 4), rank=1, ulysses=u)
+    mine, queries, _ = model.seq.positions(16)
+    assert mine.tolist() == [2, 3, 12, 13] and queries.tolist() == [0, 1, 14, 15, 2, 3, 12, 13]
+    assert groups.cp_ulysses.ranks == (0, 1)
