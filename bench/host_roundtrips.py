@@ -12,7 +12,7 @@ Cases (bench/train_step.py's shapes):
   kept out of the model while it is slower on CPU.
 
 A ratio below 1 means the device version is faster. The step-level effect is the difference over the
-step time of bench/train_step.py. Usage: ``.venv/bin/python bench/host_roundtrips.py [--rounds 15] [--tokens 256]``
+step time of bench/train_step.py. Usage: ``.venv/bin/python bench/host_roundtrips.py [--rounds 15] [--tokens 256] [--cases head_ce,csa_select]``
 """
 from __future__ import annotations
 
@@ -100,12 +100,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--tokens", type=int, default=256, help="head_ce tokens (bench/train_step.py: 1024)")
+    ap.add_argument("--cases", default="head_ce,csa_select", help="comma-separated: head_ce, csa_select")
     args = ap.parse_args()
     import mindspore as ms
 
     ms.runtime.launch_blocking()  # mftk's CPU default
     rng = np.random.default_rng(0)
-    for case, fns in (("head_ce", head_ce_cases(args.tokens, rng)), ("csa_select", csa_select_cases(rng))):
+    builders = {"head_ce": lambda: head_ce_cases(args.tokens, rng), "csa_select": lambda: csa_select_cases(rng)}
+    for case in args.cases.split(","):
+        fns = builders[case]()
         times: dict[str, list[float]] = {name: [] for name in fns}
         for fn in fns.values():
             fn()  # warm-up
