@@ -20,9 +20,8 @@ computed per block over the block's own keys and the ``m`` blocks before it, ``(
 (on the bench shapes, S = 512 and window 128, the core attention does 0.4–0.5× the work).
 
 The indexer's top-k is chosen on the host (a stable sort: ties go to the lower entry; `Indexer.select` says
-why it is not in ops). Its KL loss
-(training only; inputs detached, so it trains only the indexer) is kept on the cell as
-``indexer_loss`` for `GPTModel` to add to the differentiated objective.
+why it is not in ops). Its KL loss (training only; inputs detached, so it trains only the indexer) is kept
+on the cell as ``indexer_loss`` for `GPTModel` to add to the differentiated objective.
 """
 from __future__ import annotations
 
