@@ -31,6 +31,7 @@ small_args() {
     plan_calibration) echo "--quick" ;;
     preprocess) echo "--mb 5 --repeats 1 --vocab-size 4096" ;;
     train_step) echo "--steps 2 --warmup 1 --seq 64 --batch 1" ;;
+    host_roundtrips) echo "--rounds 3 --tokens 64" ;;
     *) echo "" ;;
   esac
 }

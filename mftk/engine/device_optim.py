@@ -6,8 +6,8 @@ writes the weights back from numpy, which is the fastest way on CPU (no MindSpor
 would move every gradient and weight across the bus each step on an accelerator. Here no weight, gradient
 or moment leaves the device between checkpoints: the trainer (`device_path.DevicePath`) reads one small
 batch of scalars per step (losses, aux terms, the squared norm) and the full tensors only when a checkpoint is
-written or read. Token-sized data still crosses each micro-batch (the batch, the loss kernel, MoE dispatch,
-V4's Sinkhorn and CSA top-k, FSDP's gathers): `config.runnable.DEVICE_HOST_TRAFFIC`, counted by
+written or read. Token-sized data still crosses each micro-batch (the batch, MoE dispatch, V4's Sinkhorn,
+CSA top-k and attention masks, FSDP's gathers): `config.runnable.DEVICE_HOST_TRAFFIC`, counted by
 tests/engine/test_device_update.py.
 
 The update is MindSpore's fused ``ops.AdamWeightDecay`` (one kernel per parameter on CPU, GPU and Ascend),

@@ -19,9 +19,9 @@ computed per block over the block's own keys and the ``m`` blocks before it, ``(
 ``S``: every key a query may see is there, the others are masked either way, so the numbers are the same
 (on the bench shapes, S = 512 and window 128, the core attention does 0.4–0.5× the work).
 
-The indexer's top-k is chosen on the host (a stable sort: ties go to the lower entry). Its KL loss
-(training only; inputs detached, so it trains only the indexer) is kept on the cell as
-``indexer_loss`` for `GPTModel` to add to the differentiated objective.
+The indexer's top-k is chosen on the host (a stable sort: ties go to the lower entry; `Indexer.select` says
+why it is not in ops). Its KL loss (training only; inputs detached, so it trains only the indexer) is kept
+on the cell as ``indexer_loss`` for `GPTModel` to add to the differentiated objective.
 """
 from __future__ import annotations
 
@@ -198,7 +198,13 @@ class Indexer(nn.Cell):
         self._score = ms.jit(score)
 
     def select(self, scores, s: int) -> np.ndarray:
-        """Top-``min(topk, n)`` visible entries per query, ``(B, S, k)`` int, −1 where fewer are visible."""
+        """Top-``min(topk, n)`` visible entries per query, ``(B, S, k)`` int, −1 where fewer are visible.
+
+        On host NumPy (a read of the scores, and the mask written back by `CompressedSparseAttention._bias`)
+        because it is faster there on CPU: the same selection in MindSpore ops (a stable ``ops.sort`` —
+        ``ops.topk`` picks arbitrary entries among ties, which ReLU makes common — then a scatter into the
+        mask) took 4.5× the host version's time (bench/host_roundtrips.py ``csa_select``, B 2 × S 512 ×
+        n 128, top-16, loaded machine; ``one_hot`` + sum instead of the scatter: 8×)."""
         sc = scores.asnumpy()
         n = sc.shape[-1]
         hidden = causal_compressed(s, n, self.ratio)[None]  # (1, S, n)
