@@ -234,7 +234,8 @@ def _step_table(run: Any, every: int, rows: int, metrics: list[str] | None, seq_
         cols.append(column(rate_name, justify="right"))
     t = table(*cols, title=f"{run.name} — rank {run.summary.primary_rank}")
     if every:
-        shown = [r for i, r in enumerate(series) if i % every == 0 or i == len(series) - 1]
+        indexed = series.indexed() if hasattr(series, "indexed") else enumerate(series)  # a spilled run: rows held
+        shown = [r for i, r in indexed if i % every == 0 or i == len(series) - 1]
         gap_at = None
     elif len(series) > 2 * rows:
         shown, gap_at = series[:rows] + series[-rows:], rows
