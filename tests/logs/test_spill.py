@@ -1,0 +1,143 @@
+"""A log longer than a segment is spilled to disk and analyzed a segment at a time (mftk.logs.spill, .stream):
+the held state stays under a fixed bound whatever the number of steps, and the outputs are those of the
+in-memory path (the reference here: the same log read with no spilling)."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from mftk.logs import parse
+from mftk.logs.parse import parse_run
+from mftk.logs.report import ParseOptions, parse_log
+from mftk.logs.stream import Downsample, HeadTail, _Times, percentiles, select
+from mftk.logs.summary import percentile
+from mftk.logs.table import TableView, as_table
+from tests.helpers.logsynth import synth_lines
+
+SEGMENT = 256  # rows per segment in these tests (the real one is 1M)
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    """Segments of `SEGMENT` rows, read 16 KiB at a time (about 60 lines), so a few thousand steps spill."""
+    monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
+    monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _report(log, tmp_path, tag, **kw):
+    out = tmp_path / tag
+    out.mkdir()
+    options = ParseOptions(csv=out / "s.csv", jsonl=out / "s.jsonl", json=out / "s.json", **kw)
+    return parse_log([log], options), out
+
+
+def _same_report(log, tmp_path, monkeypatch, **kw):
+    """The in-memory report, then the spilled one; their exports and findings compared."""
+    exact, exact_out = _report(log, tmp_path, "exact", **kw)
+    assert exact.runs[0].run.spill is None
+    monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
+    monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
+    spilled, spilled_out = _report(log, tmp_path, "spilled", **kw)
+    run = spilled.runs[0].run
+    assert run.spill is not None and len(run.spill.paths) >= 5
+    for name in ("s.csv", "s.jsonl"):
+        assert (spilled_out / name).read_text() == (exact_out / name).read_text()
+    a, b = json.loads((exact_out / "s.json").read_text()), json.loads((spilled_out / "s.json").read_text())
+    assert b["steps"] == a["steps"] and b["anomalies"] == a["anomalies"]
+    assert spilled.runs[0].anomalies == exact.runs[0].anomalies
+    s, e = spilled.runs[0].summary, exact.runs[0].summary
+    for field in ("steps", "first_step", "last_step", "total_steps", "ranks", "warmup_skipped", "loss_first",
+                  "loss_last", "loss_min", "loss_min_step", "throughput_coarse"):
+        assert getattr(s, field) == getattr(e, field), field
+    for key in ("p50", "p90", "p99", "max"):
+        assert s.step_time_ms[key] == e.step_time_ms[key], key
+    assert s.step_time_ms["mean"] == pytest.approx(e.step_time_ms["mean"], rel=1e-12)
+    assert s.throughput_tflops == pytest.approx(e.throughput_tflops, rel=1e-12)
+    assert s.samples_per_s == pytest.approx(e.samples_per_s, rel=1e-12)
+    assert s.notes[:-1] == e.notes and "a segment at a time" in s.notes[-1]
+    rows_e, rows_s = exact.runs[0].series, spilled.runs[0].series
+    assert len(rows_s) == len(rows_e)
+    assert rows_s[:8] == rows_e[:8] and rows_s[-8:] == rows_e[-8:]
+    return exact, spilled
+
+
+def test_spilled_outputs_equal_the_in_memory_ones(tmp_path, monkeypatch):
+    # spikes and NaN on both sides of segment edges (every ~255 rows), two in a row, and a late one
+    lines = synth_lines(3000, nan_at=(500, 1201), spike_at=(150, 255, 256, 700, 701, 1999, 2400), noise_every=9)
+    exact, _ = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
+    kinds = {(a.kind, a.step) for a in exact.runs[0].anomalies}
+    assert {("spike", 150), ("spike", 700), ("spike", 2400), ("nan", 500)} <= kinds
+
+
+def test_a_resume_into_spilled_steps_keeps_the_later_lines(tmp_path, monkeypatch):
+    lines = synth_lines(1500, spike_at=(1400,)) + synth_lines(1000, start=1001, total=2000, seed=1)
+    exact, spilled = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
+    assert [a.step for a in exact.runs[0].anomalies if a.kind == "resume"] == [1001]
+    assert exact.runs[0].summary.steps == 2000  # the replaced steps 1001..1500 counted once
+
+
+def _held(run):
+    """What a spilled run keeps in memory: the rows read since its last segment."""
+    return run.records.n
+
+
+@pytest.mark.parametrize("steps", [2_000, 20_000])
+def test_rows_held_stay_bounded_whatever_the_steps(tmp_path, small_segments, steps):
+    log = _write(tmp_path / "worker_0.log", synth_lines(steps))
+    run = parse_run([log], spill=True)
+    assert run.spill.rows + _held(run) == steps  # every step read, nearly all of them on disk
+    assert _held(run) < SEGMENT + 100  # a segment plus one 16 KiB read (~60 lines): not growing with `steps`
+    report = parse_log([log], ParseOptions())
+    rows = report.runs[0].series
+    assert len(rows) == steps and len(rows.head) + len(rows.tail) <= 2 * rows.keep
+
+
+@pytest.mark.parametrize("n", [10_000, 200_000])
+def test_plot_buckets_stay_bounded_and_keep_a_spike(n):
+    loss = np.linspace(5, 3, n)
+    loss[n // 3] = 50.0  # one step's spike
+    table = as_table([{"step": i + 1, "loss": float(v)} for i, v in enumerate(loss)])
+    sample = Downsample(buckets=16)
+    for start in range(0, n, 1000):  # views of 1000 rows, as segments are fed
+        sample.feed(TableView(table, np.arange(start, min(start + 1000, n))))
+    assert len(sample.buckets) <= 32 and len(sample.series()) <= 64
+    steps = [r["step"] for r in sample.series()]
+    assert n // 3 + 1 in steps and steps == sorted(steps)
+    assert max(r["loss"] for r in sample.series()) == 50.0 and min(r["loss"] for r in sample.series()) == 3.0
+
+
+def test_head_tail_holds_both_ends_only():
+    table = as_table([{"step": i} for i in range(1, 5001)])
+    rows = HeadTail(keep=10)
+    for start in range(0, 5000, 700):
+        rows.feed(TableView(table, np.arange(start, min(start + 700, 5000))))
+    assert len(rows) == 5000 and len(rows.head) == len(rows.tail) == 10
+    assert [r["step"] for r in rows[:3]] == [1, 2, 3] and [r["step"] for r in rows[-2:]] == [4999, 5000]
+    assert [i for i, _ in rows.indexed()] == list(range(10)) + list(range(4990, 5000))
+    with pytest.raises(IndexError):
+        rows[2500]
+
+
+@pytest.mark.parametrize("kind", ["float", "int"])
+def test_percentiles_from_disk_equal_numpy(kind):
+    rng = random.Random(3)
+    if kind == "int":
+        values = np.array([rng.randint(-5, 900) for _ in range(30_001)], dtype=np.float64)  # many equal values
+    else:
+        values = np.array([rng.gauss(0, 1e3) for _ in range(30_001)] + [0.0, -0.0, 1e-300, -1e300])
+    times = _Times()
+    for chunk in np.array_split(values, 7):
+        times.add(chunk)
+    got = percentiles(times, (0, 50, 90, 99, 100))
+    ordered = np.sort(values)  # the order statistics from NumPy's sort; the in-memory path's interpolation
+    for q in (0, 50, 90, 99, 100):
+        assert got[f"p{q}"] == percentile(ordered, q)
+        assert got[f"p{q}"] == pytest.approx(np.percentile(values, q), rel=1e-14)
+    assert select(times.chunks, [0, len(values) - 1]) == {0: values.min(), len(values) - 1: values.max()}
+    times.file.close()
