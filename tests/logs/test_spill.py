@@ -67,11 +67,13 @@ def _same_report(log, tmp_path, monkeypatch, **kw):
 
 
 def test_spilled_outputs_equal_the_in_memory_ones(tmp_path, monkeypatch):
-    # spikes and NaN on both sides of segment edges (every ~255 rows), two in a row, and a late one
-    lines = synth_lines(3000, nan_at=(500, 1201), spike_at=(150, 255, 256, 700, 701, 1999, 2400), noise_every=9)
+    # spikes every 37 steps (some in the first steps of a segment, where the rolling median needs the previous
+    # segment's values), two in a row, and NaN
+    spikes = {*range(150, 3000, 37), 700, 701}
+    lines = synth_lines(3000, nan_at=(500, 1201), spike_at=spikes, noise_every=9)
     exact, _ = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
     kinds = {(a.kind, a.step) for a in exact.runs[0].anomalies}
-    assert {("spike", 150), ("spike", 700), ("spike", 2400), ("nan", 500)} <= kinds
+    assert {("spike", 150), ("spike", 187), ("spike", 700), ("nan", 500)} <= kinds
 
 
 def test_a_resume_into_spilled_steps_keeps_the_later_lines(tmp_path, monkeypatch):
@@ -140,3 +142,21 @@ def test_percentiles_from_disk_equal_numpy(kind):
         assert got[f"p{q}"] == pytest.approx(np.percentile(values, q), rel=1e-14)
     assert select(times.chunks, [0, len(values) - 1]) == {0: values.min(), len(values) - 1: values.max()}
     times.file.close()
+
+
+def test_cli_on_a_spilled_log_table_every_and_plot(tmp_path, small_segments):
+    from commands.app import app
+    from tests.helpers.cli import runner
+
+    log = _write(tmp_path / "worker_0.log", synth_lines(3000, spike_at=(2000,)))
+    png = tmp_path / "run.png"
+    result = runner.invoke(app, ["parse-log", str(log), "--rows", "3", "--plot", str(png)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "3000" in result.output and "2998" in result.output and "a segment at a time" in result.output
+    assert png.stat().st_size > 10_000
+    result = runner.invoke(app, ["parse-log", str(log), "--every", "500"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    shown = [int(line.split()[1]) for line in result.output.splitlines()
+             if line.startswith("│") and line.split()[1].isdigit()]
+    # held rows only, the first and last 1000 (the note says so); then the anomaly table's spike
+    assert shown == [1, 501, 2001, 2501, 3000, 2000]
