@@ -58,7 +58,7 @@ class RunReport:
         rows = [r for rank in self.run.ranks for r in self.run.series(rank)]
         return sorted(rows, key=lambda r: (r["step"], r["rank"]))
 
-    def keys(self, metrics: list[str] | None) -> list[str] | None:
+    def export_keys(self, metrics: list[str] | None) -> list[str] | None:
         """The export columns of a spilled run (read from its segments' columns); None: from the records."""
         if self.run.spill is None:
             return None
@@ -69,7 +69,7 @@ class RunReport:
     def to_json(self, metrics: list[str] | None = None) -> dict[str, Any]:
         return {
             "name": self.name,
-            "steps": export.steps_json(self.all_steps(), metrics, self.keys(metrics)),
+            "steps": export.steps_json(self.all_steps(), metrics, self.export_keys(metrics)),
             "summary": export.attrs_json(self.summary),
             "anomalies": [export.attrs_json(a) for a in self.anomalies],
             "files": [attrs.asdict(f) for f in self.run.files],
@@ -167,7 +167,7 @@ def write_outputs(report: LogReport) -> None:
     if (o.csv or o.jsonl) and any(r.run.spill is not None for r in report.runs):
         several = len(report.runs) > 1
         keys = export.columns([dict.fromkeys(["run"] if several else []) | dict.fromkeys(
-            r.keys(None) or export.columns(r.all_steps())) for r in report.runs], o.metrics)
+            r.export_keys(None) or export.columns(r.all_steps())) for r in report.runs], o.metrics)
 
         def rows() -> Iterable[dict[str, Any]]:
             return (row for r in report.runs for row in _tagged(r, several))

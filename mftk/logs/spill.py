@@ -63,6 +63,15 @@ class Spill:
         for path in self.paths:
             yield load(path)
 
+    def column_names(self) -> list[str]:
+        """Every segment's columns in first-seen order (read from their metadata only). A column exists only
+        once some row had the field, so these are the fields of the spilled steps."""
+        names: dict[str, None] = {}
+        for path in self.paths:
+            with np.load(path, allow_pickle=False) as z:
+                names.update(dict.fromkeys(json.loads(bytes(z["meta"]).decode())["columns"]))
+        return list(names)
+
     def close(self) -> None:
         if self._dir is not None:
             self._dir.cleanup()

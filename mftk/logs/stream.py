@@ -70,15 +70,8 @@ def iter_steps(run: Run) -> Iterator[dict[str, Any]]:
 
 
 def column_keys(run: Run) -> list[str]:
-    """Every field any step of the run has (the columns of its segments and kept rows), in first-seen order."""
-    keys: dict[str, None] = {}
-    for table in [*run.spill.tables(), run.records]:
-        keys.update(dict.fromkeys(k for k, col in table.columns.items() if _has_row(table, k)))
-    return list(keys)
-
-
-def _has_row(table: Any, key: str) -> bool:
-    return bool(table.present(key).any())
+    """Every field any step of the run has (its segments' and kept rows' columns), in first-seen order."""
+    return list(dict.fromkeys([*run.spill.column_names(), *run.records.columns]))
 
 
 class HeadTail(Sequence):
