@@ -160,3 +160,29 @@ def test_cli_on_a_spilled_log_table_every_and_plot(tmp_path, small_segments):
              if line.startswith("│") and line.split()[1].isdigit()]
     # held rows only, the first and last 1000 (the note says so); then the anomaly table's spike
     assert shown == [1, 501, 2001, 2501, 3000, 2000]
+
+
+def _odd_lines(n):
+    """Step lines with lr jumps on every step of a range, grad-norm spikes and slow steps every few dozen steps
+    (some on segment edges)."""
+    from mftk.logs.format import format_step_line
+    from tests.helpers.logsynth import prefix_at, step_metrics
+
+    out = []
+    for step in range(1, n + 1):
+        m = step_metrics(step)
+        if 300 <= step <= 1500 and step % 2:
+            m["lr"] *= 4  # up and down every step, across several segment edges: one long run of lr jumps
+        if step % 53 == 0:
+            m["grad_norm"] *= 10
+        if step % 59 == 0:
+            m["per_step_time"] *= 5
+        out.append(prefix_at(step) + format_step_line(m, total_steps=n))
+    return out
+
+
+def test_spilled_lr_grad_and_time_checks_equal_the_in_memory_ones(tmp_path, monkeypatch):
+    exact, _ = _same_report(_write(tmp_path / "worker_0.log", _odd_lines(2500)), tmp_path, monkeypatch)
+    kinds = {a.kind for a in exact.runs[0].anomalies}
+    assert {"lr_jump", "grad_spike", "straggler"} <= kinds
+    assert [(a.step, a.last_step) for a in exact.runs[0].anomalies if a.kind == "lr_jump"] == [(301, 1500)]  # up at 301 (odd), down at 1500
