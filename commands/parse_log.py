@@ -82,7 +82,14 @@ def parse_log(
         report = _follow(logs, options, every, rows, poll, follow_updates, follow_timeout)
     else:
         report = run_parse(logs, options)
-    if to_stdout:
+    if to_stdout and any(r.run.spill is not None for r in report.runs):  # steps written as they are read back
+        import sys
+
+        from mftk.logs.export import write_json
+
+        write_json(sys.stdout, report.to_json(), indent=2)
+        sys.stdout.flush()
+    elif to_stdout:
         print_json(report.to_json())
     elif not follow:
         print_table(_tables(report, every, rows))

@@ -95,14 +95,14 @@ def attrs_json(obj: Any) -> Any:
     return {k: json_value(v) for k, v in data.items()}
 
 
-def to_json(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, indent=1, allow_nan=False) + "\n"
+def to_json(payload: dict[str, Any], indent: int = 1) -> str:
+    return json.dumps(payload, indent=indent, allow_nan=False) + "\n"
 
 
 _STEPS = "\x00steps\x00"  # stands for a lazily written list in `write_json`
 
 
-def write_json(f: Any, payload: Any) -> None:
+def write_json(f: Any, payload: Any, indent: int = 1) -> None:
     """`to_json(payload)` written to the open text file `f`, where any value that is not a list, dict or
     plain value (a generator of step objects) is written item by item: the same text, not held at once."""
     lazy: list[Any] = []
@@ -116,23 +116,25 @@ def write_json(f: Any, payload: Any) -> None:
             return value
         lazy.append(value)
         return _STEPS
-    text = to_json(mark(payload))
+    text = to_json(mark(payload), indent)
     placeholder = json.dumps(_STEPS)
     pos = 0
     for items in lazy:
         at = text.index(placeholder, pos)
         f.write(text[pos:at])
         line = text[text.rfind("\n", 0, at) + 1:at]  # the placeholder's line: `<indent>"steps": `
-        _write_list(f, items, len(line) - len(line.lstrip(" ")))
+        _write_list(f, items, len(line) - len(line.lstrip(" ")), indent)
         pos = at + len(placeholder)
     f.write(text[pos:])
 
 
-def _write_list(f: Any, items: Iterable[Any], depth: int) -> None:
-    """A JSON list as `json.dumps(..., indent=1)` writes it inside an object whose line is indented `depth`."""
-    pad = " " * (depth + 1)
+def _write_list(f: Any, items: Iterable[Any], depth: int, indent: int) -> None:
+    """A JSON list as `json.dumps(..., indent=indent)` writes it inside an object whose line is indented
+    `depth`."""
+    pad = " " * (depth + indent)
     first = True
     for item in items:
-        f.write(("[\n" if first else ",\n") + pad + json.dumps(item, indent=1, allow_nan=False).replace("\n", "\n" + pad))
+        f.write(("[\n" if first else ",\n") + pad
+                + json.dumps(item, indent=indent, allow_nan=False).replace("\n", "\n" + pad))
         first = False
     f.write("[]" if first else "\n" + " " * depth + "]")

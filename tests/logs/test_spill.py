@@ -160,6 +160,25 @@ def test_cli_on_a_spilled_log_table_every_and_plot(tmp_path, small_segments):
              if line.startswith("│") and line.split()[1].isdigit()]
     # held rows only, the first and last 1000 (the note says so); then the anomaly table's spike
     assert shown == [1, 501, 2001, 2501, 3000, 2000]
+    result = runner.invoke(app, ["parse-log", str(log), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [r["step"] for r in data["steps"]] == list(range(1, 3001))  # every step, read back from the segments
+    assert [(a["kind"], a["step"]) for a in data["anomalies"]] == [("spike", 2000)]
+
+
+@pytest.mark.parametrize("indent", [1, 2])
+def test_json_written_lazily_is_json_dumps_text(indent):
+    import io
+
+    from mftk.logs.export import write_json
+
+    payload = {"runs": [{"name": "a", "steps": [{"step": 1, "loss": 2.5}, {"step": 2, "v": [1, {"x": None}]}],
+                         "summary": {"p50": 1.0}}, {"name": "b", "steps": [], "warnings": []}]}
+    lazy = {"runs": [{**run, "steps": iter(run["steps"])} for run in payload["runs"]]}
+    out = io.StringIO()
+    write_json(out, lazy, indent)
+    assert out.getvalue() == json.dumps(payload, indent=indent) + "\n"
 
 
 def _odd_lines(n):
