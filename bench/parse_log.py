@@ -82,7 +82,8 @@ def measure(argv: list[str], root: Path = ROOT) -> tuple[float, float, float, fl
     includes the workers' (wait4 counts every waited-for descendant)."""
     env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "160"}
     start = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    # cwd: `python -m mftk` puts the working directory first on sys.path, before PYTHONPATH
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, cwd=root)
     peak = [0]
     done = threading.Event()
 
@@ -138,6 +139,7 @@ def bench_size(gb: float, args: argparse.Namespace) -> None:
         print(f"(f) one-field regex line loop, first {floor_mb:,.0f} MB: {floor_mb / f_wall:6.1f} MB/s wall, "
               f"{floor_mb / f_cpu:6.1f} MB/s per CPU-second, peak RSS {f_rss:,.0f} MiB", flush=True)
         trees = {"new": ROOT, **({"baseline": Path(args.baseline).resolve()} if args.baseline else {})}
+        trees = {k: v for k, v in trees.items() if k in args.runs.split(",")}
         runs: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in trees}
         for r in range(args.repeat):
             for name, root in trees.items():
@@ -165,6 +167,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="a log of this many steps instead of --gb")
     ap.add_argument("--repeat", type=int, default=3, help="parse-log runs per log (medians printed)")
     ap.add_argument("--baseline", default=None, help="another mftk source tree, run alternately for a ratio")
+    ap.add_argument("--runs", default="new,baseline", help="which trees to run: new, baseline or both")
     ap.add_argument("--floor-mb", type=float, default=200, help="MB read by the one-field regex floor")
     args = ap.parse_args()
     for gb in [float(g) for g in args.gb.split(",")]:
