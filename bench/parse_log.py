@@ -157,7 +157,7 @@ def bench_size(gb: float, args: argparse.Namespace) -> None:
         print(f"(c) {name} parse-log, {gb:g} GB, median of {len(got)}: {mb / wall:6.1f} MB/s wall, "
               f"{mb / cpu:6.1f} MB/s per CPU-second, peak RSS {rss:,.0f} MiB (process tree {tree:,.0f} MiB); "
               f"goal >= 50 MB/s, < 500 MiB")
-    if "baseline" in med:
+    if "baseline" in med and "new" in med:
         print(f"ratio new / baseline (median wall MB/s): {med['new'] / med['baseline']:.2f}x")
 
 
