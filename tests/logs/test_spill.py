@@ -205,3 +205,24 @@ def test_spilled_lr_grad_and_time_checks_equal_the_in_memory_ones(tmp_path, monk
     kinds = {a.kind for a in exact.runs[0].anomalies}
     assert {"lr_jump", "grad_spike", "straggler"} <= kinds
     assert [(a.step, a.last_step) for a in exact.runs[0].anomalies if a.kind == "lr_jump"] == [(301, 1500)]  # up at 301 (odd), down at 1500
+
+
+def test_compare_of_spilled_runs_exports_as_in_memory(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = _write(tmp_path / "a" / "worker_0.log", synth_lines(900))
+    b = _write(tmp_path / "b" / "worker_0.log", synth_lines(700, seed=2, spike_at=(400,)))
+
+    def exports(tag):
+        out = tmp_path / tag
+        out.mkdir()
+        report = parse_log([a, b], ParseOptions(compare=True, csv=out / "s.csv", jsonl=out / "s.jsonl"))
+        return report, (out / "s.csv").read_text(), (out / "s.jsonl").read_text()
+
+    exact = exports("exact")
+    monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
+    monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
+    spilled = exports("spilled")
+    assert all(r.run.spill is not None for r in spilled[0].runs)
+    assert spilled[1:] == exact[1:] and ",run," in spilled[1].splitlines()[0]
+    assert [r.anomalies for r in spilled[0].runs] == [r.anomalies for r in exact[0].runs]
