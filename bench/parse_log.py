@@ -1,16 +1,20 @@
-"""parse-log on a large synthetic MindSpore Transformers log: MB/s and peak RSS (issue 35's goal: under
-500 MiB for any log size, >= 50 MB/s on a 2-core machine, for a 2 GB log of ~7 M steps).
+"""parse-log on large synthetic MindSpore Transformers logs: MB/s and peak RSS (issue 35's goal: under
+500 MiB for any log size, >= 50 MB/s on a 2-core machine; a 2 GB log has ~7.2 M steps, a 4 GB one ~14.4 M).
 
-The log is written in big blocks (step lines from a few templates, renumbered: a 2 GB file in seconds)
+Each log is written in big blocks (step lines from a few templates, renumbered: a 2 GB file in seconds)
 into a temporary directory, deleted at the end. Each measurement runs in a fresh child process, so its
-peak RSS (`wait4`'s ru_maxrss) is its own: (p) `parse_run` alone, reading every step into columns;
-(c) `mftk parse-log LOG` end to end (read, summary, anomalies, table); (f) the floor of any Python line
+peak RSS (`wait4`'s ru_maxrss) is its own: (c) `mftk parse-log LOG` end to end (read, summary, anomalies,
+table), `--repeat` times per size; with `--baseline DIR` (another source tree of mftk, e.g. an earlier
+commit unpacked with `git archive REV | tar -x -C DIR`) its runs alternate with the baseline's, so both see
+the same machine load, and the medians and their ratio are printed. (f) is the floor of any Python line
 reader, a `for line in file` loop running the reference's one-field regex `loss:\\s+(\\d+\\.\\d+)`, on the
 first --floor-mb of the log. A log over 64 MiB is read by 2 worker processes (mftk.logs.workers): the
 CPU time counts theirs, and the process tree's peak RSS (sampled) adds theirs to the parent's. Wall times
-depend on the machine's load; CPU times (user + sys) and the ratios less so. Nothing in the test suite asserts on these figures.
+depend on the machine's load; CPU times (user + sys) and the ratios less so. A log over 1 M steps is held a
+segment at a time (mftk.logs.spill): its peak RSS should not grow from 2 GB to 4 GB.
+Nothing in the test suite asserts on these figures.
 
-Run: .venv/bin/python bench/parse_log.py [--gb 2] [--steps N] [--floor-mb 200]
+Run: .venv/bin/python bench/parse_log.py [--gb 2,4] [--repeat 3] [--baseline DIR] [--floor-mb 200]
 """
 from __future__ import annotations
 
@@ -70,15 +74,16 @@ def tree_rss(pid: int) -> int:
     return total + sum(tree_rss(k) for k in kids)
 
 
-def measure(argv: list[str]) -> tuple[float, float, float, float, str]:
+def measure(argv: list[str], root: Path = ROOT) -> tuple[float, float, float, float, str]:
     """(wall s, CPU s, peak RSS MiB, peak RSS of the process tree MiB, stdout tail) of a child process.
 
     wait4's peak RSS is the largest one process reached (the child's or a worker's); the tree's peak is
     sampled every 20 ms while the child runs (Linux /proc), its workers' RSS added to its own. The CPU time
     includes the workers' (wait4 counts every waited-for descendant)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "160"}
     start = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    # cwd: `python -m mftk` puts the working directory first on sys.path, before PYTHONPATH
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, cwd=root)
     peak = [0]
     done = threading.Event()
 
@@ -98,14 +103,6 @@ def measure(argv: list[str]) -> tuple[float, float, float, float, str]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, peak[0] / 2**20, out[-300:]
 
 
-PARSE_ONLY = """
-import sys
-from pathlib import Path
-from mftk.logs.parse import parse_run
-run = parse_run([Path(sys.argv[1])])
-print(len(run.records), "steps;", round(run.records.nbytes() / len(run.records), 1), "column bytes per step")
-"""
-
 FLOOR = """
 import re, sys
 pattern, limit, seen, n = re.compile(r"loss:\\s+(\\d+\\.\\d+)"), int(sys.argv[2]), 0, 0
@@ -122,38 +119,60 @@ print(n, "losses")
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gb", type=float, default=2.0, help="log size in GB (1e9 bytes); default 2")
-    ap.add_argument("--steps", type=int, default=None, help="a log of this many steps instead of --gb")
-    ap.add_argument("--floor-mb", type=float, default=200, help="MB read by the one-field regex floor")
-    args = ap.parse_args()
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def bench_size(gb: float, args: argparse.Namespace) -> None:
+    """One log of `gb` GB: the floor, then `--repeat` rounds of parse-log (and the baseline's, alternating)."""
     with tempfile.TemporaryDirectory(prefix="mftk-bench-log-") as tmp:
         path = Path(tmp) / "worker_0.log"
         t0 = time.perf_counter()
-        steps = write_log(path, size=int(args.gb * 1e9), steps=args.steps)
+        steps = write_log(path, size=int(gb * 1e9), steps=args.steps)
         mb = path.stat().st_size / 1e6
-        print(f"log: {steps:,} steps, {mb:,.0f} MB, written in {time.perf_counter() - t0:.1f} s; "
-              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"\n== log: {steps:,} steps, {mb:,.0f} MB, written in {time.perf_counter() - t0:.1f} s; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
         py = sys.executable
         floor_mb = min(args.floor_mb, mb)
         f_wall, f_cpu, f_rss, _, _ = measure([py, "-c", FLOOR, str(path), str(int(floor_mb * 1e6))])
-        p_wall, p_cpu, p_rss, p_tree, p_out = measure([py, "-c", PARSE_ONLY, str(path)])
-        c_wall, c_cpu, c_rss, c_tree, _ = measure([py, "-m", "mftk", "parse-log", str(path)])
-        load = os.getloadavg()[0]
-    floor = floor_mb / f_cpu
-    print(f"(f) one-field regex line loop, first {floor_mb:,.0f} MB: {floor_mb / f_wall:6.1f} MB/s wall, "
-          f"{floor:6.1f} MB/s per CPU-second, peak RSS {f_rss:,.0f} MiB")
-    print(f"(p) parse_run (every field, into columns):  {mb / p_wall:6.1f} MB/s wall ({p_wall:.1f} s), "
-          f"{mb / p_cpu:6.1f} MB/s per CPU-second, peak RSS {p_rss:,.0f} MiB (process tree {p_tree:,.0f} MiB); "
-          f"{p_out.strip()}")
-    print(f"(c) mftk parse-log end to end:              {mb / c_wall:6.1f} MB/s wall ({c_wall:.1f} s), "
-          f"{mb / c_cpu:6.1f} MB/s per CPU-second, peak RSS {c_rss:,.0f} MiB (process tree {c_tree:,.0f} MiB)")
-    print(f"load average at the end: {load:.1f} on {os.cpu_count()} cores (wall figures shrink with the load; "
-          "per CPU-second figures count the workers' CPU too)")
-    print(f"ratio p/f (per CPU-second): {mb / p_cpu / floor:.2f}x the one-field regex loop; "
-          f"c/f: {mb / c_cpu / floor:.2f}x; goal: >= 50 MB/s and peak RSS < 500 MiB")
-    print("the log was deleted")
+        print(f"(f) one-field regex line loop, first {floor_mb:,.0f} MB: {floor_mb / f_wall:6.1f} MB/s wall, "
+              f"{floor_mb / f_cpu:6.1f} MB/s per CPU-second, peak RSS {f_rss:,.0f} MiB", flush=True)
+        trees = {"new": ROOT, **({"baseline": Path(args.baseline).resolve()} if args.baseline else {})}
+        trees = {k: v for k, v in trees.items() if k in args.runs.split(",")}
+        runs: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in trees}
+        for r in range(args.repeat):
+            for name, root in trees.items():
+                wall, cpu, rss, tree, _ = measure([py, "-m", "mftk", "parse-log", str(path)], root)
+                runs[name].append((wall, cpu, rss, tree))
+                print(f"  round {r + 1} {name:8s}: {mb / wall:6.1f} MB/s wall ({wall:.1f} s), {mb / cpu:6.1f} MB/s "
+                      f"per CPU-second, peak RSS {rss:,.0f} MiB (process tree {tree:,.0f} MiB); load "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
+    med = {}
+    for name, got in runs.items():
+        wall = _median([g[0] for g in got])
+        cpu = _median([g[1] for g in got])
+        rss, tree = max(g[2] for g in got), max(g[3] for g in got)
+        med[name] = mb / wall
+        print(f"(c) {name} parse-log, {gb:g} GB, median of {len(got)}: {mb / wall:6.1f} MB/s wall, "
+              f"{mb / cpu:6.1f} MB/s per CPU-second, peak RSS {rss:,.0f} MiB (process tree {tree:,.0f} MiB); "
+              f"goal >= 50 MB/s, < 500 MiB")
+    if "baseline" in med and "new" in med:
+        print(f"ratio new / baseline (median wall MB/s): {med['new'] / med['baseline']:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gb", default="2,4", help="comma list of log sizes in GB (1e9 bytes); default 2,4")
+    ap.add_argument("--steps", type=int, default=None, help="a log of this many steps instead of --gb")
+    ap.add_argument("--repeat", type=int, default=3, help="parse-log runs per log (medians printed)")
+    ap.add_argument("--baseline", default=None, help="another mftk source tree, run alternately for a ratio")
+    ap.add_argument("--runs", default="new,baseline", help="which trees to run: new, baseline or both")
+    ap.add_argument("--floor-mb", type=float, default=200, help="MB read by the one-field regex floor")
+    args = ap.parse_args()
+    for gb in [float(g) for g in args.gb.split(",")]:
+        bench_size(gb, args)
+    print("the logs were deleted")
 
 
 if __name__ == "__main__":

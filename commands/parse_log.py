@@ -82,7 +82,14 @@ def parse_log(
         report = _follow(logs, options, every, rows, poll, follow_updates, follow_timeout)
     else:
         report = run_parse(logs, options)
-    if to_stdout:
+    if to_stdout and any(r.run.spill is not None for r in report.runs):  # steps written as they are read back
+        import sys
+
+        from mftk.logs.export import write_json
+
+        write_json(sys.stdout, report.to_json(), indent=2)
+        sys.stdout.flush()
+    elif to_stdout:
         print_json(report.to_json())
     elif not follow:
         print_table(_tables(report, every, rows))
@@ -234,7 +241,8 @@ def _step_table(run: Any, every: int, rows: int, metrics: list[str] | None, seq_
         cols.append(column(rate_name, justify="right"))
     t = table(*cols, title=f"{run.name} — rank {run.summary.primary_rank}")
     if every:
-        shown = [r for i, r in enumerate(series) if i % every == 0 or i == len(series) - 1]
+        indexed = series.indexed() if hasattr(series, "indexed") else enumerate(series)  # a spilled run: rows held
+        shown = [r for i, r in indexed if i % every == 0 or i == len(series) - 1]
         gap_at = None
     elif len(series) > 2 * rows:
         shown, gap_at = series[:rows] + series[-rows:], rows

@@ -18,7 +18,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable, TextIO
 
 from mftk.errors import InputError, MftkError
 
@@ -72,12 +72,18 @@ def temp_beside(path: Path, suffix: str = ".tmp") -> tuple[int, str]:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temp file beside `path` and rename it into place: never a half-written export."""
+    write_atomic_with(path, lambda f: f.write(text))
+
+
+def write_atomic_with(path: Path, write: Callable[[TextIO], Any]) -> None:
+    """`write_atomic` of what `write` writes to the open text file, a piece at a time (an export of a log of
+    any length: never the whole text in memory)."""
     path = Path(path)
     fd, tmp = temp_beside(path)
     try:
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+                write(f)
         except OSError as exc:
             raise _write_error(path, exc) from None
         publish(tmp, path)

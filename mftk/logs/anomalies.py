@@ -103,7 +103,7 @@ def find_anomalies(run: Run, *, thresholds: Thresholds | None = None) -> list[An
         found += _lr_jumps(rank, recs, t)
     found += _rank_checks(series, t)
     found += _stops(run)
-    return _merge(found)
+    return merge(found)
 
 
 def _flagged(rank: int, recs: _Series) -> list[Anomaly]:
@@ -174,78 +174,113 @@ def _non_finite(rank: int, recs: _Series) -> list[Anomaly]:
 
 def _over_median(values: np.ndarray, ratio: float, t: Thresholds) -> list[tuple[int, float, float, int]]:
     """(index, value, median, history) of each finite value over `ratio` x the median of the previous
-    `t.window` finite values that were not flagged themselves (a spike stays out of the baseline).
+    `t.window` finite values that were not flagged themselves (a spike stays out of the baseline)."""
+    return MedianWalk(ratio, t).feed(values)
+
+
+class MedianWalk:
+    """`_over_median` fed a block at a time (a log too long to hold: `mftk.logs.stream`), with the same result
+    as one call on the blocks joined: it carries the previous `window` values and a walk in progress.
 
     The rule is sequential, but it cannot flag a value at most `ratio` x the smallest of the previous
     `window` values (the median is at least that): a vectorized rolling minimum finds the few candidates,
     and the exact walk runs only from each candidate until `window` unflagged values have passed (from
     there on, its window is again simply the previous `window` values)."""
-    finite = np.isfinite(values)
-    if finite.all():  # the usual case: no index, no copy
-        where, vals = None, values
-    else:
-        where = np.nonzero(finite)[0]
-        vals = values[where]
-    del finite
-    n, w = len(vals), t.window
-    candidate = np.ones(n, dtype=bool)
-    if n > w:
-        low = np.empty(n - w)
-        for b in range(0, n - w, 1 << 16):  # blocks: a bounded window view
-            e = min(n - w, b + (1 << 16))
-            low[b:e] = np.lib.stride_tricks.sliding_window_view(vals[b:e + w - 1], w).min(axis=1)
-        candidate[w:] = (vals[w:] > ratio * low) | (low <= 0)
-    out: list[tuple[int, float, float, int]] = []
-    window = _RollingMedian(w)
-    k = 0
-    while k < n:
-        if k >= w:  # the window is the previous `w` values: skip to the next candidate
-            ahead = np.nonzero(candidate[k:])[0]
-            if not len(ahead):
-                break
-            k += int(ahead[0])
-            window = _RollingMedian(w)
-            for v in vals[max(k - w, 0):k].tolist():
-                window.push(float(v))
-        since, flagged = 0, False  # unflagged values since the last flag; whether this walk flagged any
-        while k < n and (k < w or candidate[k] or (flagged and since < w)):
-            value = float(vals[k])
-            if len(window) >= t.min_history:
-                med = window.median()
-                if med > 0 and value > ratio * med:
-                    out.append((k if where is None else int(where[k]), value, med, len(window)))
-                    since, flagged, k = 0, True, k + 1
-                    continue
-            window.push(value)
-            since, k = since + 1, k + 1
-    return out
+
+    def __init__(self, ratio: float, t: Thresholds) -> None:
+        self.ratio, self.t = ratio, t
+        self.tail = np.zeros(0)  # the last (at most `window`) finite values fed
+        self.seen = 0  # finite values fed so far
+        self.window: _RollingMedian | None = None  # the walk in progress at the end of the last block
+        self.since, self.flagged = 0, False
+
+    def feed(self, values: np.ndarray) -> list[tuple[int, float, float, int]]:
+        """(index in `values`, value, median, history) of each value of this block flagged."""
+        finite = np.isfinite(values)
+        if finite.all():  # the usual case: no index, no copy
+            where, vals = None, values
+        else:
+            where = np.nonzero(finite)[0]
+            vals = values[where]
+        del finite
+        w, ratio, base, h = self.t.window, self.ratio, self.seen, len(self.tail)
+        ext = np.concatenate((self.tail, vals)) if h else vals  # the previous values, then this block's
+        n = len(vals)
+        candidate = np.ones(n, dtype=bool)
+        first = max(w - h, 0)  # the first value of the block with `w` values before it
+        if n > first:
+            low = np.empty(n - first)
+            for b in range(first, n, 1 << 16):  # blocks: a bounded window view
+                e = min(n, b + (1 << 16))
+                low[b - first:e - first] = np.lib.stride_tricks.sliding_window_view(
+                    ext[h + b - w:h + e - 1], w).min(axis=1)
+            candidate[first:] = (vals[first:] > ratio * low) | (low <= 0)
+        out: list[tuple[int, float, float, int]] = []
+        window, since, flagged = self.window, self.since, self.flagged
+        k = 0
+        while k < n:
+            if window is None:
+                window, since, flagged = _RollingMedian(w), 0, False
+                if base + k >= w:  # the window is the previous `w` values: skip to the next candidate
+                    ahead = np.nonzero(candidate[k:])[0]
+                    if not len(ahead):
+                        window = None
+                        break
+                    k += int(ahead[0])
+                    for v in ext[h + k - w:h + k].tolist():
+                        window.push(float(v))
+            while k < n and (base + k < w or candidate[k] or (flagged and since < w)):
+                value = float(vals[k])
+                if len(window) >= self.t.min_history:
+                    med = window.median()
+                    if med > 0 and value > ratio * med:
+                        out.append((k if where is None else int(where[k]), value, med, len(window)))
+                        since, flagged, k = 0, True, k + 1
+                        continue
+                window.push(value)
+                since, k = since + 1, k + 1
+            if k < n:  # the walk ended inside the block
+                window = None
+        self.window, self.since, self.flagged = window, since, flagged
+        self.tail = np.array(ext[-w:], dtype=np.float64) if w else np.zeros(0)
+        self.seen = base + n
+        return out
 
 
-def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thresholds) -> list[Anomaly]:
+def _spikes(rank: int, recs: _Series, key: str, kind: str, ratio: float, t: Thresholds,
+            walk: MedianWalk | None = None) -> list[Anomaly]:
+    hits = (walk or MedianWalk(ratio, t)).feed(recs.view.values(key))
     return [Anomaly(kind=kind, step=int(recs.steps[i]), field=key, ranks=[rank], value=value, reference=med,
                     message=f"{key} {value:.4g} is {value / med:.2f}x the median {med:.4g} "
                             f"of the previous {history} steps")
-            for i, value, med, history in _over_median(recs.view.values(key), ratio, t)]
+            for i, value, med, history in hits]
 
 
-def _slow_steps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
-    times = recs.view.native("per_step_time")[t.skip_warmup:]
-    return [Anomaly(kind="straggler", step=int(recs.steps[t.skip_warmup + i]), field="per_step_time", ranks=[rank],
+def _slow_steps(rank: int, recs: _Series, t: Thresholds, walk: MedianWalk | None = None,
+                skip: int | None = None) -> list[Anomaly]:
+    """Steps far slower than the previous ones; `skip` steps of `recs` left out (default: the warm-up)."""
+    skip = t.skip_warmup if skip is None else skip
+    times = recs.view.native("per_step_time")[skip:]
+    return [Anomaly(kind="straggler", step=int(recs.steps[skip + i]), field="per_step_time", ranks=[rank],
                     value=value, reference=med,
                     message=f"step took {value:g} ms, {value / med:.1f}x the median {med:g} ms")
-            for i, value, med, _ in _over_median(times, t.straggler, t)]
+            for i, value, med, _ in (walk or MedianWalk(t.straggler, t)).feed(times)]
 
 
 def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
+    return lr_jumps_in(rank, recs.steps, recs.view.values("lr"), t)
+
+
+def lr_jumps_in(rank: int, steps: np.ndarray, lr: np.ndarray, t: Thresholds, start: int = 2) -> list[Anomaly]:
     """Flag LR changes that no schedule explains: neither a flat nor a linear continuation of the last two
     steps predicts them, and they are either large against the run's LR (the largest of the last
     ``window`` steps) or turn against the trend (up during a decay or from a plateau, down during a
     warm-up) by a large fraction of the current LR. Warm-up ends, cosine tails that approach 0 and cool-down steps to a final
     LR are what schedules do; a resume with a larger ``training.steps`` (3e-4 back up to 1.6e-3) is not.
+    Only steps from index `start` are judged (those before it are the previous block's, for context).
     """
-    steps, lr = recs.steps, recs.view.values("lr")
     out = []
-    for b in range(2, len(lr), _BLOCK):  # a block at a time: a few temporary arrays of one block each
+    for b in range(max(start, 2), len(lr), _BLOCK):  # a block at a time: a few temporary arrays of one block each
         i = np.arange(b, min(b + _BLOCK, len(lr)))
         la, lb, lc = lr[i - 2], lr[i - 1], lr[i]
         with np.errstate(invalid="ignore"):
@@ -255,11 +290,11 @@ def _lr_jumps(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
                            & (local > 0) & np.isfinite(la))  # NaN compares False
         unexplained &= (steps[i] == steps[i - 1] + 1) & (steps[i - 1] == steps[i - 2] + 1)
         for k in np.nonzero(unexplained)[0].tolist():
-            out += _lr_jump_at(rank, recs, lr, int(i[k]), t)
+            out += _lr_jump_at(rank, steps, lr, int(i[k]), t)
     return out
 
 
-def _lr_jump_at(rank: int, recs: _Series, lr: np.ndarray, i: int, t: Thresholds) -> list[Anomaly]:
+def _lr_jump_at(rank: int, steps: np.ndarray, lr: np.ndarray, i: int, t: Thresholds) -> list[Anomaly]:
     """The rest of the lr-jump rule at an unexplained step `i`: large, or against the trend."""
     la, lb, lc = float(lr[i - 2]), float(lr[i - 1]), float(lr[i])
     before, now = lb - la, lc - lb
@@ -267,7 +302,7 @@ def _lr_jump_at(rank: int, recs: _Series, lr: np.ndarray, i: int, t: Thresholds)
     against_trend = before * now < 0 or (before == 0 and now > 0)  # a turn, or up from a plateau
     if not (large or against_trend):
         return []
-    return [Anomaly(kind="lr_jump", step=int(recs.steps[i]), field="lr", ranks=[rank], value=lc, reference=lb,
+    return [Anomaly(kind="lr_jump", step=int(steps[i]), field="lr", ranks=[rank], value=lc, reference=lb,
                     message=f"lr jumped from {lb:.3e} to {lc:.3e}")]
 
 
@@ -345,7 +380,7 @@ def _median(values: list[float]) -> float:
     return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
-def _merge(found: Iterable[Anomaly]) -> list[Anomaly]:
+def merge(found: Iterable[Anomaly]) -> list[Anomaly]:
     """Collapse consecutive steps per (kind, field, rank); then join ranks with the same finding."""
     groups: dict[tuple, list[Anomaly]] = defaultdict(list)
     for a in found:

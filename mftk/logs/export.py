@@ -46,13 +46,17 @@ def json_value(value: Any) -> Any:
 
 
 def to_csv(records: list[dict[str, Any]], metrics: list[str] | None = None) -> str:
-    keys = columns(records, metrics)
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
+    write_csv(buf, records, columns(records, metrics))
+    return buf.getvalue()
+
+
+def write_csv(f: Any, records: Iterable[dict[str, Any]], keys: list[str]) -> None:
+    """CSV of `records` with columns `keys` to the open text file `f`, a row at a time."""
+    writer = csv.writer(f, lineterminator="\n")
     writer.writerow(keys)
     for r in records:
         writer.writerow(["" if r.get(k) is None else _csv_cell(r[k]) for k in keys])
-    return buf.getvalue()
 
 
 def _csv_cell(value: Any) -> Any:
@@ -64,13 +68,25 @@ def _csv_cell(value: Any) -> Any:
 
 
 def to_jsonl(records: list[dict[str, Any]], metrics: list[str] | None = None) -> str:
-    keys = columns(records, metrics)
-    return "".join(format_metrics_record({k: r[k] for k in keys if k in r}) + "\n" for r in records)
+    buf = io.StringIO()
+    write_jsonl(buf, records, columns(records, metrics))
+    return buf.getvalue()
 
 
-def steps_json(records: list[dict[str, Any]], metrics: list[str] | None = None) -> list[dict[str, Any]]:
-    keys = columns(records, metrics)
-    return [{k: json_value(r[k]) for k in keys if k in r} for r in records]
+def write_jsonl(f: Any, records: Iterable[dict[str, Any]], keys: list[str]) -> None:
+    """JSON lines (mftk's metrics records) of `records`' fields `keys` to the open text file `f`."""
+    for r in records:
+        f.write(format_metrics_record({k: r[k] for k in keys if k in r}) + "\n")
+
+
+def steps_json(records: Iterable[dict[str, Any]], metrics: list[str] | None = None,
+               keys: list[str] | None = None) -> Iterable[dict[str, Any]]:
+    """The records as JSON objects of the fields `keys` (default: `columns` of the records, which must then
+    be a list); given `keys`, a generator (a spilled run's steps, written as they come: `write_json`)."""
+    if keys is None:
+        keys = columns(records, metrics)
+        return [{k: json_value(r[k]) for k in keys if k in r} for r in records]
+    return ({k: json_value(r[k]) for k in keys if k in r} for r in records)
 
 
 def attrs_json(obj: Any) -> Any:
@@ -79,5 +95,46 @@ def attrs_json(obj: Any) -> Any:
     return {k: json_value(v) for k, v in data.items()}
 
 
-def to_json(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, indent=1, allow_nan=False) + "\n"
+def to_json(payload: dict[str, Any], indent: int = 1) -> str:
+    return json.dumps(payload, indent=indent, allow_nan=False) + "\n"
+
+
+_STEPS = "\x00steps\x00"  # stands for a lazily written list in `write_json`
+
+
+def write_json(f: Any, payload: Any, indent: int = 1) -> None:
+    """`to_json(payload)` written to the open text file `f`, where any value that is not a list, dict or
+    plain value (a generator of step objects) is written item by item: the same text, not held at once."""
+    lazy: list[Any] = []
+
+    def mark(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: mark(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mark(v) for v in value]
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            return value
+        lazy.append(value)
+        return _STEPS
+    text = to_json(mark(payload), indent)
+    placeholder = json.dumps(_STEPS)
+    pos = 0
+    for items in lazy:
+        at = text.index(placeholder, pos)
+        f.write(text[pos:at])
+        line = text[text.rfind("\n", 0, at) + 1:at]  # the placeholder's line: `<indent>"steps": `
+        _write_list(f, items, len(line) - len(line.lstrip(" ")), indent)
+        pos = at + len(placeholder)
+    f.write(text[pos:])
+
+
+def _write_list(f: Any, items: Iterable[Any], depth: int, indent: int) -> None:
+    """A JSON list as `json.dumps(..., indent=indent)` writes it inside an object whose line is indented
+    `depth`."""
+    pad = " " * (depth + indent)
+    first = True
+    for item in items:
+        f.write(("[\n" if first else ",\n") + pad
+                + json.dumps(item, indent=indent, allow_nan=False).replace("\n", "\n" + pad))
+        first = False
+    f.write("[]" if first else "\n" + " " * depth + "]")

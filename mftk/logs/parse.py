@@ -25,6 +25,7 @@ from mftk.files import open_regular
 from mftk.logs.fastpath import ChunkRead, FastShape, has_long_line, read_chunk, shape_of
 from mftk.logs.format import read_fields, parse_metrics_record, parse_number, parse_step_line
 from mftk.logs import workers
+from mftk.logs.spill import SEGMENT_ROWS, Spill
 from mftk.logs.table import StepTable, TableView, as_table
 from mftk.logs.workers import worker_count
 
@@ -196,12 +197,39 @@ class LogReader:
         self._worker_tries = 0  # times worker processes were started for this file
         self.back_steps: list[tuple[int, bool]] = []  # (record index, timestamps went back) where step went back
         self.restarted = False
+        self.spill: Spill | None = None  # set (`enable_spill`) where the run is this one file: bounded memory
+
+    def enable_spill(self) -> None:
+        """Spill the oldest steps to disk whenever the table holds `SEGMENT_ROWS` (see `mftk.logs.spill`)."""
+        self.spill = Spill()
+
+    def _maybe_spill(self) -> None:
+        """Write all rows but the last as a segment, when the table is full and its steps (one rank) only go up
+        from the last segment's. A file whose steps went back (a resume, ranks interleaved or appended) keeps
+        its rows from there on: `split_ranks` and the series' "later line wins" need them all."""
+        table = self.table
+        if (self.spill is None or table.n < SEGMENT_ROWS or self.back_steps or self._last != table.n - 1
+                or table.constant("rank") is None):
+            return
+        if not table.increasing("step"):
+            return
+        last = table.row(table.n - 1)
+        self.spill.write(table, table.n - 1)
+        self.table = StepTable()
+        self.table.append_records([last])
+        self._last = 0
+
+    @property
+    def rows_read(self) -> int:
+        """Steps read since the file was last truncated: those spilled and those held."""
+        return (self.spill.rows if self.spill is not None else 0) + self.table.n
 
     def read_new(self, *, final: bool = True) -> range:
         """Parse new complete lines into `self.table`; with `final`, a last line without newline counts too
-        (and the file is closed). Returns the rows added (after a truncation, `restarted`: the whole table)."""
+        (and the file is closed). Returns the rows added, numbered from the file's first (after a truncation,
+        `restarted`: all of them)."""
         self.restarted = False
-        start = self.table.n
+        start = self.rows_read
         try:
             if self._file is None:
                 self._file = self._open()
@@ -223,7 +251,7 @@ class LogReader:
         if final:
             self._feed(b"", last=True)
             self.close()
-        return range(0 if self.restarted else start, self.table.n)
+        return range(0 if self.restarted else start, self.rows_read)
 
     def close(self) -> None:
         if self._file is not None:
@@ -279,6 +307,7 @@ class LogReader:
                 if body.read is None or not self._take(body.read):
                     self._feed_body(os.pread(fd, body.end - body.start, body.start))
                 start, self._offset = body.end, (k + 1) * READ_CHUNK
+                self._maybe_spill()
         finally:
             bodies.close()
         self._pending = os.pread(fd, self._offset - start, start)
@@ -290,6 +319,8 @@ class LogReader:
         self._offset, self._pending, self._skipping, self.restarted = 0, b"", False, True
         self._last, self._last_step, self._last_line, self.back_steps = None, None, "", []
         self.table, self._fast = StepTable(), None
+        if self.spill is not None:
+            self.spill.close()
 
     def _feed(self, chunk: bytes, *, last: bool) -> None:
         data = self._pending + chunk
@@ -319,6 +350,7 @@ class LogReader:
             text = text[cut:]
         if not (self._fast is not None and not has_long_line(body, MAX_LINE_BYTES) and self._parse_fast(text)):
             self._parse_text(text)  # (the line reader counts and skips a long line)
+        self._maybe_spill()
 
     def _parse_fast(self, text: str) -> bool:
         """Read a chunk whose step lines all have the file's shape, a column at a time (no dict per line).
@@ -522,6 +554,8 @@ class Run:
     files: list[FileSummary]
     records: StepTable = attrs.field(converter=lambda r: as_table(r))
     warnings: list[str] = attrs.field(factory=list)
+    spill: Spill | None = None  # the steps spilled to disk before `records` (one file, one rank: `spill_rank`)
+    spill_rank: int = 0
     _series: dict[int, TableView] | None = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @property
@@ -591,7 +625,9 @@ def collect(readers: list[LogReader], name: str) -> Run:
     """Build a `Run` from readers, each file's ranks told apart (see `split_ranks`)."""
     tables = [split_ranks(reader) for reader in readers]
     records = tables[0] if len(tables) == 1 else StepTable.concat(tables)
-    run = Run(name=name, files=[r.summary for r in readers], records=records)
+    spill = readers[0].spill if len(readers) == 1 and readers[0].spill is not None and readers[0].spill.paths else None
+    run = Run(name=name, files=[r.summary for r in readers], records=records, spill=spill,
+              spill_rank=readers[0].summary.rank)
     for f in run.files:
         if f.records == 0:
             run.warnings.append(_no_steps_message(f))
@@ -636,9 +672,12 @@ def _no_steps_message(f: FileSummary) -> str:
     return f"{f.path}: no training step lines found{fmt} in {f.lines} lines{extra}"
 
 
-def parse_run(logs: list[Path], *, fmt: str = "auto", name: str | None = None) -> Run:
-    """Parse every file of one run (all ranks) in one pass."""
+def parse_run(logs: list[Path], *, fmt: str = "auto", name: str | None = None, spill: bool = False) -> Run:
+    """Parse every file of one run (all ranks) in one pass; with `spill`, a one-file run longer than
+    `SEGMENT_ROWS` steps is held a segment at a time (`mftk.logs.spill`, analyzed by `mftk.logs.stream`)."""
     readers = open_readers(logs, fmt=fmt)
+    if spill and len(readers) == 1:
+        readers[0].enable_spill()
     for reader in readers:
         reader.read_new(final=True)
     run = collect(readers, name or ", ".join(str(p) for p in logs))

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import attrs
 
-from mftk.files import check_writable_target, write_atomic
+from mftk.files import check_writable_target, write_atomic, write_atomic_with
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs import export
 from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
@@ -46,16 +46,30 @@ class RunReport:
     series: list[dict[str, Any]]  # the primary rank, one record per step
     summary: Summary
     anomalies: list[Anomaly]
+    plot_series: list[dict[str, Any]] | None = None  # a spilled run's bounded plot series (else `series`)
 
-    def all_steps(self) -> list[dict[str, Any]]:
-        """Every rank's records (resumed steps de-duplicated), sorted by step then rank."""
+    def all_steps(self) -> Iterable[dict[str, Any]]:
+        """Every rank's records (resumed steps de-duplicated), sorted by step then rank; of a spilled run, an
+        iterator reading its segments one at a time."""
+        if self.run.spill is not None:
+            from mftk.logs.stream import iter_steps
+
+            return iter_steps(self.run)
         rows = [r for rank in self.run.ranks for r in self.run.series(rank)]
         return sorted(rows, key=lambda r: (r["step"], r["rank"]))
+
+    def export_keys(self, metrics: list[str] | None) -> list[str] | None:
+        """The export columns of a spilled run (read from its segments' columns); None: from the records."""
+        if self.run.spill is None:
+            return None
+        from mftk.logs.stream import column_keys
+
+        return export.columns([dict.fromkeys(column_keys(self.run))], metrics)
 
     def to_json(self, metrics: list[str] | None = None) -> dict[str, Any]:
         return {
             "name": self.name,
-            "steps": export.steps_json(self.all_steps(), metrics),
+            "steps": export.steps_json(self.all_steps(), metrics, self.export_keys(metrics)),
             "summary": export.attrs_json(self.summary),
             "anomalies": [export.attrs_json(a) for a in self.anomalies],
             "files": [attrs.asdict(f) for f in self.run.files],
@@ -100,11 +114,18 @@ def check_options(options: ParseOptions) -> None:
 def _check_metrics(runs: list[Run], metrics: list[str] | None) -> None:
     if not metrics:
         return
-    present = {k for run in runs for r in run.records[:1000] for k in r}
+    present = {k for run in runs for r in _first_rows(run) for k in r}
     unknown = [m for m in metrics if m not in present]
     if unknown:
         raise InputError(message=f"--metrics: {', '.join(unknown)} not in the log",
                          hint=f"fields in the log: {', '.join(sorted(present))}")
+
+
+def _first_rows(run: Run) -> list[dict[str, Any]]:
+    """The run's first 1000 rows (of its first segment, when spilled)."""
+    if run.spill is not None:
+        return next(run.spill.tables())[:1000]
+    return run.records[:1000]
 
 
 def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
@@ -113,6 +134,9 @@ def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
     thresholds = attrs.evolve(options.thresholds, skip_warmup=options.skip_warmup)
     reports = []
     for run in runs:
+        if run.spill is not None:
+            reports.append(_analyze_spilled(run, options, thresholds))
+            continue
         primary = run.primary_rank
         series = run.series(primary)
         summary = summarize(series, ranks=run.ranks, primary_rank=primary, skip_warmup=options.skip_warmup,
@@ -125,33 +149,60 @@ def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
     return LogReport(runs=reports, options=options, matched=[k for k in KINDS if k in wanted and k in found])
 
 
+def _analyze_spilled(run: Run, options: ParseOptions, thresholds: Thresholds) -> RunReport:
+    """`analyze` of a run spilled to disk, a segment at a time (`mftk.logs.stream`)."""
+    from mftk.logs.stream import analyze_spilled
+
+    summary, anomalies, rows, plot_series = analyze_spilled(
+        run, thresholds=thresholds, skip_warmup=options.skip_warmup, seq_length=options.seq_length,
+        world_size=options.world_size, peak_tflops=options.peak_tflops, plot=options.plot is not None)
+    return RunReport(name=run.name, run=run, series=rows, summary=summary, anomalies=anomalies,
+                     plot_series=plot_series)
+
+
 def write_outputs(report: LogReport) -> None:
-    """CSV / JSON / JSONL of every rank's steps, and the PNG; each file written atomically."""
+    """CSV / JSON / JSONL of every rank's steps, and the PNG; each file written atomically. A spilled run's
+    rows are written one at a time, as its segments are read back."""
     o = report.options
-    rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)] if (o.csv or o.jsonl) else []
-    if o.csv:
-        write_atomic(o.csv, export.to_csv(rows, o.metrics))
-        report.written.append(str(o.csv))
-    if o.jsonl:
-        write_atomic(o.jsonl, export.to_jsonl(rows, o.metrics))
-        report.written.append(str(o.jsonl))
+    if (o.csv or o.jsonl) and any(r.run.spill is not None for r in report.runs):
+        several = len(report.runs) > 1
+        keys = export.columns([dict.fromkeys(["run"] if several else []) | dict.fromkeys(
+            r.export_keys(None) or export.columns(r.all_steps())) for r in report.runs], o.metrics)
+
+        def rows() -> Iterable[dict[str, Any]]:
+            return (row for r in report.runs for row in _tagged(r, several))
+        for path, write in ((o.csv, export.write_csv), (o.jsonl, export.write_jsonl)):
+            if path:
+                write_atomic_with(path, lambda f: write(f, rows(), keys))
+                report.written.append(str(path))
+    else:
+        rows = [row for r in report.runs for row in _tagged(r, len(report.runs) > 1)] if (o.csv or o.jsonl) else []
+        if o.csv:
+            write_atomic(o.csv, export.to_csv(rows, o.metrics))
+            report.written.append(str(o.csv))
+        if o.jsonl:
+            write_atomic(o.jsonl, export.to_jsonl(rows, o.metrics))
+            report.written.append(str(o.jsonl))
     if o.json:
-        write_atomic(o.json, export.to_json(report.to_json()))
+        write_atomic_with(o.json, lambda f: export.write_json(f, report.to_json()))
         report.written.append(str(o.json))
     if o.plot:
         from mftk.logs.plot import PlotRun, plot_runs
         from mftk.logs.restarts import plot_marks, read_restarts
 
-        runs = [PlotRun(r.name, r.series, sorted({a.step for a in r.anomalies if a.kind in ("nan", "spike")}),
+        runs = [PlotRun(r.name, r.series if r.plot_series is None else r.plot_series, sorted({a.step for a in r.anomalies if a.kind in ("nan", "spike")}),
                         sorted({a.step for a in r.anomalies if a.kind == "resume"}),
                         plot_marks(read_restarts(Path(f.path) for f in r.run.files))) for r in report.runs]
         plot_runs(runs, o.plot, x=o.x, metrics=o.metrics, seq_length=o.seq_length)
         report.written.append(str(o.plot))
 
 
-def _tagged(r: RunReport, several: bool) -> list[dict[str, Any]]:
+def _tagged(r: RunReport, several: bool) -> Iterable[dict[str, Any]]:
     rows = r.all_steps()
-    return [{"run": r.name, **row} for row in rows] if several else rows
+    if not several:
+        return rows
+    tagged = ({"run": r.name, **row} for row in rows)
+    return tagged if r.run.spill is not None else list(tagged)
 
 
 def parse_log(logs: list[Path], options: ParseOptions | None = None) -> LogReport:
@@ -159,7 +210,7 @@ def parse_log(logs: list[Path], options: ParseOptions | None = None) -> LogRepor
     options = options or ParseOptions()
     check_options(options)
     groups = [[log] for log in logs] if options.compare else [list(logs)]
-    runs = [parse_run(g, fmt=options.fmt, name=", ".join(map(str, g))) for g in groups]
+    runs = [parse_run(g, fmt=options.fmt, name=", ".join(map(str, g)), spill=True) for g in groups]
     report = analyze(runs, options)
     write_outputs(report)
     return report
@@ -176,6 +227,8 @@ def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
     options = options or ParseOptions(fmt="auto")
     check_options(options)
     readers = open_readers(list(logs), fmt=options.fmt)
+    if len(readers) == 1:  # a one-file run longer than a segment is held a segment at a time
+        readers[0].enable_spill()
     name = ", ".join(map(str, logs))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     report, updates = None, 0

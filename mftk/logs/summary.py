@@ -101,30 +101,95 @@ class _Steady:
         return column if self.all else column[self.timed]
 
 
+@attrs.define
+class RateSums:
+    """The sums the rates are made of, over the timed steady-state steps: one pass over whole columns
+    (`of`), or a segment at a time added up (`add`, `mftk.logs.stream`) for a log too long to hold."""
+
+    timed: bool = False  # any timed steady step
+    total_ms: float = 0.0
+    thr_seen: bool = False
+    thr_t: float = 0.0  # sum of throughput x step time, where throughput is logged
+    thr_ms: float = 0.0  # sum of step time there
+    thr_max: float = 0.0  # largest |throughput|
+    thr_rounded: bool = True  # every throughput a 2-decimal rounding
+    gbs_seen: bool = False
+    gbs: float = 0.0
+    gbs_ms: float = 0.0
+    ms_after_first: float = 0.0  # the step times but the first's
+    tokens_all: bool = True
+    tokens_n: int = 0
+    tokens: float = 0.0
+    consumed_all: bool = True
+    consumed_n: int = 0
+    consumed_first: float = 0.0
+    consumed_last: float = 0.0
+
+    @classmethod
+    def of(cls, col: _Steady, first: bool = True) -> RateSums:
+        """The sums over `col`'s steps (`first`: they start the series, so the first step's time is left
+        out of `ms_after_first`)."""
+        r = cls(timed=bool(col.timed.any()))
+        ms = col["per_step_time"]
+        r.total_ms = float(np.sum(ms))
+        r.ms_after_first = float(np.sum(ms[1:] if first else ms))
+        thr = col["throughput"]
+        thr_ok = np.isfinite(thr)
+        if thr_ok.any():
+            thr, t_ms = thr[thr_ok], ms[thr_ok]
+            r.thr_seen, r.thr_t, r.thr_ms = True, float(np.dot(thr, t_ms)), float(np.sum(t_ms))
+            r.thr_max = float(np.abs(thr).max())
+            r.thr_rounded = bool(np.all(np.abs(thr * 100 - np.round(thr * 100)) < 1e-6))
+        gbs = col["global_batch_size"]
+        gbs_ok = np.isfinite(gbs)
+        if gbs_ok.any():
+            r.gbs_seen, r.gbs, r.gbs_ms = True, float(np.sum(gbs[gbs_ok])), float(np.sum(ms[gbs_ok]))
+        tokens = col["tokens"]
+        r.tokens_n, r.tokens_all = len(tokens), bool(np.isfinite(tokens).all())
+        r.tokens = float(np.sum(tokens)) if r.tokens_all else 0.0
+        consumed = col["consumed_tokens"]
+        r.consumed_n, r.consumed_all = len(consumed), bool(np.isfinite(consumed).all())
+        if len(consumed) and r.consumed_all:
+            r.consumed_first, r.consumed_last = float(consumed[0]), float(consumed[-1])
+        return r
+
+    def add(self, o: RateSums) -> None:
+        """Add the sums of the steps that follow (the next segment)."""
+        if o.consumed_n:
+            self.consumed_first = self.consumed_first if self.consumed_n else o.consumed_first
+            self.consumed_last = o.consumed_last
+        if o.thr_seen:
+            self.thr_max = max(self.thr_max, o.thr_max) if self.thr_seen else o.thr_max
+        self.timed |= o.timed
+        self.thr_seen |= o.thr_seen
+        self.gbs_seen |= o.gbs_seen
+        self.thr_rounded &= o.thr_rounded
+        self.tokens_all &= o.tokens_all
+        self.consumed_all &= o.consumed_all
+        for name in ("total_ms", "thr_t", "thr_ms", "gbs", "gbs_ms", "ms_after_first", "tokens", "tokens_n",
+                     "consumed_n"):
+            setattr(self, name, getattr(self, name) + getattr(o, name))
+
+
 def _rates(s: Summary, col: _Steady) -> None:
     """Rates over the timed steady-state steps; columns are NaN where a step lacks the field."""
-    timed = col.timed
-    total_ms = float(np.sum(col["per_step_time"]))
-    thr = col["throughput"]
-    thr_ok = np.isfinite(thr)
-    if thr_ok.any():
-        thr, t_ms = thr[thr_ok], col["per_step_time"][thr_ok]
-        s.throughput_tflops = float(np.dot(thr, t_ms)) / float(np.sum(t_ms))
-        del t_ms
-        s.throughput_coarse = coarse_throughput(thr)
+    rates_from(s, RateSums.of(col))
+
+
+def rates_from(s: Summary, r: RateSums) -> None:
+    """Fill `s`'s rates, MFU and notes from the sums over its timed steady-state steps."""
+    if r.thr_seen:
+        s.throughput_tflops = r.thr_t / r.thr_ms
+        s.throughput_coarse = r.thr_max < 1.0 and r.thr_rounded
         if s.throughput_coarse:
             s.notes.append("the step line logs throughput in TFLOP/s with 2 decimals, too coarse below 1 TFLOP/s; "
                            "samples/s and tokens/s are exact, and an mftk run's metrics.jsonl (next to its "
                            "info.log) has the exact FLOP/s")
-    del thr
-    gbs = col["global_batch_size"]
-    gbs_ok = np.isfinite(gbs)
-    if gbs_ok.any() and total_ms:
-        s.samples_per_s = (float(np.sum(gbs[gbs_ok]))
-                           / (float(np.sum(col["per_step_time"][gbs_ok])) / 1e3))
-    elif timed.any():
+    if r.gbs_seen and r.total_ms:
+        s.samples_per_s = r.gbs / (r.gbs_ms / 1e3)
+    elif r.timed:
         s.notes.append("no global_batch_size in the log: samples/s not computed")
-    tokens = _tokens_per_s(s, col)
+    tokens = _tokens_per_s(s, r)
     if tokens is not None:
         s.tokens_per_s = tokens
         if s.world_size:
@@ -142,21 +207,18 @@ def _rates(s: Summary, col: _Steady) -> None:
                                "for the dtype used")
 
 
-def _tokens_per_s(s: Summary, timed: _Steady) -> float | None:
+def _tokens_per_s(s: Summary, r: RateSums) -> float | None:
     """Tokens per second (global): from ``--seq-length``, else mftk's per-step ``tokens`` field, else
     Megatron's running ``consumed_tokens``."""
-    ms = timed["per_step_time"]
-    seconds = float(np.sum(ms)) / 1e3
+    seconds = r.total_ms / 1e3
     if not seconds:
         return None
     if s.seq_length and s.samples_per_s is not None:
         return s.samples_per_s * s.seq_length
-    tokens = timed["tokens"]
-    if len(tokens) and bool(np.isfinite(tokens).all()):
-        return float(np.sum(tokens)) / seconds
-    consumed = timed["consumed_tokens"]
-    if len(consumed) >= 2 and bool(np.isfinite(consumed).all()):
-        return float(consumed[-1] - consumed[0]) / (float(np.sum(ms[1:])) / 1e3)
+    if r.tokens_n and r.tokens_all:
+        return r.tokens / seconds
+    if r.consumed_n >= 2 and r.consumed_all:
+        return (r.consumed_last - r.consumed_first) / (r.ms_after_first / 1e3)
     return None
 
 

@@ -1,0 +1,228 @@
+"""A log longer than a segment is spilled to disk and analyzed a segment at a time (mftk.logs.spill, .stream):
+the held state stays under a fixed bound whatever the number of steps, and the outputs are those of the
+in-memory path (the reference here: the same log read with no spilling)."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from mftk.logs import parse
+from mftk.logs.report import ParseOptions, parse_log
+from mftk.logs.stream import Downsample, HeadTail, _Times, percentiles, select
+from mftk.logs.summary import percentile
+from mftk.logs.table import TableView, as_table
+from tests.helpers.logsynth import synth_lines
+
+SEGMENT = 256  # rows per segment in these tests (the real one is 1M)
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    """Segments of `SEGMENT` rows, read 16 KiB at a time (about 60 lines), so a few thousand steps spill."""
+    monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
+    monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _report(log, tmp_path, tag, **kw):
+    out = tmp_path / tag
+    out.mkdir()
+    options = ParseOptions(csv=out / "s.csv", jsonl=out / "s.jsonl", json=out / "s.json", **kw)
+    return parse_log([log], options), out
+
+
+def _same_report(log, tmp_path, monkeypatch, **kw):
+    """The in-memory report, then the spilled one; their exports and findings compared."""
+    exact, exact_out = _report(log, tmp_path, "exact", **kw)
+    assert exact.runs[0].run.spill is None
+    monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
+    monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
+    spilled, spilled_out = _report(log, tmp_path, "spilled", **kw)
+    run = spilled.runs[0].run
+    assert run.spill is not None and len(run.spill.paths) >= 5
+    for name in ("s.csv", "s.jsonl"):
+        assert (spilled_out / name).read_text() == (exact_out / name).read_text()
+    a, b = json.loads((exact_out / "s.json").read_text()), json.loads((spilled_out / "s.json").read_text())
+    assert b["steps"] == a["steps"] and b["anomalies"] == a["anomalies"]
+    assert spilled.runs[0].anomalies == exact.runs[0].anomalies
+    s, e = spilled.runs[0].summary, exact.runs[0].summary
+    for field in ("steps", "first_step", "last_step", "total_steps", "ranks", "warmup_skipped", "loss_first",
+                  "loss_last", "loss_min", "loss_min_step", "throughput_coarse"):
+        assert getattr(s, field) == getattr(e, field), field
+    for key in ("p50", "p90", "p99", "max"):
+        assert s.step_time_ms[key] == e.step_time_ms[key], key
+    assert s.step_time_ms["mean"] == pytest.approx(e.step_time_ms["mean"], rel=1e-12)
+    assert s.throughput_tflops == pytest.approx(e.throughput_tflops, rel=1e-12)
+    assert s.samples_per_s == pytest.approx(e.samples_per_s, rel=1e-12)
+    assert s.notes[:-1] == e.notes and "a segment at a time" in s.notes[-1]
+    rows_e, rows_s = exact.runs[0].series, spilled.runs[0].series
+    assert len(rows_s) == len(rows_e)
+    assert rows_s[:8] == rows_e[:8] and rows_s[-8:] == rows_e[-8:]
+    return exact, spilled
+
+
+def test_spilled_outputs_equal_the_in_memory_ones(tmp_path, monkeypatch):
+    # spikes every 37 steps (some in the first steps of a segment, where the rolling median needs the previous
+    # segment's values), two in a row, and NaN
+    spikes = {*range(150, 3000, 37), 700, 701}
+    lines = synth_lines(3000, nan_at=(500, 1201), spike_at=spikes, noise_every=9)
+    exact, _ = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
+    kinds = {(a.kind, a.step) for a in exact.runs[0].anomalies}
+    assert {("spike", 150), ("spike", 187), ("spike", 700), ("nan", 500)} <= kinds
+
+
+def test_a_resume_into_spilled_steps_keeps_the_later_lines(tmp_path, monkeypatch):
+    lines = synth_lines(1500, spike_at=(1400,)) + synth_lines(1000, start=1001, total=2000, seed=1)
+    exact, spilled = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
+    assert [a.step for a in exact.runs[0].anomalies if a.kind == "resume"] == [1001]
+    assert exact.runs[0].summary.steps == 2000  # the replaced steps 1001..1500 counted once
+
+
+def _held(run):
+    """What a spilled run keeps in memory: the rows read since its last segment."""
+    return run.records.n
+
+
+@pytest.mark.parametrize("steps", [1_000, 8_000])
+def test_rows_held_stay_bounded_whatever_the_steps(tmp_path, small_segments, steps):
+    log = _write(tmp_path / "worker_0.log", synth_lines(steps))
+    report = parse_log([log], ParseOptions())
+    run = report.runs[0].run
+    assert run.spill.rows + _held(run) == steps  # every step read, nearly all of them on disk
+    assert _held(run) < SEGMENT + 100  # a segment plus one 16 KiB read (~60 lines): not growing with `steps`
+    rows = report.runs[0].series
+    assert len(rows) == steps and len(rows.head) + len(rows.tail) <= 2 * rows.keep
+
+
+@pytest.mark.parametrize("n", [5_000, 50_000])
+def test_plot_buckets_stay_bounded_and_keep_a_spike(n):
+    loss = np.linspace(5, 3, n)
+    loss[n // 3] = 50.0  # one step's spike
+    table = as_table([{"step": i + 1, "loss": float(v)} for i, v in enumerate(loss)])
+    sample = Downsample(buckets=16)
+    for start in range(0, n, 1000):  # views of 1000 rows, as segments are fed
+        sample.feed(TableView(table, np.arange(start, min(start + 1000, n))))
+    assert len(sample.buckets) <= 32 and len(sample.series()) <= 64
+    steps = [r["step"] for r in sample.series()]
+    assert n // 3 + 1 in steps and steps == sorted(steps)
+    assert max(r["loss"] for r in sample.series()) == 50.0 and min(r["loss"] for r in sample.series()) == 3.0
+
+
+def test_head_tail_holds_both_ends_only():
+    table = as_table([{"step": i} for i in range(1, 5001)])
+    rows = HeadTail(keep=10)
+    for start in range(0, 5000, 700):
+        rows.feed(TableView(table, np.arange(start, min(start + 700, 5000))))
+    assert len(rows) == 5000 and len(rows.head) == len(rows.tail) == 10
+    assert [r["step"] for r in rows[:3]] == [1, 2, 3] and [r["step"] for r in rows[-2:]] == [4999, 5000]
+    assert [i for i, _ in rows.indexed()] == list(range(10)) + list(range(4990, 5000))
+    with pytest.raises(IndexError):
+        rows[2500]
+
+
+@pytest.mark.parametrize("kind", ["float", "int"])
+def test_percentiles_from_disk_equal_numpy(kind):
+    rng = random.Random(3)
+    if kind == "int":
+        values = np.array([rng.randint(-5, 900) for _ in range(30_001)], dtype=np.float64)  # many equal values
+    else:
+        values = np.array([rng.gauss(0, 1e3) for _ in range(30_001)] + [0.0, -0.0, 1e-300, -1e300])
+    times = _Times()
+    for chunk in np.array_split(values, 7):
+        times.add(chunk)
+    got = percentiles(times, (0, 50, 90, 99, 100))
+    ordered = np.sort(values)  # the order statistics from NumPy's sort; the in-memory path's interpolation
+    for q in (0, 50, 90, 99, 100):
+        assert got[f"p{q}"] == percentile(ordered, q)
+        assert got[f"p{q}"] == pytest.approx(np.percentile(values, q), rel=1e-14)
+    assert select(times.chunks, [0, len(values) - 1]) == {0: values.min(), len(values) - 1: values.max()}
+    times.file.close()
+
+
+def test_cli_on_a_spilled_log_table_every_and_plot(tmp_path, small_segments):
+    from commands.app import app
+    from tests.helpers.cli import runner
+
+    log = _write(tmp_path / "worker_0.log", synth_lines(3000, spike_at=(2000,)))
+    png = tmp_path / "run.png"
+    result = runner.invoke(app, ["parse-log", str(log), "--rows", "3", "--plot", str(png)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "3000" in result.output and "2998" in result.output and "a segment at a time" in result.output
+    assert png.stat().st_size > 10_000
+    result = runner.invoke(app, ["parse-log", str(log), "--every", "500"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    shown = [int(line.split()[1]) for line in result.output.splitlines()
+             if line.startswith("│") and line.split()[1].isdigit()]
+    # held rows only, the first and last 1000 (the note says so); then the anomaly table's spike
+    assert shown == [1, 501, 2001, 2501, 3000, 2000]
+    result = runner.invoke(app, ["parse-log", str(log), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [r["step"] for r in data["steps"]] == list(range(1, 3001))  # every step, read back from the segments
+    assert [(a["kind"], a["step"]) for a in data["anomalies"]] == [("spike", 2000)]
+
+
+@pytest.mark.parametrize("indent", [1, 2])
+def test_json_written_lazily_is_json_dumps_text(indent):
+    import io
+
+    from mftk.logs.export import write_json
+
+    payload = {"runs": [{"name": "a", "steps": [{"step": 1, "loss": 2.5}, {"step": 2, "v": [1, {"x": None}]}],
+                         "summary": {"p50": 1.0}}, {"name": "b", "steps": [], "warnings": []}]}
+    lazy = {"runs": [{**run, "steps": iter(run["steps"])} for run in payload["runs"]]}
+    out = io.StringIO()
+    write_json(out, lazy, indent)
+    assert out.getvalue() == json.dumps(payload, indent=indent) + "\n"
+
+
+def _odd_lines(n):
+    """Step lines with lr jumps on every step of a range, grad-norm spikes and slow steps every few dozen steps
+    (some on segment edges)."""
+    from mftk.logs.format import format_step_line
+    from tests.helpers.logsynth import prefix_at, step_metrics
+
+    out = []
+    for step in range(1, n + 1):
+        m = step_metrics(step)
+        if 300 <= step <= 1500 and step % 2:
+            m["lr"] *= 4  # up and down every step, across several segment edges: one long run of lr jumps
+        if step % 53 == 0:
+            m["grad_norm"] *= 10
+        if step % 59 == 0:
+            m["per_step_time"] *= 5
+        out.append(prefix_at(step) + format_step_line(m, total_steps=n))
+    return out
+
+
+def test_spilled_lr_grad_and_time_checks_equal_the_in_memory_ones(tmp_path, monkeypatch):
+    exact, _ = _same_report(_write(tmp_path / "worker_0.log", _odd_lines(2500)), tmp_path, monkeypatch)
+    kinds = {a.kind for a in exact.runs[0].anomalies}
+    assert {"lr_jump", "grad_spike", "straggler"} <= kinds
+    assert [(a.step, a.last_step) for a in exact.runs[0].anomalies if a.kind == "lr_jump"] == [(301, 1500)]  # up at 301 (odd), down at 1500
+
+
+def test_compare_of_spilled_runs_exports_as_in_memory(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = _write(tmp_path / "a" / "worker_0.log", synth_lines(900))
+    b = _write(tmp_path / "b" / "worker_0.log", synth_lines(700, seed=2, spike_at=(400,)))
+
+    def exports(tag):
+        out = tmp_path / tag
+        out.mkdir()
+        report = parse_log([a, b], ParseOptions(compare=True, csv=out / "s.csv", jsonl=out / "s.jsonl"))
+        return report, (out / "s.csv").read_text(), (out / "s.jsonl").read_text()
+
+    exact = exports("exact")
+    monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
+    monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
+    spilled = exports("spilled")
+    assert all(r.run.spill is not None for r in spilled[0].runs)
+    assert spilled[1:] == exact[1:] and ",run," in spilled[1].splitlines()[0]
+    assert [r.anomalies for r in spilled[0].runs] == [r.anomalies for r in exact[0].runs]
