@@ -7,7 +7,7 @@ asserts nothing on RSS, wall time or throughput: those move with the machine's l
 --fsdp-replay: two FSDP units whose layers `exclude_op` lists (12.8 M weights each: by hand 4 B × (4·1024²
   attention + 3·1024·2816 MLP) = 51 MB a layer), 5 steps in one process; prints the VmRSS growth from step 2
   to step 5 as a fraction of one layer's weights. A replay whose recorded graph is never released (the bug
-  `engine.checkpoint` guards against) grows by 2 layers a step: ~6.0; fixed: ~0.
+  `engine.activation_checkpoint` guards against) grows by 2 layers a step: ~6.0; fixed: ~0.
 --unique-words: `mftk preprocess` of ~100 MB of random 10-character words (gigatoken memoizes every distinct word
   without a bound: 1.9 GB for 150 MB before mftk bounded it); prints the peak RSS (goal < 1 GiB).
 --long-line: `mftk preprocess` of one 50 MB JSON line against a one-line run, each a fresh process; prints

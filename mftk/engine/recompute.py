@@ -2,7 +2,7 @@
 sections (reference `distributed/activation_checkpoint.py`; 2.1.0 forms, mindformers-2.1.md §1.7).
 
 - ``mode: full`` + ``full_recompute_layer`` (``["0-3", 5]``; MTP layer i is id ``num_layers + i``): each listed
-  transformer layer becomes a `units.ReplayedUnit` — only its input is kept, its forward is replayed in its
+  transformer layer becomes a `unit_replay.ReplayedUnit` — only its input is kept, its forward is replayed in its
   backward;
 - ``mode: select`` + ``select_module`` (module-path glob → layer ranges): in each listed layer, every sub-cell
   whose path inside the layer matches the glob (``self_attention``, ``mlp``, ``*core_attention``…) is replayed;
@@ -14,10 +14,10 @@ sections (reference `distributed/activation_checkpoint.py`; 2.1.0 forms, mindfor
   each listed layer, the matching cells inside a recomputed one keep their outputs and are not replayed (the
   reference's ``checkpoint_exclude_wrapper``).
 
-Two mechanisms, one per layer. A recomputed layer without exclusions: `units.ReplayedUnit` (a custom-``bprop``
+Two mechanisms, one per layer. A recomputed layer without exclusions: `unit_replay.ReplayedUnit` (a custom-``bprop``
 cell that keeps nothing but its inputs — the lowest memory). A recomputed layer that ``exclude_op`` lists: its
 recomputed cells (the layer, or its selected cells) are checkpointed over saved-tensor hooks
-(`engine.checkpoint`, `apply_exclusions`), so that the excluded cells inside them keep their outputs and their
+(`engine.activation_checkpoint`, `apply_exclusions`), so that the excluded cells inside them keep their outputs and their
 own saved tensors (a custom ``bprop`` cannot keep them: a nested ``ms.vjp`` in its forward is refused by
 MindSpore 2.10); such a layer keeps more than a replayed unit does (the hooks' handles, what the excluded cells
 save).
@@ -38,7 +38,7 @@ import fnmatch
 from typing import Any
 
 from mftk.derive import parse_layer_range
-from mftk.engine import checkpoint, units
+from mftk.engine import activation_checkpoint, unit_replay
 from mftk.errors import ConfigError, Problem
 
 
@@ -93,7 +93,7 @@ def excluding_layers(model: Any, recompute: Any, recompute_comm: Any = None) -> 
 
 def apply_exclusions(model: Any, recompute: Any, recompute_comm: Any = None) -> list[str]:
     """The layers ``exclude_op`` lists (`excluding_layers`): their recomputed cells checkpointed
-    (`engine.checkpoint`; the whole layer when ``full_recompute_layer`` lists it, else each of its selected
+    (`engine.activation_checkpoint`; the whole layer when ``full_recompute_layer`` lists it, else each of its selected
     cells) and the matching cells inside them excluded (outputs kept, not replayed). Run before FSDP wraps the
     layers (`parallelize`), so that the checkpoints' hooks sit inside the units' gathers; a layer already
     checkpointed, or not trained here (another pipeline stage's), is left as it is. Returns the excluded cells'
@@ -121,17 +121,17 @@ def apply_exclusions(model: Any, recompute: Any, recompute_comm: Any = None) -> 
     out: list[str] = []
     for i in sorted(targets):
         path, layer = layers[i]
-        if checkpoint.within(layer) or not _trains(layer):
+        if activation_checkpoint.within(layer) or not _trains(layer):
             continue
         cells = dict(layer.cells_and_names())
         owners = _recomputed_cells(layer, i, recompute, recompute_comm)
         for owner in owners:
-            checkpoint.install(cells[owner], f"{path}.{owner}" if owner else path)
+            activation_checkpoint.install(cells[owner], f"{path}.{owner}" if owner else path)
         for sub in targets[i]:
             if any(sub.startswith(t + ".") for t in targets[i]):
                 continue  # inside another excluded cell: kept with it
             owner = next(o for o in owners if o == "" or sub.startswith(o + "."))
-            checkpoint.exclude(cells[sub], checkpoint.of(cells[owner]))
+            activation_checkpoint.exclude(cells[sub], activation_checkpoint.of(cells[owner]))
             out.append(f"{path}.{sub}")
     return out
 
@@ -173,31 +173,31 @@ def apply_recompute(model: Any, recompute: Any, recompute_comm: Any = None) -> l
     apply_exclusions(model, recompute, recompute_comm)
     mode = str(getattr(recompute, "mode", "None"))
     layers = numbered_layers(model)
-    cells = units.owners(model)
+    cells = unit_replay.owners(model)
     done: list[str] = []
     if mode in ("full", "select"):
         for i in layer_ids(recompute.full_recompute_layer):
             path, layer = layers[i]
-            if _trains(layer) and units.unit_of(layer) is None and not checkpoint.within(layer):
-                units.install(layer, "layer", units.renew(cells, _params(layer)), name=path)
-            if units.unit_of(layer) is not None or checkpoint.of(layer) is not None:
+            if _trains(layer) and unit_replay.unit_of(layer) is None and not activation_checkpoint.within(layer):
+                unit_replay.install(layer, "layer", unit_replay.renew(cells, _params(layer)), name=path)
+            if unit_replay.unit_of(layer) is not None or activation_checkpoint.of(layer) is not None:
                 done.append(path)  # installed here, an FSDP unit that replays (`replayed_layers`), or checkpointed
     for select in _selections(recompute, recompute_comm):
         for pattern, ranges in select.items():
             for i in layer_ids(ranges):
                 path, layer = layers[i]
-                if units.unit_of(layer) is not None or checkpoint.of(layer) is not None or not _trains(layer):
-                    if units.unit_of(layer) is not None and path not in done:
+                if unit_replay.unit_of(layer) is not None or activation_checkpoint.of(layer) is not None or not _trains(layer):
+                    if unit_replay.unit_of(layer) is not None and path not in done:
                         done.append(path)  # an FSDP unit that replays whole (`replayed_layers`)
                     continue  # replayed whole already
-                excluding = bool(checkpoint.within(layer))
+                excluding = bool(activation_checkpoint.within(layer))
                 for sub, cell in _matching(layer, str(pattern)):
                     name = f"{path}.{sub}"
                     if excluding:  # checkpointed by apply_exclusions
-                        if checkpoint.of(cell) is not None and name not in done:
+                        if activation_checkpoint.of(cell) is not None and name not in done:
                             done.append(name)
-                    elif units.unit_of(cell) is None and _params(cell):
-                        units.install(cell, "cell", units.renew(cells, _params(cell)), name=name)
+                    elif unit_replay.unit_of(cell) is None and _params(cell):
+                        unit_replay.install(cell, "cell", unit_replay.renew(cells, _params(cell)), name=name)
                         done.append(name)
     return done
 

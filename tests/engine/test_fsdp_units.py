@@ -58,7 +58,7 @@ def _fsdp_model(cfg, replay=()):
 
 
 def test_kept_units_give_the_plain_gradients_without_replaying(rng):
-    from mftk.engine import units
+    from mftk.engine import unit_replay
     from mftk.engine.parallel import fsdp
 
     cfg = make_qwen3()
@@ -67,7 +67,7 @@ def test_kept_units_give_the_plain_gradients_without_replaying(rng):
     assert names == ["embedding", "output_layer"] + [f"decoder.layers.{i}" for i in range(cfg.num_hidden_layers)]
     cells = dict(model.cells_and_names())
     hooks = [fsdp.kept_hooks(cells[n]) for n in names if n != "output_layer"] + [fsdp.kept_hooks(model.loss)]
-    assert all(h is not None for h in hooks) and not any(units.unit_of(c) for c in cells.values())
+    assert all(h is not None for h in hooks) and not any(unit_replay.unit_of(c) for c in cells.values())
     regathers = []
     for h in hooks:  # count the backward's gathers: one per unit, and only there
         original = h._unpack
@@ -106,7 +106,7 @@ def test_kept_units_draw_the_plain_runs_dropout_masks(rng):
 
 
 def test_units_recompute_selects_replay(rng):
-    from mftk.engine import units
+    from mftk.engine import unit_replay
     from mftk.engine.recompute import replayed_layers
 
     cfg = make_qwen3()
@@ -118,7 +118,7 @@ def test_units_recompute_selects_replay(rng):
     cells = dict(model.cells_and_names())
     args = _args(cfg, rng)
     _assert_plain_grads(plain, model, args)
-    assert [units.unit_of(cells[p]).replays for p in sorted(replay)] == [1, 1]
+    assert [unit_replay.unit_of(cells[p]).replays for p in sorted(replay)] == [1, 1]
 
 
 
@@ -127,7 +127,7 @@ def test_a_layer_exclude_op_lists_is_a_kept_unit_replaying_with_its_weights_gath
     kept unit whose checkpoint replays with the unit's weights gathered again (`FsdpHooks.regathered`), the
     excluded cell running once; the other recomputed layer stays a replaying unit; the gradients are the plain
     run's."""
-    from mftk.engine import checkpoint, units
+    from mftk.engine import activation_checkpoint, unit_replay
     from mftk.engine.parallel import fsdp
     from mftk.engine.recompute import apply_exclusions, apply_recompute, replayed_layers
 
@@ -144,9 +144,9 @@ def test_a_layer_exclude_op_lists_is_a_kept_unit_replaying_with_its_weights_gath
     assert apply_recompute(model, section) == ["decoder.layers.0", "decoder.layers.1"]
     cells = dict(model.cells_and_names())
     layer0, layer1 = cells["decoder.layers.0"], cells["decoder.layers.1"]
-    hooks, ck = fsdp.kept_hooks(layer0), checkpoint.of(layer0)
-    assert hooks is not None and ck is not None and units.unit_of(layer0) is None
-    assert units.unit_of(layer1) is not None and fsdp.kept_hooks(layer1) is None
+    hooks, ck = fsdp.kept_hooks(layer0), activation_checkpoint.of(layer0)
+    assert hooks is not None and ck is not None and unit_replay.unit_of(layer0) is None
+    assert unit_replay.unit_of(layer1) is not None and fsdp.kept_hooks(layer1) is None
     regathers = []
     original = ck.around_replay
 
@@ -157,7 +157,7 @@ def test_a_layer_exclude_op_lists_is_a_kept_unit_replaying_with_its_weights_gath
     args = _args(cfg, rng)
     _assert_plain_grads(plain, model, args)
     assert calls == {proj: 1, qkv: 2, mlp1: 2}  # the excluded cell not replayed; the others of both layers are
-    assert regathers == [1] and ck.replays == 1 and units.unit_of(layer1).replays == 1
+    assert regathers == [1] and ck.replays == 1 and unit_replay.unit_of(layer1).replays == 1
     assert hooks._again is None and not hooks._live  # nothing gathered left behind
 
 def test_units_put_their_gradients_in_the_flat_buffer(rng):
@@ -213,11 +213,11 @@ def test_release_frees_the_build_parameters_fsdp_replaced():
 
 def test_exclude_op_checkpoints_leave_nothing_behind_from_step_to_step(rng, monkeypatch):
     """MindSpore keeps a recorded graph whose backward never ran, with its inputs, for good: the checkpoint runs its
-    replay's (empty) backward (`engine.checkpoint`), or a run would grow by its layers' gathered weights every step.
+    replay's (empty) backward (`engine.activation_checkpoint`), or a run would grow by its layers' gathered weights every step.
     Deterministic here: every replay's recorded graph is released by its backward, once, in every step. What
     leaving it out costs in memory (a layer's gathered weights per step) is measured by
     `bench/memory_guards.py --fsdp-replay`, not asserted on the process's RSS."""
-    from mftk.engine import checkpoint as ckpt_module
+    from mftk.engine import activation_checkpoint as ckpt_module
     from mftk.engine.parallel import fsdp
     from mftk.engine.recompute import apply_exclusions, replayed_layers
 

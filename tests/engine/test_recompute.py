@@ -28,7 +28,7 @@ CASES = [
 
 @pytest.mark.parametrize("family,section,paths", CASES)
 def test_recompute_gives_the_gradients_of_the_plain_run(rng, family, section, paths):
-    from mftk.engine import units
+    from mftk.engine import unit_replay
     from mftk.engine.recompute import apply_recompute
 
     cfg = make_qwen3() if family == "qwen3" else make_dsv3(moe_router_load_balancing_type="global_aux_loss")
@@ -40,7 +40,7 @@ def test_recompute_gives_the_gradients_of_the_plain_run(rng, family, section, pa
     for a, b in zip(ga, gb):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
     cells = {name: cell for name, cell in replayed.cells_and_names()}
-    assert all(units.unit_of(cells[p]).replays == 1 for p in paths)  # replayed once in the one backward
+    assert all(unit_replay.unit_of(cells[p]).replays == 1 for p in paths)  # replayed once in the one backward
     for pa, pb in zip(plain.get_parameters(), replayed.get_parameters()):  # in-place counters counted once
         np.testing.assert_array_equal(pa.asnumpy(), pb.asnumpy(), err_msg=pa.name)
 
@@ -70,10 +70,10 @@ EXCLUDED = [
 @pytest.mark.parametrize("family,section,excluded,replayed", EXCLUDED)
 def test_excluded_cells_run_once_the_others_are_replayed_and_the_gradients_are_the_plain_runs(
         rng, family, section, excluded, replayed):
-    """The layers exclude_op lists are checkpointed (`engine.checkpoint`), the other recomputed layers stay
+    """The layers exclude_op lists are checkpointed (`engine.activation_checkpoint`), the other recomputed layers stay
     replayed units; an excluded cell's forward runs once (its outputs kept), its neighbours' twice (forward and
     replay), and the gradients and in-place counters are the plain run's."""
-    from mftk.engine import checkpoint, units
+    from mftk.engine import activation_checkpoint, unit_replay
     from mftk.engine.recompute import apply_recompute, excluded_cells, excluding_layers
 
     cfg = make_qwen3() if family == "qwen3" else make_dsv3(moe_router_load_balancing_type="global_aux_loss")
@@ -86,7 +86,7 @@ def test_excluded_cells_run_once_the_others_are_replayed_and_the_gradients_are_t
     assert layers == {p.split(".mlp")[0].split(".self_attention")[0] for p in excluded}
     for p in paths:  # one mechanism per layer: hooks where exclude_op lists the layer, a replayed unit elsewhere
         hooked = any(p == layer or p.startswith(layer + ".") for layer in layers)
-        assert (checkpoint.of(cells[p]) is not None) == hooked and (units.unit_of(cells[p]) is not None) != hooked, p
+        assert (activation_checkpoint.of(cells[p]) is not None) == hooked and (unit_replay.unit_of(cells[p]) is not None) != hooked, p
     args = _args(cfg, rng)
     (la, ga), (lb, gb) = _grads(plain, args), _grads(model, args)
     assert la == lb
@@ -94,7 +94,7 @@ def test_excluded_cells_run_once_the_others_are_replayed_and_the_gradients_are_t
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
     assert calls == {**{p: 1 for p in excluded}, **{p: 2 for p in replayed}}
     for p in paths:
-        done = checkpoint.of(cells[p]) or units.unit_of(cells[p])
+        done = activation_checkpoint.of(cells[p]) or unit_replay.unit_of(cells[p])
         assert done.replays == 1, p
     for pa, pb in zip(plain.get_parameters(), model.get_parameters()):  # in-place counters counted once
         np.testing.assert_array_equal(pa.asnumpy(), pb.asnumpy(), err_msg=pa.name)
@@ -127,7 +127,7 @@ def test_exclude_op_in_select_mode_checkpoints_every_selected_cell_of_its_layer(
     """A layer exclude_op lists is one mechanism: each of its selected cells is checkpointed (the one without an
     exclusion too), the other layer's selected cell stays a replayed unit. A pattern naming a selected cell
     itself (not a cell inside it) is an error."""
-    from mftk.engine import checkpoint, units
+    from mftk.engine import activation_checkpoint, unit_replay
     from mftk.engine.recompute import apply_recompute, excluded_cells
     from mftk.errors import ConfigError
 
@@ -144,7 +144,7 @@ def test_exclude_op_in_select_mode_checkpoints_every_selected_cell_of_its_layer(
     paths = apply_recompute(model, section)
     assert paths == ["decoder.layers.0.mlp", "decoder.layers.1.mlp", "decoder.layers.1.self_attention"]
     cells = dict(model.cells_and_names())
-    assert [(bool(checkpoint.of(cells[p])), bool(units.unit_of(cells[p]))) for p in paths] == [
+    assert [(bool(activation_checkpoint.of(cells[p])), bool(unit_replay.unit_of(cells[p]))) for p in paths] == [
         (False, True), (True, False), (True, False)]
     assert excluded_cells(model) == ["decoder.layers.1.self_attention.linear_qkv",
                                      "decoder.layers.1.self_attention.linear_proj"]

@@ -10,7 +10,7 @@ included), the embedding, and the output layer (through the head loss). Two kind
   shadow the row blocks in their cells; when the forward ends they are freed — saved-tensor hooks store a
   handle in place of each, and the unit's backward gathers them once more when it first needs one (torch
   FSDP2's ``reshard_after_forward``);
-- replayed (the layers recompute selects, `recompute.replayed_layers`): a `units.ReplayedUnit` whose weights
+- replayed (the layers recompute selects, `recompute.replayed_layers`): a `unit_replay.ReplayedUnit` whose weights
   are gathered into full-shape Parameters standing in for the row blocks for its forward and again for its
   replay in the backward; it keeps no activations inside it. A layer recompute checkpoints because
   ``exclude_op`` lists it (`recompute.apply_exclusions`, installed before FSDP) is a kept unit, its
@@ -38,11 +38,11 @@ from typing import Any, Collection, Iterator, Sequence
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from mftk.engine import checkpoint, units
+from mftk.engine import activation_checkpoint, unit_replay
 from mftk.engine.parallel import comm
 
 
-class FsdpHooks(units.UnitHooks):
+class FsdpHooks(unit_replay.UnitHooks):
     """Gather / free / reduce-scatter of one unit's sharded parameters (``sharded`` is a subset of ``params``)."""
 
     def __init__(self, params: Sequence[Parameter], sharded: Sequence[Parameter], groups: Any,
@@ -187,7 +187,7 @@ class FsdpHooks(units.UnitHooks):
     @contextmanager
     def regathered(self) -> Iterator[tuple[list, Any]]:
         """The unit's weights gathered again, for the replay of a cell recompute checkpoints inside a kept unit
-        (a layer ``exclude_op`` lists, `engine.checkpoint`, in the backward), and ``bind(tensors)``, which makes
+        (a layer ``exclude_op`` lists, `engine.activation_checkpoint`, in the backward), and ``bind(tensors)``, which makes
         them (or the replay's own inputs standing for them) shadow the row blocks in their cells until the
         replay ends."""
         full = [Tensor.from_numpy(a) for a in
@@ -318,7 +318,7 @@ def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = ()
                sink: GradSink | None = None) -> list[str]:
     """Cut every FSDP-split parameter (the table's ``fsdp`` rows) to this rank's block and make every unit
     this rank trains gather it for its forward and its backward: the units named in ``replay`` (the layers
-    recompute selects, `recompute.replayed_layers`) replay their forward in the backward (`units.ReplayedUnit`),
+    recompute selects, `recompute.replayed_layers`) replay their forward in the backward (`unit_replay.ReplayedUnit`),
     the others keep their activations (`FsdpHooks.gathered`), the checkpoints inside them (``exclude_op``'s)
     replaying with the weights gathered again (`FsdpHooks.regathered`). Returns the names of the units installed."""
     size, rank = groups.fsdp.size, groups.fsdp.rank
@@ -330,17 +330,17 @@ def apply_fsdp(model: Any, groups: Any, table: Any, replay: Collection[str] = ()
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         if not sharded:  # nothing to gather: the unit runs as built
             continue
-        owners = units.owners(model)
+        owners = unit_replay.owners(model)
         rows = {id(p): p.asnumpy()[rank * (p.shape[0] // size):(rank + 1) * (p.shape[0] // size)] for p in sharded}
-        params = units.renew(owners, params, rows)  # the row blocks, and every other one as it is now
+        params = unit_replay.renew(owners, params, rows)  # the row blocks, and every other one as it is now
         sharded = [p for p in params if table[p.name].split_over("fsdp")]
         tp_whole = [not table[p.name].split_over("tp") and not table[p.name].expert for p in params]
         hooks = FsdpHooks(params, sharded, groups, tp_whole, owners, sink)
-        if name in replay and not checkpoint.within(cell):
-            units.install(cell, kind, params, hooks, name=name)
+        if name in replay and not activation_checkpoint.within(cell):
+            unit_replay.install(cell, kind, params, hooks, name=name)
         else:
             _keep(cell, kind, hooks)
-            for ck in checkpoint.within(cell):  # exclude_op's checkpoints: replayed with the weights gathered again
+            for ck in activation_checkpoint.within(cell):  # exclude_op's checkpoints: replayed with the weights gathered again
                 ck.around_replay = hooks.regathered
         installed.append(name)
     return installed

@@ -1,6 +1,6 @@
 """Activation checkpoint of one cell over saved-tensor hooks (torch's non-reentrant checkpoint): recompute of
 the layers ``exclude_op`` lists (`recompute.apply_exclusions`), with and without FSDP. The other recomputed
-layers are `units.ReplayedUnit` (a custom ``bprop``: it keeps less — the 220M fsdp2 run's peak fell to 0.59x
+layers are `unit_replay.ReplayedUnit` (a custom ``bprop``: it keeps less — the 220M fsdp2 run's peak fell to 0.59x
 of the run without recompute where these hooks reached 0.89x — but cannot keep an inner cell's activations).
 
 Why saved-tensor hooks: the cell's forward is recorded by autograd as it is (no custom ``bprop``, so any
