@@ -124,7 +124,13 @@ def family_name(model: Any) -> str | None:
 
 
 def attention_kind(model: Any) -> str | None:
-    return ATTENTION_KINDS.get(family_name(model) or "")
+    """The family's attention kind; DeepSeek-V4's legacy ``mla`` variant has DeepSeek-V3's MLA attention
+    (`DeepseekV4ModelConfig.plain_mla`), so the MLA plan applies to it (the rest of its layers follow V4's plan:
+    `engine.parallel.parallelize.tensor_parallel_layer`)."""
+    family = family_name(model)
+    if family == "deepseek_v4" and model.plain_mla():
+        return "mla"
+    return ATTENTION_KINDS.get(family or "")
 
 
 def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refusal]:
@@ -284,6 +290,8 @@ def _tensor(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
         out.append(Refusal("tp_mla_q", path, "tensor parallel MLA needs q_lora_rank (without it q is projected "
                            "together with the latent kv in one weight, which TP cannot split by heads)",
                            "set model.q_lora_rank, or tensor_parallel: 1"))
+    if family_name(m) == "deepseek_v4":  # the mla variant: its MoE as V4's plan (shared experts whole)
+        return out + _tensor_common(m, lay)
     pattern = m.moe_layer_pattern()
     if not all(pattern) or not pattern:
         need("tp_ffn", "ffn_hidden_size (intermediate_size)", m.ffn_hidden_size())
@@ -345,6 +353,11 @@ def _context(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
     if kind is None:
         out.append(Refusal("cp_family", path, f"context parallel is not implemented for model_type {m.model_type!r}",
                            "set parallelism.context_parallel: 1"))
+    elif kind == "mla" and family_name(m) == "deepseek_v4":
+        return [Refusal("cp_family", path, "context parallel is not implemented for DeepSeek-V4's legacy mla "
+                        "variant: its MLA attention would take DeepSeek-V3's plan, but the rest of the V4 layer (the "
+                        "hyper-connection streams, the hash-routed MoE's token ids, the MTP layer) has no "
+                        "context-parallel plan", "set parallelism.context_parallel: 1")]
     elif kind == "csa":
         return [Refusal("cp_family", path, "context parallel is not implemented for DeepSeek-V4's compressed sparse "
                         "attention yet: it needs CSA's own schedule (the sliding-window halo from the previous "
