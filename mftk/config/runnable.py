@@ -120,10 +120,22 @@ def _family(model: Any) -> Any:
     return MODEL_TYPES.get(getattr(model, "model_type", None))
 
 
-def attention_kind(model: Any) -> str | None:
-    """The family's attention kind where a tensor / context parallel plan exists for it; None otherwise."""
+def family_name(model: Any) -> str | None:
+    """The family table's name for the model's family (None: no family)."""
     family = _family(model)
-    return family.attention if family is not None and family.attention in PLANNED_ATTENTION else None
+    return family.name if family is not None else None
+
+
+def attention_kind(model: Any) -> str | None:
+    """The family's attention kind where a tensor / context parallel plan exists for it; None otherwise.
+    DeepSeek-V4's legacy ``mla`` variant has DeepSeek-V3's MLA attention (`DeepseekV4ModelConfig.plain_mla`), so
+    the MLA plan applies to it (the rest of its layers follow V4's plan:
+    `engine.parallel.parallelize.tensor_parallel_layer`)."""
+    family = _family(model)
+    if family is None:
+        return None
+    kind = "mla" if family.attention == "csa" and model.plain_mla() else family.attention
+    return kind if kind in PLANNED_ATTENTION else None
 
 
 def layout_refusals(model: Any, layout: Layout, s: LayoutSettings) -> list[Refusal]:
@@ -285,6 +297,8 @@ def _tensor(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
         out.append(Refusal("tp_mla_q", path, "tensor parallel MLA needs q_lora_rank (without it q is projected "
                            "together with the latent kv in one weight, which TP cannot split by heads)",
                            "set model.q_lora_rank, or tensor_parallel: 1"))
+    if family_name(m) == "deepseek_v4":  # the mla variant: its MoE as V4's plan (shared experts whole)
+        return out + _tensor_common(m, lay)
     pattern = m.moe_layer_pattern()
     if not all(pattern) or not pattern:
         need("tp_ffn", "ffn_hidden_size (intermediate_size)", m.ffn_hidden_size())
@@ -346,6 +360,11 @@ def _context(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
     if kind is None:
         out.append(Refusal("cp_family", path, f"context parallel is not implemented for model_type {m.model_type!r}",
                            "set parallelism.context_parallel: 1"))
+    elif kind == "mla" and family_name(m) == "deepseek_v4":
+        return [Refusal("cp_family", path, "context parallel is not implemented for DeepSeek-V4's legacy mla "
+                        "variant: its MLA attention would take DeepSeek-V3's plan, but the rest of the V4 layer (the "
+                        "hyper-connection streams, the hash-routed MoE's token ids, the MTP layer) has no "
+                        "context-parallel plan", "set parallelism.context_parallel: 1")]
     elif kind == "csa":
         return [Refusal("cp_family", path, "context parallel is not implemented for DeepSeek-V4's compressed sparse "
                         "attention yet: it needs CSA's own schedule (the sliding-window halo from the previous "

@@ -315,12 +315,13 @@ def _layer_params(cfg: Any, moe: bool) -> _LayerParams:
     H = cfg.hidden_size
     attn = F.attention_params(cfg)
     v4 = F._v4.is_v4(cfg)
-    if v4:  # the attention whole on every TP rank but its query up-projection's rows (engine/parallel/parallelize.py)
+    v4_mla = v4 and F._v4._plain_mla(cfg)  # DeepSeek-V4's legacy mla variant: DeepSeek-V3's MLA plan, both norms
+    if v4 and not v4_mla:  # the attention whole on every TP rank but its query up-projection's rows (parallelize.py)
         attn_rep = attn - cfg.num_attention_heads * cfg.v_head_dim * cfg.q_lora_rank
-    elif F._is_mla(cfg):
+    elif F._is_mla(cfg) or v4_mla:
         q_rank = cfg.q_lora_rank or 0
         down = (q_rank if q_rank else cfg.num_attention_heads * cfg.q_head_dim()) + cfg.kv_lora_rank + cfg.qk_rope_head_dim
-        attn_rep = down * H + ((q_rank if q_rank else 0) + cfg.kv_lora_rank if cfg.qk_layernorm else 0)
+        attn_rep = down * H + ((q_rank if q_rank else 0) + cfg.kv_lora_rank if cfg.qk_layernorm or v4_mla else 0)
     else:
         attn_rep = 2 * cfg.kv_channels() if F.has_qk_norm(cfg) else 0
     rep = attn_rep + 2 * H

@@ -1,10 +1,13 @@
-"""DeepSeek-V4 under tensor parallel (issue 36), with AdamW: the tiny V4 template (hash- and learned-routed MoE
-inside hyper-connection layers, CSA/HCA attention with the indexer loss, MTP) under tp2 (and tp2 composed with
-expert parallel), tp2·pp2, and MindSpore Transformers' own V4 test layout tp2·pp2·dp_shard2 gives the losses,
-grad norms, load-balancing, indexer and MTP losses of the single-process run with the same global batch (1e-5
-relative, fp32), on the first and the last rank. The tp2·pp2 step-2 checkpoint re-saved under ep2·fsdp2 (no TP,
-no PP: the query up-projection's TP rows, the stages and FSDP's rows all move) is the same state bit for bit, and
-so is MF's layout's re-saved under tp2·pp2; tp2's continues in one process with the single-process step 3.
+"""DeepSeek-V4 under tensor parallel (issue 36): the tiny V4 template as shipped (hash- and learned-routed MoE
+inside hyper-connection layers, CSA/HCA attention with the indexer loss, MTP; its optimizer, Muon, as MF's own V4
+test config: the query up-projection's TP rows are gathered into the whole matrix for Newton–Schulz,
+`engine.muon`; QK-clip off, as the template) under tp2 (and tp2 composed with expert parallel), tp2·pp2, and
+MindSpore Transformers' own V4 test layout tp2·pp2·dp_shard2 gives the losses, grad norms, load-balancing, indexer
+and MTP losses of the single-process run with the same global batch (1e-5 relative, fp32), on the first and the
+last rank. The tp2·pp2 step-2 checkpoint re-saved under ep2·fsdp2 (no TP, no PP: the query up-projection's TP
+rows, the stages and FSDP's rows all move) is the same state (weights, Muon's momentum, the AdamW fallback's
+moments) bit for bit, and so is MF's layout's re-saved under tp2·pp2; tp2's continues in one process with the
+single-process step 3.
 
 The plan (`parallelize.tensor_parallel_v4_attention`, as MF 2.1.0): the attention whole on the gathered sequence
 but its query up-projection split by rows; hyper-connections, norms, router and shared experts whole on each
@@ -59,7 +62,7 @@ class Runs:
 
     def raw(self, name: str, *, parallelism_of: str | None = None) -> dict:
         raw = tiny_raw("deepseek_v4_tiny.yaml", self.corpus, self.ckpt(name), steps=3, gbs=4)
-        raw["optimizer"] = {"type": "AdamW", "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1}
+        assert raw["optimizer"]["type"] == "Muon"  # the template's optimizer, MF's V4 test config's
         layout = parallelism_of or name
         raw["parallelism"].update({**LAYOUTS, **OTHER}[layout][1])
         return raw

@@ -38,6 +38,15 @@ def qwen3_moe():
     return _template_model("qwen3_moe_tiny")
 
 
+def v4_mla():
+    """The tiny V4 template with the legacy mla variant (as tests/engine/test_deepseek_v4_mla.py builds it)."""
+    from tests.helpers.config import load_dict, template_dict
+
+    raw = template_dict("deepseek_v4_tiny")
+    raw["model"].update({"experimental_attention_variant": "mla", "kv_lora_rank": 16, "v_head_dim": 16})
+    return load_dict(raw).config.model
+
+
 def test_muon_plain_dp_and_expert_parallel_run():
     """Muon's refusals are QK-clip's only (on FSDP rows, and its tracking under TP/CP/PP); Muon itself runs under
     tensor parallel (whole matrices gathered, `engine.muon`); Qwen3-MoE and DeepSeek-V4 (its hash-routed layers,
@@ -65,6 +74,22 @@ def test_deepseek_v4_takes_tensor_parallel_with_pipeline_and_fsdp():
     assert refused(m, Layout(world=8, dp_shard=2, tp=2, pp=2), global_batch_size=4,
                    layers_per_stage=["0-1", "2"]) == {}
     assert refused(m, Layout(world=2, tp=2), muon=True, global_batch_size=4) == {}  # whole-matrix Muon
+
+
+def test_deepseek_v4_mla_variant_takes_the_mla_plan_under_tensor_parallel():
+    """DeepSeek-V4's legacy mla variant is DeepSeek-V3's MLA attention: its attention kind is "mla" and the MLA
+    rules apply (heads % tp; V4's query-rows rule does not: 4·16 % 4 = 0 would pass it), with Muon and PP
+    (msrun: test_train_v4_mla_tensor_parallel); context parallel is refused for the rest of the V4 layer."""
+    from mftk.config.runnable import attention_kind
+
+    m = v4_mla()
+    assert (attention_kind(m), attention_kind(v4()), attention_kind(dsv3())) == ("mla", "csa", "mla")
+    assert refused(m, Layout(world=2, tp=2), muon=True, global_batch_size=4) == {}
+    assert refused(m, Layout(world=4, tp=2, pp=2), global_batch_size=4, layers_per_stage=["0-1", "2"]) == {}
+    got = refused(attrs.evolve(m, num_attention_heads=2), Layout(world=4, tp=4), global_batch_size=4)
+    assert "num_attention_heads % tp = 2 % 4 = 2" in got["tp_heads"] and "tp_csa_q" not in got, got
+    got = refused(m, Layout(world=2, cp=2), global_batch_size=4)
+    assert "DeepSeek-V4's legacy mla variant" in got["cp_family"], got
 
 
 def test_qwen3_moe_takes_the_gqa_plan_and_every_dimension():

@@ -301,3 +301,15 @@ def test_deepseek_v4_tp_splits_only_the_query_up_projection():
 
     cfg = load_dict(template_dict("deepseek_v4_tiny")).config.model
     assert _layer_params(cfg, moe=True).tp_split == 4 * 32 * 32
+
+
+def test_deepseek_v4_mla_variant_tp_splits_the_mla_heads():
+    """DeepSeek-V4's legacy mla variant takes DeepSeek-V3's MLA plan under TP (`parallelize.tensor_parallel_layer`):
+    ``linear_qb`` 4·(24+8)·32, ``linear_kvb`` 4·(24+16)·16 and ``linear_proj`` 64·4·16 divided by tp (by hand:
+    4096 + 2560 + 4096); the latent down-projection, its norms and V4's shared experts whole."""
+    from mftk.plan.memory import _layer_params
+    from tests.helpers.config import load_dict, template_dict
+
+    raw = template_dict("deepseek_v4_tiny")
+    raw["model"].update({"experimental_attention_variant": "mla", "kv_lora_rank": 16, "v_head_dim": 16})
+    assert _layer_params(load_dict(raw).config.model, moe=True).tp_split == 4096 + 2560 + 4096

@@ -26,7 +26,8 @@ Tensor parallel per layer (Megatron's layouts; weights ``[out, in]``):
 - MTP layers: their transformer layer as above, ``eh_proj`` and norms whole;
 - DeepSeek-V4 (`tensor_parallel_v4_attention`, as MindSpore Transformers 2.1.0): the attention whole on the
   gathered sequence but ``linear_q_up_proj`` column-wise; hyper-connections, norms, router and shared
-  experts whole on this rank's positions; routed experts as above.
+  experts whole on this rank's positions; routed experts as above. Its legacy ``mla`` variant: the MLA plan
+  above for the attention, the rest as V4's.
 Every activation between those cells is split along the sequence (sequence parallel). Context parallel
 (colossal, ulysses, hybrid) swaps the model's ``seq`` part and each core attention (`context_parallel`);
 expert parallel each MoE layer's dispatcher (`expert_parallel`); pipeline parallel freezes what other
@@ -120,6 +121,7 @@ def tensor_parallel_layer(layer: Any, group: Any, table: PlacementTable) -> None
     """One transformer layer (a unit): its attention and its MLP or MoE."""
     from mftk.engine.layers.attention import SelfAttention
     from mftk.engine.layers.csa import DeepseekV4Attention
+    from mftk.engine.layers.hyper import HyperConnectionTransformerLayer
     from mftk.engine.layers.mla import MLASelfAttention
     from mftk.engine.layers.mlp import MLP
     from mftk.engine.layers.moe import MoELayer
@@ -140,6 +142,8 @@ def tensor_parallel_layer(layer: Any, group: Any, table: PlacementTable) -> None
     else:
         raise ValueError(f"tensor parallel does not know {type(att).__name__}")  # refused by config.runnable
     _rowwise(att, "linear_proj", group, table)
+    if isinstance(layer, HyperConnectionTransformerLayer):
+        return  # DeepSeek-V4's legacy mla variant: DeepSeek-V3's MLA plan above, its MoE as V4's (shared experts whole)
     mlp = layer.mlp
     if isinstance(mlp, MoELayer):
         if mlp.shared_experts is not None:
