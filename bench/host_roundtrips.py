@@ -10,9 +10,18 @@ Cases (bench/train_step.py's shapes):
   top-16; forward only, the selection has no gradient). Host (what the model runs): read the scores,
   stable ``np.argsort``, build the mask in NumPy and write it. Device: a candidate in ops (`csa_select_cases`),
   kept out of the model while it is slower on CPU.
+- ``sinkhorn``: DeepSeek-V4 hyper-connections' Sinkhorn, forward + backward, on ``(N, n, n)`` with n = 4
+  streams and 20 iterations (`--sinkhorn-tokens` N = B·S: the tiny V4 template's micro-batch 128,
+  bench/train_step.py's 1024). Host: `kernels_v4.SinkhornFn` (what the model runs). Device:
+  `kernels_v4.sinkhorn_ops`, autodiff for the backward; ``device_jit``: the same under ``mindspore.jit``.
+- ``moe_dispatch``: the padded MoE dispatch layout from ``idx (T, K)``, T tokens, top-K of E experts
+  (`--moe-shape T,K,E`). Host (what the model runs): read ``idx`` back, `grouped.padded_layout` (stable
+  ``np.argsort``), write the slot→token and slot→pair indices. Device: `grouped.padded_layout_ops`, a
+  candidate not used by the model; it still reads back one scalar, the padded width ``n_max`` (a tensor shape).
 
 A ratio below 1 means the device version is faster. The step-level effect is the difference over the
-step time of bench/train_step.py. Usage: ``.venv/bin/python bench/host_roundtrips.py [--rounds 15] [--tokens 256] [--cases head_ce,csa_select]``
+step time of bench/train_step.py. Usage: ``.venv/bin/python bench/host_roundtrips.py [--rounds 15] [--tokens 256]
+[--cases head_ce,csa_select,sinkhorn,moe_dispatch] [--sinkhorn-tokens 128] [--moe-shape 128,2,8]``
 """
 from __future__ import annotations
 
@@ -96,17 +105,63 @@ def csa_select_cases(rng) -> dict:
     return {"host": host, "device": device}
 
 
+def sinkhorn_cases(tokens: int, rng) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mftk.engine.layers.kernels_v4 import SinkhornFn, sinkhorn_ops
+
+    n, iters, eps = 4, 20, 1e-6
+    logits = Tensor(rng.normal(0, 1, (tokens, n, n)).astype(np.float32))
+    g = Tensor(rng.normal(0, 1, (tokens, n, n)).astype(np.float32))
+    host_fn = SinkhornFn(iters, eps)
+    host = ms.grad(lambda t: (host_fn(t)[0] * g).sum())
+    device = ms.grad(lambda t: (sinkhorn_ops(t, iters, eps) * g).sum())
+
+    def loss(t, gg):
+        return (sinkhorn_ops(t, iters, eps) * gg).sum()
+
+    compiled = ms.jit(loss)  # one graph, as hyper.py's `_MIX_COMPILED`
+    device_jit = ms.grad(lambda t: compiled(t, g))
+    return {"host": lambda: host(logits).asnumpy(), "device": lambda: device(logits).asnumpy(),
+            "device_jit": lambda: device_jit(logits).asnumpy()}
+
+
+def moe_dispatch_cases(shape: str, rng) -> dict:
+    from mindspore import Tensor
+
+    from mftk.engine.layers.grouped import padded_layout, padded_layout_ops
+
+    t, k, e = (int(v) for v in shape.split(","))
+    idx = Tensor(np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32))
+
+    def host():
+        slot_pair, slot_token, counts, n = padded_layout(idx.asnumpy().reshape(-1), e, k)
+        return (Tensor(slot_token.astype(np.int32)).asnumpy(), Tensor(slot_pair.astype(np.int32)).asnumpy())
+
+    def device():
+        slot_pair, slot_token, _, _ = padded_layout_ops(idx, e)
+        return slot_token.asnumpy(), slot_pair.asnumpy()
+
+    return {"host": host, "device": device}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--tokens", type=int, default=256, help="head_ce tokens (bench/train_step.py: 1024)")
-    ap.add_argument("--cases", default="head_ce,csa_select", help="comma-separated: head_ce, csa_select")
+    ap.add_argument("--sinkhorn-tokens", type=int, default=128, help="sinkhorn N = B·S (bench/train_step.py: 1024)")
+    ap.add_argument("--moe-shape", default="128,2,8", help="moe_dispatch T,K,E (bench/train_step.py V4: 1024,2,8)")
+    ap.add_argument("--cases", default="head_ce,csa_select,sinkhorn,moe_dispatch",
+                    help="comma-separated: head_ce, csa_select, sinkhorn, moe_dispatch")
     args = ap.parse_args()
     import mindspore as ms
 
     ms.runtime.launch_blocking()  # mftk's CPU default
     rng = np.random.default_rng(0)
-    builders = {"head_ce": lambda: head_ce_cases(args.tokens, rng), "csa_select": lambda: csa_select_cases(rng)}
+    builders = {"head_ce": lambda: head_ce_cases(args.tokens, rng), "csa_select": lambda: csa_select_cases(rng),
+                "sinkhorn": lambda: sinkhorn_cases(args.sinkhorn_tokens, rng),
+                "moe_dispatch": lambda: moe_dispatch_cases(args.moe_shape, rng)}
     for case in args.cases.split(","):
         fns = builders[case]()
         times: dict[str, list[float]] = {name: [] for name in fns}
@@ -118,8 +173,9 @@ def main() -> None:
                 fn()
                 times[name].append(time.perf_counter() - t0)
         med = {name: statistics.median(t) for name, t in times.items()}
-        print(f"{case}: host {med['host'] * 1e3:.1f} ms, device {med['device'] * 1e3:.1f} ms, "
-              f"device/host {med['device'] / med['host']:.3f} (median of {args.rounds}, interleaved)")
+        others = ", ".join(f"{name} {med[name] * 1e3:.1f} ms ({name}/host {med[name] / med['host']:.3f})"
+                           for name in fns if name != "host")
+        print(f"{case}: host {med['host'] * 1e3:.1f} ms, {others} (median of {args.rounds}, interleaved)")
 
 
 if __name__ == "__main__":

@@ -209,3 +209,19 @@ def test_kernel_registry_falls_back_to_the_cpu_reference_and_takes_one_registrat
     assert isinstance(RMSNorm(8).fn, Fused)  # the layer asks the registry, never names a device
     with pytest.raises(KeyError, match="unknown kernel"):
         registry.register("flash", "Ascend", Fused)
+
+
+@pytest.mark.parametrize("iters", [0, 1, 20])
+def test_sinkhorn_host_kernel_matches_ops_autodiff(rng, iters):
+    """`SinkhornFn` (NumPy forward and hand-written backward, what the model runs) against `sinkhorn_ops`, the
+    plain loop in MindSpore ops differentiated by MindSpore (bench/host_roundtrips.py ``sinkhorn``)."""
+    from mftk.engine.layers.kernels_v4 import SinkhornFn, sinkhorn_ops
+
+    logits = Tensor(rng.normal(0, 2, (48, 4, 4)).astype(np.float32))
+    g = Tensor(rng.normal(0, 1, (48, 4, 4)).astype(np.float32))
+    fn = SinkhornFn(iters, 1e-6)
+    want = sinkhorn_ops(logits, iters, 1e-6).asnumpy()
+    np.testing.assert_allclose(fn(logits)[0].asnumpy(), want, rtol=0, atol=1e-6)
+    got = ms.grad(lambda t: (fn(t)[0] * g).sum())(logits).asnumpy()
+    ref = ms.grad(lambda t: (sinkhorn_ops(t, iters, 1e-6) * g).sum())(logits).asnumpy()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)

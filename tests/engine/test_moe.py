@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
+from mftk.engine.layers.grouped import padded_layout, padded_layout_ops
 from mftk.engine.layers.moe import GroupedMLP, MoELayer, TopKRouter, aux_loss, group_limited
 
 
@@ -186,3 +187,19 @@ def test_weighted_combine_matches_float64_reference(rng):
                       grad_position=(0, 1))(*args[:2])
     np.testing.assert_allclose(dys.asnumpy(), w * dout[token], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dw.asnumpy(), (dout[token] * ys).sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_padded_layout_in_ops_keeps_token_order_among_equal_experts(rng):
+    """`padded_layout_ops` (the ops candidate, bench/host_roundtrips.py ``moe_dispatch``): a hand case with ties
+    and one expert left empty, then the host `padded_layout` on a random routing (the same slots, same order)."""
+    idx = np.array([[2, 0], [0, 2], [2, 3]], np.int32)  # pairs 0..5: experts 2 0 0 2 2 3; expert 1 empty
+    slot_pair, slot_token, counts, n = padded_layout_ops(Tensor(idx), 4)
+    assert n == 3 and counts.asnumpy().tolist() == [2, 0, 3, 1]
+    assert slot_pair.asnumpy().tolist() == [1, 2, -1, -1, -1, -1, 0, 3, 4, 5, -1, -1]
+    assert slot_token.asnumpy().tolist() == [0, 1, 0, 0, 0, 0, 0, 1, 2, 2, 0, 0]
+    idx = rng.integers(0, 8, (64, 3)).astype(np.int32)
+    want = padded_layout(idx.reshape(-1), 8, 3)
+    got = padded_layout_ops(Tensor(idx), 8)
+    for g, w in zip(got[:3], want[:3]):
+        assert g.asnumpy().tolist() == w.tolist()
+    assert got[3] == want[3]

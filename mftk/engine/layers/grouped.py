@@ -42,6 +42,26 @@ def padded_layout(flat_ids: np.ndarray, num_experts: int, k: int) -> tuple[np.nd
     return slot_pair, np.where(slot_pair < 0, 0, slot_pair // k), counts, n_max
 
 
+def padded_layout_ops(idx, num_experts: int) -> tuple:
+    """`padded_layout` in MindSpore ops from ``idx (T, K)``: ``(slot_pair, slot_token, counts, n_max)``, the
+    first three tensors; ``n_max`` is still read back (one scalar: the padded width is a tensor shape). Pairs
+    are grouped by expert with ``ops.sort`` of ``expert·T·K + pair``: unique keys, so the stable order
+    (``ops.topk`` and MindSpore 2.10's ``ops.sort`` promise none; equal expert ids must keep token order).
+    Not what the model runs: bench/host_roundtrips.py ``moe_dispatch`` measures it 27–29× the host's
+    (one ``idx`` read, `padded_layout`, two index writes: ~1 ms; bench/results/2026-12-05-host_roundtrips.md)."""
+    t, k = idx.shape
+    flat = idx.reshape(-1)
+    pos = ops.range(Tensor(0, idx.dtype), Tensor(t * k, idx.dtype), Tensor(1, idx.dtype))
+    _, order = ops.sort(flat * (t * k) + pos)
+    experts = ops.gather(flat, order, 0)
+    counts = ops.unsorted_segment_sum(ops.ones_like(flat), flat, num_experts)
+    n_max = max(int(counts.max().asnumpy()), 1)
+    rank = pos - ops.gather(ops.cumsum(counts, 0) - counts, experts, 0)
+    slot_pair = ops.tensor_scatter_elements(ops.full((num_experts * n_max,), -1, dtype=idx.dtype),
+                                            experts * n_max + rank, order.astype(idx.dtype), axis=0)
+    return slot_pair, ops.where(slot_pair >= 0, slot_pair // k, 0), counts, n_max
+
+
 class GroupedExpertsFn(nn.Cell):
     """``y[e] = act(x[e]·W1[e])·W2[e]`` for ``x (E, n, H)``, ``W1 (E, H, 2F)`` = [gate | up], ``W2 (E, F, H)``.
 
