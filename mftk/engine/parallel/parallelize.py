@@ -29,6 +29,8 @@ Tensor parallel per layer (Megatron's layouts; weights ``[out, in]``):
   experts whole on this rank's positions; routed experts as above.
 Every activation between those cells is split along the sequence (sequence parallel). Context parallel
 (colossal, ulysses, hybrid) swaps the model's ``seq`` part and each core attention (`context_parallel`);
+DeepSeek-V4's (colossal only) swaps its ``seq`` part and runs each attention whole on the sequence gathered
+over CP·TP (`whole_sequence_v4_attention`);
 expert parallel each MoE layer's dispatcher (`expert_parallel`); pipeline parallel freezes what other
 stages hold (`pipeline_model`).
 """
