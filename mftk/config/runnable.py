@@ -11,15 +11,16 @@ What the engine runs (`engine/parallel/parallelize.py`): every combination of DP
 sequence parallel, EP, CP (colossal, ulysses, hybrid) and PP (1F1B, GPipe, interleaved 1F1B) over the
 reference's mesh, for
 GQA (Qwen3) and MLA (DeepSeek-V3) attention, dense MLP and MoE layers, MTP, tied embeddings. The
-exceptions are refused here with their reason: DeepSeek-V4 takes TP (its own plan, `_tensor_v4`) but not CP
-(MF's CSA context parallel is its own schedule; pipeline stages pass its residual streams,
-`pipeline_model.StageModel.act_shape`) and Muon's QK-clip where it would rescale split rows (FSDP) or needs
+exceptions are refused here with their reason: DeepSeek-V4 takes TP and colossal CP with its own plan
+(`_tensor_v4`, `_context_v4`: the attention whole on the gathered sequence; pipeline stages pass its residual
+streams, `pipeline_model.StageModel.act_shape`) and Muon's QK-clip where it would rescale split rows (FSDP) or needs
 split maxima (TP, CP, PP). Muon itself runs under every dimension: tensor-parallel and FSDP blocks are gathered
 into whole matrices for the orthogonalisation (`engine.muon`). Qwen3-MoE is Qwen3's GQA attention
 with the shared MoE parts, so it takes the GQA plan and every other dimension.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -49,6 +50,7 @@ RULES: dict[str, tuple[str, str]] = {
     "cp_heads": ("cp", "heads divisible by tp·ulysses degree (ulysses / hybrid)"),
     "cp_family": ("cp", "the model family has a context-parallel plan"),
     "cp_seq": ("cp", "seq_length divisible by cp (2·cp for colossal's load-balanced causal split)"),
+    "cp_csa": ("cp", "DeepSeek-V4: colossal context parallel, seq_length/cp divisible by every compress ratio"),
     "pp_layers": ("pp", "num_hidden_layers split over pp·interleave ('auto') or an explicit per-stage list"),
     "pp_order": ("pp", "pipeline stages hold the layers in order"),
     "pp_dropout": ("pp", "hidden_dropout and lora_dropout 0 (pipeline stages recompute their forward)"),
@@ -366,12 +368,7 @@ def _context(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
                         "hyper-connection streams, the hash-routed MoE's token ids, the MTP layer) has no "
                         "context-parallel plan", "set parallelism.context_parallel: 1")]
     elif kind == "csa":
-        return [Refusal("cp_family", path, "context parallel is not implemented for DeepSeek-V4's compressed sparse "
-                        "attention yet: it needs CSA's own schedule (the sliding-window halo from the previous "
-                        "positions, the compressed and indexer entries gathered and cut to each rank's causal "
-                        "prefix), which MindSpore Transformers 2.1.0 implements in "
-                        "pynative/distributed/csa_context_parallel.py, not the colossal/ulysses/hybrid attention "
-                        "the other families take", "set parallelism.context_parallel: 1")]
+        return _context_v4(m, lay, s)
     u = ulysses_degree(s.cp_method, cp, s.ulysses_degree)
     factor = cp if u == cp else 2 * cp  # ulysses: contiguous S/cp; colossal and hybrid: 2·cp balanced chunks
     if m.seq_length % factor:
@@ -389,6 +386,36 @@ def _context(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
                                    f"tensor-parallel rank {u} ways: {what} % (tp·{u}) = {n} % {lay.tp * u} = "
                                    f"{n % (lay.tp * u)}, must be 0", "use context_parallel_method: colossal, or "
                                    "other degrees"))
+    return out
+
+
+def _context_v4(m: Any, lay: Layout, s: LayoutSettings) -> list[Refusal]:
+    """DeepSeek-V4 under CP (`engine/parallel/parallelize.whole_sequence_v4_attention`): colossal's positions
+    outside the attention, the attention whole on the gathered sequence on every CP rank. MindSpore
+    Transformers 2.1.0's CSA context parallel (pynative/distributed/csa_context_parallel.py) splits the
+    attention's work instead (each rank's queries, a window halo, the gathered compressed entries cut to its
+    causal prefix), and requires each rank's ``S/cp`` positions divisible by the compress ratio
+    (``_compressed_prefix_len``, ``two_stage_cp_naive_attention``): the same rule here, so a layout runs in both."""
+    cp, path, out = lay.cp, "parallelism.context_parallel", []
+    if ulysses_degree(s.cp_method, cp, s.ulysses_degree) > 1:
+        out.append(Refusal("cp_csa", "parallelism.context_parallel_method", f"DeepSeek-V4's context parallel "
+                           f"runs the attention whole on the gathered sequence on every CP rank: the "
+                           f"{s.cp_method} method's head all-to-all does not apply",
+                           "use context_parallel_method: colossal"))
+    if m.seq_length % (2 * cp):
+        out.append(Refusal("cp_seq", path, f"seq_length % 2·cp (load-balanced causal split) = {m.seq_length} % "
+                           f"{2 * cp} = {m.seq_length % (2 * cp)}, must be 0",
+                           "pick a context_parallel with 2·cp dividing seq_length"))
+    layers = m.num_hidden_layers + m.mtp_num_layers()
+    ratios = sorted({m.compress_ratio(i) for i in range(layers)} - {0, 1})
+    local = m.seq_length // cp
+    bad = [r for r in ratios if local % r]
+    if bad:
+        out.append(Refusal("cp_csa", path, f"each CP rank's seq_length/cp = {m.seq_length}/{cp} = {local} positions "
+                           f"must be divisible by every compress ratio ({', '.join(map(str, bad))} does not divide "
+                           "it; MindSpore Transformers 2.1.0's CSA context parallel requires it)",
+                           "pick a context_parallel (or seq_length) with seq_length/cp a multiple of "
+                           f"{math.lcm(*ratios)}"))
     return out
 
 

@@ -406,6 +406,25 @@ def activation_inventory(cfg: Any, moe: bool, *, seq_per_rank: int, fused: bool,
     return inv
 
 
+# the attention's entries of `activation_inventory` (what DeepSeek-V4 keeps for the whole sequence, `_whole_attention`)
+_ATTENTION = ("MLA latents (norm in/out)", "q/k-norm inputs", "q, k, v for attention", "attention output",
+              "attention output + logsumexp", _SCORES)
+
+
+def _v4_whole_attention(cfg: Any) -> bool:
+    """DeepSeek-V4's hybrid attention runs whole on the gathered sequence on every TP and CP rank
+    (engine/parallel/parallelize.py ``whole_sequence_v4_attention``; its legacy ``mla`` variant takes MLA's TP)."""
+    return F._v4.is_v4(cfg) and not F._v4._plain_mla(cfg)
+
+
+def _whole_attention(cfg: Any, inv: dict[str, float], whole: int) -> dict[str, float]:
+    """``inv`` with DeepSeek-V4's attention entries × ``whole`` (cp·sp: the tokens of the gathered sequence per
+    token this rank holds outside the attention); other models' unchanged."""
+    if whole <= 1 or not _v4_whole_attention(cfg):
+        return inv
+    return {name: v * whole if name in _ATTENTION else v for name, v in inv.items()}
+
+
 def op_sac_bytes(cfg: Any) -> float:
     """Bytes per token one dense layer keeps under torchtitan's per-op selective AC (`_apply_op_sac`,
     pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py): the layer's input, the attention
@@ -692,10 +711,12 @@ def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, st
     k = in_flight(inputs.schedule, lay.pp, stage, m, lay.interleave)
     per_layer = {}
     gathered = 2 * cfg.hidden_size * a * sp if asm.tp_keeps_gathered and lay.tp > 1 else 0.0  # ×sp: not split
+    whole = lay.cp * sp if _v4_whole_attention(cfg) else 1  # V4: its attention on the gathered sequence
     for moe in {bool(pattern[i]) for i in ids}:
-        inv = activation_inventory(cfg, moe, seq_per_rank=S // lay.cp, fused=fused,
+        inv = activation_inventory(cfg, moe, seq_per_rank=S // lay.cp * (lay.cp if whole > 1 else 1), fused=fused,
                                    selective=recompute == "selective", score_copies=asm.attention_score_copies,
                                    imbalance=asm.moe_imbalance)
+        inv = _whole_attention(cfg, inv, whole)
         scores = inv.get(_SCORES, 0.0)
         per_layer[moe] = _act_factor(cfg, asm) * (sum(inv.values()) - scores) + scores + gathered
         if recompute == "selective" and asm.op_sac and not moe and not F._is_mla(cfg):
@@ -706,6 +727,8 @@ def _activation_terms(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, st
            "in_flight": round(k, 3), "layers": len(ids),
            "moe_layers": n_moe, "recompute": recompute + (" (per-op SAC)" if asm.op_sac and recompute == "selective"
                                                          else ""), "fused_attention": fused}
+    if whole > 1:
+        ins["whole_attention (cp·sp: DeepSeek-V4's attention on the gathered sequence)"] = whole
     if gathered:
         ins["tp_gathered_inputs (2H·a·tp)"] = gathered
     terms = []
@@ -741,8 +764,11 @@ def _logits_term(cfg, lay: Layout, inputs: PlanInputs, asm: Assumptions, tokens:
     extra = 0.0
     if cfg.mtp_num_layers():
         moe = F.mtp_is_moe(cfg)
-        inv = activation_inventory(cfg, moe, seq_per_rank=cfg.seq_length // lay.cp, fused=fused,
-                                   selective=recompute == "selective", score_copies=asm.attention_score_copies)
+        whole = lay.cp * sp if _v4_whole_attention(cfg) else 1
+        inv = activation_inventory(cfg, moe, seq_per_rank=cfg.seq_length // (1 if whole > 1 else lay.cp),
+                                   fused=fused, selective=recompute == "selective",
+                                   score_copies=asm.attention_score_copies)
+        inv = _whole_attention(cfg, inv, whole)
         scores = inv.get(_SCORES, 0.0)
         layer = _act_factor(cfg, asm) * (sum(inv.values()) - scores + 4 * H * a) + scores
         extra = tokens / sp * cfg.mtp_num_layers() * layer

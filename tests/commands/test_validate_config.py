@@ -125,20 +125,29 @@ def test_show_samples_json_matches_the_loader_for_each_rank():
     assert r.exit_code == 2 and "outside the world" in r.stderr
 
 
-def test_deepseek_v4_takes_mfs_test_layout_with_tensor_parallel_and_refuses_context_parallel():
-    """MindSpore Transformers' own V4 test layout (tp2·pp2·dp_shard2) validates with AdamW (issue 36); context
-    parallel is refused at its YAML path with the reason (MF's CSA has its own CP schedule) and the fix."""
+def test_deepseek_v4_takes_mfs_test_layout_with_tensor_parallel_and_colossal_context_parallel():
+    """MindSpore Transformers' own V4 test layout (tp2·pp2·dp_shard2) validates with AdamW (issue 36), and so
+    does cp2; ulysses context parallel is refused at its YAML path with the reason (V4's attention runs whole
+    on the gathered sequence) and the fix, and so is a cp that leaves each rank fewer positions than a compress
+    ratio divides (MF 2.1.0's CSA context parallel rule)."""
     v4 = str(ROOT / "templates/deepseek_v4_tiny.yaml")
     mf = ["--set", "parallelism.tensor_parallel=2", "--set", "parallelism.pipeline_parallel=2",
           "--set", "parallelism.data_parallel_shard=2", "--set", "parallelism.sequence_parallel=true",
           "--set", 'parallelism.pipeline_parallel_layers_per_stage=["0-1","2"]', "--set", "optimizer.type=AdamW"]
     r = run(v4, "--no-check-files", "--world-size", "8", *mf)
     assert r.exit_code == 0, r.output
-    r = run(v4, "--no-check-files", "--world-size", "2", "--set", "parallelism.context_parallel=2")
+    cp2 = ["--set", "parallelism.context_parallel=2", "--set", "parallelism.data_parallel_shard=1"]
+    r = run(v4, "--no-check-files", "--world-size", "2", *cp2)
+    assert r.exit_code == 0, r.output
+    r = run(v4, "--no-check-files", "--world-size", "2", *cp2, "--set", "parallelism.context_parallel_method=ulysses")
     assert r.exit_code == 1 and r.stdout == "" and "Traceback" not in r.output
-    assert "parallelism.context_parallel: context parallel is not implemented for DeepSeek-V4" in r.stderr
-    assert "pynative/distributed/csa_context_parallel.py" in r.stderr
-    assert "set parallelism.context_parallel: 1" in r.stderr
+    assert "parallelism.context_parallel_method: DeepSeek-V4's context parallel runs the attention whole" in r.stderr
+    assert "use context_parallel_method: colossal" in r.stderr
+    r = run(v4, "--no-check-files", "--world-size", "16", "--set", "parallelism.context_parallel=16",
+            "--set", "parallelism.data_parallel_shard=1")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "parallelism.context_parallel: each CP rank's seq_length/cp = 128/16 = 8 positions" in r.stderr
+    assert "MindSpore Transformers 2.1.0's CSA context parallel requires it" in r.stderr
 def _muon_tp2(tmp_path: Path, template: str, *extra: str) -> Path:
     import yaml
 

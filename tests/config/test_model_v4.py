@@ -158,7 +158,8 @@ def test_qwen3_moe_pattern_and_hf_names():
 
 
 @pytest.mark.parametrize("template,parallel,fragment", [
-    ("deepseek_v4_tiny.yaml", {"context_parallel": 2}, "context parallel is not implemented"),
+    ("deepseek_v4_tiny.yaml", {"context_parallel": 2, "context_parallel_method": "ulysses"},
+     "head all-to-all does not apply"),
 ])
 def test_unimplemented_layouts_are_refused(template, parallel, fragment):
     """What the engine has no plan for is refused when the config is loaded at the world size (what

@@ -163,7 +163,11 @@ def test_every_dimension_composes_on_both_families():
     (v4(), Layout(world=16, dp_shard=16, ep=16), {}, "ep_experts", "n_routed_experts % ep = 8 % 16 = 8"),
     (v4(), Layout(world=3, tp=3), {"global_batch_size": 3}, "tp_csa_q",
      "num_attention_heads·v_head_dim % tp = 4·32 % 3 = 2"),
-    (v4(), Layout(world=2, cp=2), {}, "cp_family", "pynative/distributed/csa_context_parallel.py"),
+    (v4(), Layout(world=2, cp=2), {"cp_method": "ulysses"}, "cp_csa", "the ulysses method's head all-to-all"),
+    (v4(), Layout(world=16, cp=16), {}, "cp_csa", "seq_length/cp = 128/16 = 8 positions must be divisible by "
+     "every compress ratio (16 does not divide it"),
+    (attrs.evolve(v4(), experimental_attention_variant="mla"), Layout(world=2, cp=2), {}, "cp_family",
+     "DeepSeek-V4's legacy mla variant"),
     (qwen3_moe(), Layout(world=4, tp=4), {}, "tp_kv_heads", "num_key_value_heads % tp = 2 % 4 = 2"),
     (attrs.evolve(qwen3_moe(), intermediate_size=129), Layout(world=2, tp=2), {}, "tp_ffn",
      "ffn_hidden_size (intermediate_size) % tp = 129 % 2 = 1"),
@@ -172,6 +176,14 @@ def test_each_refusal_names_its_rule_and_arithmetic(model, layout, settings, rul
     got = refused(model, layout, **settings)
     assert rule in got, got
     assert text in got[rule], got[rule]
+
+
+def test_deepseek_v4_takes_colossal_context_parallel_alone_and_with_tp_and_pp():
+    """DeepSeek-V4's CP plan (the attention whole on the gathered sequence): seq_length 128 over cp 2, 4 or 8
+    leaves 64, 32 or 16 positions per rank, all multiples of the template's ratios 4 and 16."""
+    for layout in (Layout(world=2, cp=2), Layout(world=8, cp=8), Layout(world=4, cp=2, tp=2),
+                   Layout(world=4, cp=2, pp=2)):
+        assert refused(v4(), layout, sequence_parallel=True, layers_per_stage=["0-1", "2"]) == {}, layout
 
 
 def test_ulysses_degree_of_each_method():

@@ -313,3 +313,25 @@ def test_deepseek_v4_mla_variant_tp_splits_the_mla_heads():
     raw = template_dict("deepseek_v4_tiny")
     raw["model"].update({"experimental_attention_variant": "mla", "kv_lora_rank": 16, "v_head_dim": 16})
     assert _layer_params(load_dict(raw).config.model, moe=True).tp_split == 4096 + 2560 + 4096
+def test_deepseek_v4_context_parallel_keeps_the_attention_of_the_whole_sequence():
+    """Under CP each DeepSeek-V4 rank holds S/cp tokens outside the attention but runs the attention on the
+    whole gathered sequence (`parallel.parallelize.whole_sequence_v4_attention`): its entries of the layer
+    inventory (q, kv, the output, the scores over S keys) count for all S tokens, the rest for S/cp. Checked
+    against the one-process inventory split by hand: A (attention) and N (the rest) per token."""
+    from tests.helpers.config import load_dict, template_dict
+
+    cfg = attrs.evolve(load_dict(template_dict("deepseek_v4_tiny")).config.model, num_nextn_predict_layers=0,
+                       compress_ratios=[0, 4, 16], compute_dtype="float32")
+    asm = Assumptions(fused_attention=False)
+    S = cfg.seq_length
+    inv = activation_inventory(cfg, True, seq_per_rank=S, fused=False, selective=False)
+    attention = {"q/k-norm inputs", "q, k, v for attention", "attention output", "attention scores/probs (S per head)"}
+    assert attention <= inv.keys()
+    A = sum(v for k, v in inv.items() if k in attention)
+    N = sum(v for k, v in inv.items() if k not in attention)
+    scores = inv["attention scores/probs (S per head)"]
+    act = {cp: estimate(Layout(world=cp, cp=cp), inputs(cfg), asm).stages[0].term("activations") for cp in (1, 2)}
+    f, L = act[1].inputs["activation_factor"], cfg.num_hidden_layers
+    per_token = lambda whole: f * (N + whole * (A - scores)) + whole * scores  # noqa: E731
+    assert act[1].value == pytest.approx(S * L * per_token(1))
+    assert act[2].value == pytest.approx(S / 2 * L * per_token(2))   # = S·L·(f·N/2 + f·(A − scores) + scores)

@@ -21,7 +21,7 @@ load-balancing statistics) cover the ranks holding its other parts (`SequenceSha
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from mftk.engine.parallel import comm
 from mftk.engine.parallel.groups import AxisGroup
@@ -151,3 +151,86 @@ class SequenceShards(nn.Cell):
 
     def total(self, x):
         return comm.all_reduce(x, self.group)
+
+
+class WholeAttentionSequence(ContextSequence):
+    """DeepSeek-V4's ``seq`` part under context parallel: this rank's colossal positions between the attentions
+    (embedding, hyper-connections, norms, MoE, loss), but the attention runs whole on the gathered sequence
+    (`GatherPositions` … `KeepPositions`, `parallelize.whole_sequence_v4_attention`), so it takes the RoPE
+    tables and the mask of the whole sequence (the attention builds its tables from its input's length)."""
+
+    def __init__(self, cp_group: AxisGroup) -> None:
+        super().__init__(cp_group, 1)
+
+    def rope(self, cos, sin):
+        return cos, sin
+
+    def mask(self, mask: np.ndarray) -> np.ndarray:
+        return mask
+
+    def order(self, seq: int) -> np.ndarray:
+        """The global positions of the CP ranks' hidden states concatenated in CP-rank order (what an all-gather
+        over CP, or over CP·TP with each CP rank's positions cut in TP blocks, puts in a row)."""
+        return self.positions(seq)[2]
+
+
+class _Positions:
+    """Index tables of `GatherPositions` / `KeepPositions` per sequence length, from ``order(S)``: the global
+    position of each row of the gathered tensor (member order)."""
+
+    def __init__(self, group: AxisGroup, order) -> None:
+        self.group, self.order_of = group, order
+        self._cache: dict[tuple[str, int], Tensor] = {}
+
+    def table(self, kind: str, s: int) -> Tensor:
+        if (kind, s) not in self._cache:
+            order = np.asarray(self.order_of(s))
+            n = s // self.group.size
+            mine = order[self.group.rank * n:(self.group.rank + 1) * n]
+            if kind == "order":  # gathered row i ← sequence position order[i]
+                t = order
+            elif kind == "inverse":  # sequence position p ← gathered row argsort(order)[p]
+                t = np.argsort(order, kind="stable")
+            elif kind == "mine":  # this rank's rows ← sequence positions mine
+                t = mine
+            else:  # "spread": sequence position p ← this rank's row k where mine[k] = p, else row n (a zero row)
+                t = np.full((s,), n)
+                t[mine] = np.arange(n)
+            self._cache[(kind, s)] = Tensor(np.ascontiguousarray(t, np.int32))
+        return self._cache[(kind, s)]
+
+
+class GatherPositions(nn.Cell):
+    """All-gather along the sequence (dim 1) over ``group`` and put the rows back in sequence order (``order``:
+    `WholeAttentionSequence.order`): the entry of a block that runs whole on the full sequence under context
+    parallel. Backward: the gradient in the gathered order, reduce-scattered (each rank's is a part of the sum)."""
+
+    def __init__(self, group: AxisGroup, order) -> None:
+        super().__init__()
+        self.group, self.tables = group, _Positions(group, order)
+
+    def construct(self, x):
+        g = comm.all_gather(x, self.group, 1)
+        return ops.gather(g, self.tables.table("inverse", g.shape[1]), 1)
+
+    def bprop(self, x, out, dout):
+        d = ops.gather(dout, self.tables.table("order", dout.shape[1]), 1)
+        return (comm.reduce_scatter(d, self.group, 1),)
+
+
+class KeepPositions(nn.Cell):
+    """Keep this rank's positions (in its hidden states' order) of a ``(B, S, …)`` tensor every rank of ``group``
+    computed alike on the full sequence: the exit of the block `GatherPositions` entered. Backward: this rank's
+    positions' gradient, zeros elsewhere (as `comm.KeepSlice`)."""
+
+    def __init__(self, group: AxisGroup, order) -> None:
+        super().__init__()
+        self.group, self.tables = group, _Positions(group, order)
+
+    def construct(self, y):
+        return ops.gather(y, self.tables.table("mine", y.shape[1]), 1)
+
+    def bprop(self, y, out, dout):
+        s = y.shape[1]
+        zero = ops.zeros((dout.shape[0], 1) + tuple(dout.shape[2:]), dout.dtype)
+        return (ops.gather(ops.concat((dout, zero), 1), self.tables.table("spread", s), 1),)

@@ -30,6 +30,8 @@ Tensor parallel per layer (Megatron's layouts; weights ``[out, in]``):
   above for the attention, the rest as V4's.
 Every activation between those cells is split along the sequence (sequence parallel). Context parallel
 (colossal, ulysses, hybrid) swaps the model's ``seq`` part and each core attention (`context_parallel`);
+DeepSeek-V4's (colossal only) swaps its ``seq`` part and runs each attention whole on the sequence gathered
+over CP·TP (`whole_sequence_v4_attention`);
 expert parallel each MoE layer's dispatcher (`expert_parallel`); pipeline parallel freezes what other
 stages hold (`pipeline_model`).
 """
@@ -77,6 +79,7 @@ def parallelize(model: Any, dims: ParallelDims) -> Parallelized:
     if lay.cp > 1:
         apply_context_parallel(model, g, dims.ulysses)
     if lay.tp > 1 or lay.cp > 1:
+        apply_whole_sequence_attention(model, g, lay.cp)
         apply_sequence_shards(model, g.tp_cp, lay.cp, g.tp)
     rename_parameters(model)
     stage = sink = None
@@ -161,9 +164,7 @@ def tensor_parallel_v4_attention(layer: Any, group: Any, table: PlacementTable) 
     ``linear_q_up_proj`` column-wise (this rank's heads, gathered back before the compressed attention, which
     reads every head), everything else whole; this rank keeps its positions of the output.
 
-    The gather sits after ``input_layernorm`` (a per-token norm, so the same numbers) and the slice after
-    ``linear_proj`` (`comm.KeepSlice`: the gradient of this rank's positions only), so each rank's gradients
-    inside are its part of the sum and the whole parameters are summed over TP like every other. The indexer's
+    The gather and the slice are `whole_sequence_v4_attention`'s (with context parallel's too). The indexer's
     KL loss (detached inputs: it trains only the indexer) is computed alike on every rank: its gradient enters
     each rank's objective divided by tp (`tensor_parallel.ScaleGradient`). The hyper-connections, the norms
     and the MoE (router, shared experts) stay whole on this rank's positions (MF: ``SequenceParallel`` on
@@ -171,10 +172,8 @@ def tensor_parallel_v4_attention(layer: Any, group: Any, table: PlacementTable) 
     from mftk.engine.parallel import tensor_parallel as T
 
     att = layer.self_attention
-    layer.input_layernorm = T.gather_sequence_after(layer.input_layernorm, group)
     _split(table, att.linear_q_up_proj.weight, 0, "tp")
     att.linear_q_up_proj = T.columnwise_gathered(att.linear_q_up_proj, group)
-    att.linear_proj = T.keep_sequence_block_after(att.linear_proj, group)
     core = att.core_attention
     if core.with_indexer_loss:
         _divide_indexer_loss_gradient(core, group.size)
@@ -255,10 +254,53 @@ def apply_context_parallel(model: Any, groups: Any, ulysses: int) -> None:
     """This rank's positions of every sequence (the model's ``seq``); attention over the whole sequence."""
     from mftk.engine.parallel import context_parallel as C
 
+    from mftk.engine.layers.csa import DeepseekV4Attention
+
+    if any(isinstance(layer.self_attention, DeepseekV4Attention) for layer in model.transformer_layers()):
+        model.seq = C.WholeAttentionSequence(groups.cp)  # its attention: `whole_sequence_v4_attention`
+        return
     model.seq = C.ContextSequence(groups.cp, ulysses)
     for layer in model.transformer_layers():
         att = layer.self_attention
         att.core_attention = C.ContextAttention(att.core_attention, groups.cp_ulysses, groups.cp_ring)
+
+
+def apply_whole_sequence_attention(model: Any, groups: Any, cp: int) -> None:
+    """DeepSeek-V4's attention under TP and/or CP: each layer's attention whole on the gathered sequence."""
+    from mftk.engine.layers.csa import DeepseekV4Attention
+
+    for layer in model.transformer_layers():
+        if isinstance(layer.self_attention, DeepseekV4Attention):
+            whole_sequence_v4_attention(layer, groups, model.seq if cp > 1 else None)
+
+
+def whole_sequence_v4_attention(layer: Any, groups: Any, seq: Any = None) -> None:
+    """One DeepSeek-V4 layer's attention run whole on the full sequence by every rank of the TP·CP group (MF
+    2.1.0's TP plan, `tensor_parallel_v4_attention`; the same under CP): the sequence gathered after
+    ``input_layernorm`` (a per-token norm, so the same numbers) and this rank's positions kept after
+    ``linear_proj`` (the gradient of those positions only), so each rank's gradients inside are its part of the
+    sum: the whole parameters' are summed over TP (and averaged over CP, where each rank's loss is ×cp) like
+    every other, the gather's input gradient reduce-scattered. The indexer KL loss, computed alike on every
+    rank, needs its gradient / tp only (the average over CP already counts it once).
+
+    Under CP (``seq``: `context_parallel.WholeAttentionSequence`) each rank holds colossal's positions, cut in
+    TP blocks: the gather puts them back in sequence order and the slice takes this rank's
+    (`context_parallel.GatherPositions` / `KeepPositions`); the attention sees the whole sequence's RoPE and
+    mask. Unlike MindSpore Transformers 2.1.0's CSA context parallel (pynative/distributed/
+    csa_context_parallel.py: each rank's queries against a window halo and the gathered compressed entries),
+    every CP rank computes the whole attention: CP splits the activations outside the attention only."""
+    from mftk.engine.parallel import context_parallel as C
+    from mftk.engine.parallel import tensor_parallel as T
+
+    att = layer.self_attention
+    if seq is None:
+        group = groups.tp
+        layer.input_layernorm = T.gather_sequence_after(layer.input_layernorm, group)
+        att.linear_proj = T.keep_sequence_block_after(att.linear_proj, group)
+        return
+    group = groups.tp_cp  # member (cp c, tp t) holds TP block t of CP rank c's positions: seq.order in a row
+    layer.input_layernorm = T.Sharded(layer.input_layernorm, leave=C.GatherPositions(group, seq.order))
+    att.linear_proj = T.Sharded(att.linear_proj, leave=C.KeepPositions(group, seq.order))
 
 
 def apply_sequence_shards(model: Any, group: Any, cp: int, tp_group: Any = None) -> None:
