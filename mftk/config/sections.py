@@ -360,7 +360,7 @@ class MftkConfig:
     update_on_device: Optional[bool] = field(
         None, "Keep the gradient buffers, fp32 master weights, AdamW moments, global norm and clipping on the "
         "device as MindSpore tensors (one fused update per parameter); no weight, gradient or moment crosses to the "
-        "host between checkpoints (which either path resumes), but the batch, the loss and some model parts still "
+        "host between checkpoints (which either path resumes), but the batch and some model parts still "
         "do (validate-config lists them). null: on for a GPU or Ascend "
         "run, off on CPU, where the host numpy update is faster; true forces it on CPU (CI tests it so); false "
         "keeps the host update on a device. Not with pipeline_parallel > 1 or optimizer.type: Muon (refused).")
