@@ -372,19 +372,12 @@ class ScatterToGroup(nn.Cell):
         return (all_gather(dout, self.group, self.dim),)
 
 
-class KeepSlice(nn.Cell):
+class KeepSlice(ScatterToGroup):
     """Keep this rank's slice along `dim` of a tensor every rank of the group computed alike (a block run whole
     on the gathered sequence, DeepSeek-V4's attention under TP); backward: this slice's gradient, zeros
     elsewhere. Each rank's gradients inside the replicated block are then its part of the sum: the whole
     parameters' are summed over TP like every other whole parameter's, and the `GatherFromGroup` that entered
     the block reduce-scatters its input's."""
-
-    def __init__(self, group: AxisGroup, dim: int) -> None:
-        super().__init__()
-        self.group, self.dim = group, dim
-
-    def construct(self, x):
-        return split(x, self.group, self.dim)
 
     def bprop(self, x, out, dout):
         if self.group.size <= 1:
