@@ -226,3 +226,32 @@ def test_compare_of_spilled_runs_exports_as_in_memory(tmp_path, monkeypatch):
     assert all(r.run.spill is not None for r in spilled[0].runs)
     assert spilled[1:] == exact[1:] and ",run," in spilled[1].splitlines()[0]
     assert [r.anomalies for r in spilled[0].runs] == [r.anomalies for r in exact[0].runs]
+
+
+def test_spilling_goes_on_after_resumes_with_the_in_memory_outputs(tmp_path, monkeypatch):
+    # a run to 1500, a resume from 1001 that dies at 1200, a resume from 1101 to 3000 (every step replaced);
+    # then one from 2401 logging every other step: the even steps 2402..3000 of the run before stay in the series
+    lines = (synth_lines(1500, spike_at=(1400,)) + synth_lines(200, start=1001, total=3000, seed=1)
+             + synth_lines(1900, start=1101, total=3000, seed=2, spike_at=(2000,))
+             + synth_lines(1200, start=2401, total=3600, seed=3)[::2])
+    exact, spilled = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
+    resumes = [(a.reference, a.step) for a in exact.runs[0].anomalies if a.kind == "resume"]
+    assert resumes == [(1500, 1001), (1200, 1101), (3000, 2401)]
+    assert exact.runs[0].summary.steps == 3000 + 300  # 1..3000 once, and the odd steps 3001..3599
+    run = spilled.runs[0].run
+    assert run.spill.sequence == 3 and run.spill.resumes == resumes  # every resume spilled, none held
+    assert _held(run) < SEGMENT + 100
+    steps = [r["step"] for r in json.loads((tmp_path / "spilled" / "s.json").read_text())["steps"]]
+    assert steps == [*range(1, 3001), *range(3001, 3600, 2)]
+
+
+@pytest.mark.parametrize("steps", [1_000, 8_000])
+def test_rows_held_stay_bounded_across_resumes(tmp_path, small_segments, steps):
+    # three runs, each resumed from the middle of the one before
+    half = steps // 2
+    lines = (synth_lines(steps) + synth_lines(steps, start=half + 1, seed=1)
+             + synth_lines(steps, start=steps + 1, seed=2))
+    run = parse_log([_write(tmp_path / "worker_0.log", lines)], ParseOptions()).runs[0].run
+    assert run.spill.rows + _held(run) == 3 * steps
+    assert run.spill.resumes == [(steps, half + 1), (half + steps, steps + 1)]
+    assert _held(run) < SEGMENT + 100  # not growing with `steps`, resumes or not
