@@ -568,6 +568,7 @@ class Run:
     warnings: list[str] = attrs.field(factory=list)
     spill: Spill | None = None  # the steps spilled to disk before `records` (one file, one rank: `spill_rank`)
     spill_rank: int = 0
+    held: list[str] = attrs.field(factory=list)  # why steps past a segment stay in memory (`held_in_memory`)
     _series: dict[int, TableView] | None = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @property
@@ -640,6 +641,7 @@ def collect(readers: list[LogReader], name: str) -> Run:
     spill = readers[0].spill if len(readers) == 1 and readers[0].spill is not None and readers[0].spill.paths else None
     run = Run(name=name, files=[r.summary for r in readers], records=records, spill=spill,
               spill_rank=readers[0].summary.rank)
+    run.held = held_in_memory(readers)
     for f in run.files:
         if f.records == 0:
             run.warnings.append(_no_steps_message(f))
@@ -664,6 +666,23 @@ def collect(readers: list[LogReader], name: str) -> Run:
             run.warnings.append(f"{f.path}: several logs appended into one file (not a resume: the timestamps go "
                                 f"back too): {'; '.join(f.concatenated[:5])}")
     return run
+
+
+def held_in_memory(readers: list[LogReader]) -> list[str]:
+    """Why a run's steps past `SEGMENT_ROWS` in one file stay in memory (~36 bytes a step, not bounded): only
+    a file that is the whole run and holds one rank (resumes allowed) is spilled to disk a segment at a time."""
+    out = []
+    for reader in readers:
+        f = reader.summary
+        if reader.table.n <= SEGMENT_ROWS:
+            continue
+        why = ("several files (one log per rank)" if len(readers) > 1
+               else f"{f.interleaved} ranks interleaved in one file" if f.interleaved
+               else "several logs appended into one file" if f.concatenated
+               else "steps that go back too often to be a resume")
+        out.append(f"{f.path}: {reader.table.n:,} steps held in memory ({why}): parse-log bounds memory only for "
+                   "a run that is one file of one rank")
+    return out
 
 
 def require_steps(run: Run) -> None:

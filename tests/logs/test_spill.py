@@ -255,3 +255,25 @@ def test_rows_held_stay_bounded_across_resumes(tmp_path, small_segments, steps):
     assert run.spill.rows + _held(run) == 3 * steps
     assert run.spill.resumes == [(steps, half + 1), (half + steps, steps + 1)]
     assert _held(run) < SEGMENT + 100  # not growing with `steps`, resumes or not
+
+
+def test_what_is_not_bounded_says_so(tmp_path, small_segments):
+    # several files, and two ranks interleaved in one file: their steps are held, and the summary says why
+    (tmp_path / "run").mkdir()
+    for rank in (0, 1):
+        _write(tmp_path / "run" / f"worker_{rank}.log", synth_lines(600))
+    notes = parse_log([tmp_path / "run"], ParseOptions()).runs[0].summary.notes
+    held = [n for n in notes if "held in memory" in n]
+    assert len(held) == 2 and all("600 steps held in memory (several files (one log per rank))" in n for n in held)
+    one = synth_lines(600)
+    log = _write(tmp_path / "console.log", [line for pair in zip(one, one) for line in pair])
+    report = parse_log([log], ParseOptions())
+    assert report.runs[0].run.ranks == [0, 1] and report.runs[0].run.spill is None
+    assert [n for n in report.runs[0].summary.notes if "held in memory" in n] == [
+        f"{log}: 1,200 steps held in memory (2 ranks interleaved in one file): parse-log bounds memory only "
+        "for a run that is one file of one rank"]
+    # a file of one rank is spilled, resumes or not, and has no such note
+    report = parse_log([_write(tmp_path / "w.log", synth_lines(600) + synth_lines(600, start=300, seed=1))],
+                       ParseOptions())
+    assert report.runs[0].run.spill is not None
+    assert not [n for n in report.runs[0].summary.notes if "held in memory" in n]
