@@ -527,7 +527,8 @@ def split_concatenated(steps: list[int], reader: LogReader) -> list[int] | None:
     apart, and a step going back stays a resume."""
     summary = reader.summary
     summary.concatenated = []
-    cuts = [index for index, clock_back in reader.back_steps if clock_back and 0 < index < len(steps)]
+    spilled = reader.spill.rows if reader.spill is not None else 0  # back_steps count from the file's first row
+    cuts = [index - spilled for index, clock_back in reader.back_steps if clock_back and 0 < index - spilled < len(steps)]
     if not cuts:
         return None
     out = [summary.rank] * len(steps)

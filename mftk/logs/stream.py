@@ -334,11 +334,12 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     """(summary, anomalies, table rows, plot series) of a spilled run, reading its segments once."""
     rank = run.spill_rank
     rows, sample, detectors, times = HeadTail(), Downsample() if plot else None, _Anomalies(rank, thresholds), _Times()
-    sums, loss = RateSums(), _Loss()
+    sums, loss, across = RateSums(), _Loss(), _AcrossRanks(run, thresholds)
     try:
         for view in series_views(run):
             if not len(view):
                 continue
+            across.feed(view)
             skip = max(skip_warmup - rows.n, 0)
             loss.feed(view)
             time = view.native("per_step_time")[skip:]
@@ -369,8 +370,40 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     if others:  # ranks only the kept rows have (another log appended after the spilled part)
         found += [a for a in find_anomalies(_only(run, others), thresholds=thresholds) if a.kind not in
                   ("resume", "stopped")]
-        found += _rank_checks({r: _Series(run.series(r)) for r in run.ranks}, thresholds)
+        found += across.finish()
     return s, merge(found), rows, (sample.series() if sample is not None else None)
+
+
+class _AcrossRanks:
+    """The cross-rank checks (`_rank_checks`) of a spilled rank and the ranks only the kept rows have: each
+    view of the spilled rank with the others' rows of its steps (up to its last step), then the others' rows
+    after. The checks look at one step at a time, so these parts flag what one pass over all steps would."""
+
+    def __init__(self, run: Run, t: Thresholds) -> None:
+        self.rank, self.t, self.found = run.spill_rank, t, []
+        self.others = {r: run.series(r) for r in run.ranks if r != run.spill_rank}
+        self.done = {r: 0 for r in self.others}  # rows of each other rank checked so far
+
+    def _check(self, view: TableView, upto: float) -> None:
+        series = {}
+        for r in sorted([self.rank, *self.others]):
+            if r == self.rank:
+                series[r] = _Series(view)
+                continue
+            other = self.others[r]
+            end = int(np.searchsorted(other.values("step"), upto, side="right"))
+            series[r] = _Series(TableView(other.table, other.index[self.done[r]:end]))
+            self.done[r] = end
+        self.found += _rank_checks(series, self.t)
+
+    def feed(self, view: TableView) -> None:
+        if self.others:
+            self._check(view, float(view.values("step")[-1]))
+
+    def finish(self) -> list[Anomaly]:
+        if self.others:
+            self._check(TableView(StepTable(), np.zeros(0, dtype=np.int64)), np.inf)
+        return self.found
 
 
 def _only(run: Run, ranks: list[int]) -> Run:
