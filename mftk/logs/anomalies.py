@@ -150,11 +150,15 @@ def _resumes(run: Run) -> list[Anomaly]:
     for rank in np.unique(ranks).tolist():
         s = steps[ranks == rank].astype(np.int64)
         for j in np.nonzero(s[1:] <= s[:-1])[0].tolist():
-            prev, step = int(s[j]), int(s[j + 1])
-            out.append(Anomaly(kind="resume", step=step, field="step", ranks=[int(rank)], value=step,
-                               reference=prev, message=f"step went back from {prev} to {step}: a resumed run; "
-                                                       f"its lines replace the earlier steps {step}..{prev}"))
+            out.append(resume(int(rank), int(s[j]), int(s[j + 1])))
     return out
+
+
+def resume(rank: int, prev: int, step: int) -> Anomaly:
+    """The finding for one point where `rank`'s step went back from `prev` to `step`."""
+    return Anomaly(kind="resume", step=step, field="step", ranks=[rank], value=step, reference=prev,
+                   message=f"step went back from {prev} to {step}: a resumed run; "
+                           f"its lines replace the earlier steps {step}..{prev}")
 
 
 def _non_finite(rank: int, recs: _Series) -> list[Anomaly]:

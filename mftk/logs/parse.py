@@ -158,6 +158,7 @@ _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6})
 # The last line of a Python traceback, or MF's own "…, stop training..." (callback.py, skip-data and
 # global-norm checks): after the last step line, it is why the run stopped.
 _STOP = re.compile(r"(?:^|[\s:])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)): (.*)|(.*stop training.*)")
+_MAX_SPILL_RESUMES = 64  # resumes in one segment's rows that still spill (more: interleaved ranks, held)
 _MAX_BACK_STEPS = 1000  # step-went-back points remembered per file (a resume or two, or another log appended)
 
 
@@ -204,20 +205,31 @@ class LogReader:
         self.spill = Spill()
 
     def _maybe_spill(self) -> None:
-        """Write all rows but the last as a segment, when the table is full and its steps (one rank) only go up
-        from the last segment's. A file whose steps went back (a resume, ranks interleaved or appended) keeps
-        its rows from there on: `split_ranks` and the series' "later line wins" need them all."""
+        """Write all rows but the last to disk, when the table is full and holds one rank: a segment per run of
+        steps that go up, each resume (the step went back, the clock did not) starting a new sequence. Steps
+        that went back many times (ranks interleaved) or with the clock (logs appended) keep their rows from
+        there on: `split_ranks` needs them all."""
         table = self.table
-        if (self.spill is None or table.n < SEGMENT_ROWS or self.back_steps or self._last != table.n - 1
-                or table.constant("rank") is None):
+        if (self.spill is None or table.n < SEGMENT_ROWS or self._last != table.n - 1
+                or table.constant("rank") is None or len(self.back_steps) > _MAX_SPILL_RESUMES
+                or any(clock_back for _, clock_back in self.back_steps)):
             return
-        if not table.increasing("step"):
+        cuts = sorted({index - self.spill.rows for index, _ in self.back_steps} - {0})
+        if not cuts and not table.increasing("step"):
             return
+        steps = table.values("step")
+        edges = [0, *cuts, table.n]
+        if any(np.any(np.diff(steps[a:b]) <= 0) for a, b in zip(edges, edges[1:])):
+            return  # a step went back that was not remembered: keep the rows
+        for a, b in zip(edges, edges[1:]):
+            if a:
+                self.spill.resume(int(steps[a - 1]), int(steps[a]))
+            if min(b, table.n - 1) > a:
+                self.spill.write(table, min(b, table.n - 1) - a, start=a)
         last = table.row(table.n - 1)
-        self.spill.write(table, table.n - 1)
         self.table = StepTable()
         self.table.append_records([last])
-        self._last = 0
+        self._last, self.back_steps = 0, []
 
     @property
     def rows_read(self) -> int:
@@ -515,7 +527,8 @@ def split_concatenated(steps: list[int], reader: LogReader) -> list[int] | None:
     apart, and a step going back stays a resume."""
     summary = reader.summary
     summary.concatenated = []
-    cuts = [index for index, clock_back in reader.back_steps if clock_back and 0 < index < len(steps)]
+    spilled = reader.spill.rows if reader.spill is not None else 0  # back_steps count from the file's first row
+    cuts = [index - spilled for index, clock_back in reader.back_steps if clock_back and 0 < index - spilled < len(steps)]
     if not cuts:
         return None
     out = [summary.rank] * len(steps)
@@ -556,6 +569,7 @@ class Run:
     warnings: list[str] = attrs.field(factory=list)
     spill: Spill | None = None  # the steps spilled to disk before `records` (one file, one rank: `spill_rank`)
     spill_rank: int = 0
+    held: list[str] = attrs.field(factory=list)  # why steps past a segment stay in memory (`held_in_memory`)
     _series: dict[int, TableView] | None = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @property
@@ -628,6 +642,7 @@ def collect(readers: list[LogReader], name: str) -> Run:
     spill = readers[0].spill if len(readers) == 1 and readers[0].spill is not None and readers[0].spill.paths else None
     run = Run(name=name, files=[r.summary for r in readers], records=records, spill=spill,
               spill_rank=readers[0].summary.rank)
+    run.held = held_in_memory(readers)
     for f in run.files:
         if f.records == 0:
             run.warnings.append(_no_steps_message(f))
@@ -652,6 +667,23 @@ def collect(readers: list[LogReader], name: str) -> Run:
             run.warnings.append(f"{f.path}: several logs appended into one file (not a resume: the timestamps go "
                                 f"back too): {'; '.join(f.concatenated[:5])}")
     return run
+
+
+def held_in_memory(readers: list[LogReader]) -> list[str]:
+    """Why a run's steps past `SEGMENT_ROWS` in one file stay in memory (~36 bytes a step, not bounded): only
+    a file that is the whole run and holds one rank (resumes allowed) is spilled to disk a segment at a time."""
+    out = []
+    for reader in readers:
+        f = reader.summary
+        if reader.table.n <= SEGMENT_ROWS:
+            continue
+        why = ("several files (one log per rank)" if len(readers) > 1
+               else f"{f.interleaved} ranks interleaved in one file" if f.interleaved
+               else "several logs appended into one file" if f.concatenated
+               else "steps that go back too often to be a resume")
+        out.append(f"{f.path}: {reader.table.n:,} steps held in memory ({why}): parse-log bounds memory only for "
+                   "a run that is one file of one rank")
+    return out
 
 
 def require_steps(run: Run) -> None:

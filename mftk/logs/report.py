@@ -142,6 +142,7 @@ def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
         summary = summarize(series, ranks=run.ranks, primary_rank=primary, skip_warmup=options.skip_warmup,
                             seq_length=options.seq_length, world_size=options.world_size,
                             peak_tflops=options.peak_tflops)
+        summary.notes += run.held
         reports.append(RunReport(name=run.name, run=run, series=series, summary=summary,
                                  anomalies=find_anomalies(run, thresholds=thresholds)))
     wanted = KINDS if "all" in options.fail_on else options.fail_on
@@ -156,6 +157,7 @@ def _analyze_spilled(run: Run, options: ParseOptions, thresholds: Thresholds) ->
     summary, anomalies, rows, plot_series = analyze_spilled(
         run, thresholds=thresholds, skip_warmup=options.skip_warmup, seq_length=options.seq_length,
         world_size=options.world_size, peak_tflops=options.peak_tflops, plot=options.plot is not None)
+    summary.notes += run.held
     return RunReport(name=run.name, run=run, series=rows, summary=summary, anomalies=anomalies,
                      plot_series=plot_series)
 

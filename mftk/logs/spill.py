@@ -1,9 +1,11 @@
 """A long log's steps spilled to disk a segment at a time, so `parse-log` holds a fixed number of rows at once.
 
 A reader (`mftk.logs.parse.LogReader`) keeps its steps in a `StepTable` (~36 bytes a step). For a log of any
-size that would grow without bound, so once a file's table holds `SEGMENT_ROWS` steps that only go up (one
-rank, no resume in it), every row but the last (a skip line may still mark it) is written here as one segment
-file and dropped from memory. The analysis (`mftk.logs.stream`) then reads the segments back one at a time.
+size that would grow without bound, so once a file's table holds `SEGMENT_ROWS` steps of one rank, every row
+but the last (a skip line may still mark it) is written here and dropped from memory. Where the step went back
+with the logger's clock going on (a resume, not another log appended), the rows before it end one *sequence*
+of segments and the rows from it start the next: each sequence's steps only go up, and the analysis
+(`mftk.logs.stream`) merges the sequences by step, a later sequence's line winning, as the in-memory series does.
 
 A segment is an uncompressed ``.npz`` (NumPy arrays only, loaded with ``allow_pickle=False``): each column's
 stored values (or its arithmetic pattern, `base + delta * i`, in the metadata), its per-row state bytes where
@@ -35,28 +37,42 @@ class Spill:
         self.paths: list[Path] = []
         self.rows = 0  # steps spilled, all segments together
         self.last_step: int | None = None
+        self.sequence = 0  # the current run of steps that only go up; a resume starts the next one
+        self.segments: list[tuple[int, int, int]] = []  # (sequence, first step, last step) of each segment
+        self.resumes: list[tuple[int, int]] = []  # (step before, step after) where a new sequence started
 
-    def write(self, table: StepTable, count: int) -> None:
-        """Write the first `count` rows of `table` as the next segment (the caller drops them)."""
+    def resume(self, prev: int, step: int) -> None:
+        """The steps went back from `prev` to `step` (a resumed run): later segments start a new sequence."""
+        self.sequence += 1
+        self.resumes.append((prev, step))
+
+    def write(self, table: StepTable, count: int, start: int = 0) -> None:
+        """Write rows `start`..`start + count` of `table` as the next segment (the caller drops them)."""
         if self._dir is None:
             self._dir = tempfile.TemporaryDirectory(prefix="mftk-parse-log-")
         path = Path(self._dir.name) / f"segment_{len(self.paths):05d}.npz"
         arrays: dict[str, np.ndarray] = {}
-        meta: dict = {"n": count, "columns": {}, "texts": {str(i): v for i, v in table.texts.items() if i < count}}
+        end = start + count
+        meta: dict = {"n": count, "columns": {},
+                      "texts": {str(i - start): v for i, v in table.texts.items() if start <= i < end}}
         for j, (key, col) in enumerate(table.columns.items()):
-            info = {"kind": col.kind, "base": col.base, "delta": col.delta, "state": col.state is not None}
+            base = col.base + col.delta * start if col.data is None and col.base is not None else col.base
+            info = {"kind": col.kind, "base": base, "delta": col.delta, "state": col.state is not None}
             if col.data is not None:
                 arrays[f"d{j}"] = np.frombuffer(col.data, dtype={"i": np.int32, "q": np.int64,
-                                                                 "d": np.float64}[col.data.typecode])[:count]
+                                                                 "d": np.float64}[col.data.typecode])[start:end]
             if col.state is not None:
-                arrays[f"s{j}"] = np.frombuffer(col.state, dtype=np.uint8)[:count]
+                arrays[f"s{j}"] = np.frombuffer(col.state, dtype=np.uint8)[start:end]
             meta["columns"][key] = info
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         with open(path, "wb") as f:
             np.savez(f, **arrays)
         self.paths.append(path)
         self.rows += count
-        self.last_step = int(table.values("step")[count - 1]) if count else self.last_step
+        if count:
+            steps = table.values("step")
+            self.segments.append((self.sequence, int(steps[start]), int(steps[end - 1])))
+            self.last_step = int(steps[end - 1])
 
     def tables(self) -> Iterator[StepTable]:
         """Each segment back as a table, in order (one in memory at a time)."""
@@ -76,6 +92,7 @@ class Spill:
         if self._dir is not None:
             self._dir.cleanup()
         self._dir, self.paths, self.rows, self.last_step = None, [], 0, None
+        self.sequence, self.segments, self.resumes = 0, [], []
 
 
 def load(path: Path) -> StepTable:

@@ -2,7 +2,8 @@
 
 A one-file run whose reader spilled its oldest steps to disk (`mftk.logs.spill`, over `SEGMENT_ROWS` steps)
 holds only the rows read since the last segment. Its primary rank's series is then the segments, read back
-one at a time, followed by the kept rows (`series_views`), and every per-step consumer works a view at a time:
+one at a time, followed by the kept rows (`series_views`; after a resume, the sequences of segments merged by
+step where they overlap, the later line winning), and every per-step consumer works a view at a time:
 
 - summary: running first/last/min loss and rate sums (`RateSums`); the step-time percentiles are exact: the
   steady-state times go to a temporary file, and `select` finds each order statistic there in four passes of
@@ -33,10 +34,11 @@ import attrs
 import numpy as np
 
 from mftk.logs.anomalies import (Anomaly, MedianWalk, Thresholds, _flagged, _non_finite, _rank_checks, _resumes,
-                                 _Series, _slow_steps, _spikes, _stops, find_anomalies, lr_jumps_in, merge)
+                                 _Series, _slow_steps, _spikes, _stops, find_anomalies, lr_jumps_in, merge, resume)
 from mftk.logs.parse import Run
 from mftk.logs.summary import RateSums, Summary, _Steady, rates_from
-from mftk.logs.table import TableView, as_table
+from mftk.logs.spill import load
+from mftk.logs.table import StepTable, TableView, as_table
 
 HEAD_ROWS = 1000  # rows kept at each end of a spilled series for the step table
 PLOT_BUCKETS = 512  # the plot's buckets: between this many and twice as many
@@ -44,20 +46,80 @@ _CHUNK = 1 << 20  # values read at a time from the step-times file
 
 
 def series_views(run: Run) -> Iterator[TableView]:
-    """The spilled rank's series by step, a view at a time: each segment (without the rows a later resume
-    replaced: the kept rows have the same step), then the kept rows."""
-    rank = run.spill_rank
-    tail = run.series(rank)
-    tail_steps = tail.values("step")
-    replaced = len(tail_steps) and run.spill.last_step is not None and tail_steps.min() <= run.spill.last_step
-    for table in run.spill.tables():
-        view = TableView(table, None)
-        if replaced:
-            keep = ~np.isin(table.values("step"), tail_steps)
-            if not keep.all():
-                view = TableView(table, np.nonzero(keep)[0])
-        yield view
-    yield tail
+    """The spilled rank's series by step, a view at a time: its sequences of segments (`Spill`: each a run of
+    steps that go up, a resume starting the next) and the kept rows, merged by step, a later line winning.
+    Only segments that hold the step reached are loaded: as many as sequences overlap there (a resume's
+    replayed range), whatever the log's length."""
+    spill = run.spill
+    sources = [_Source([(first, last, path) for (seq, first, last), path in zip(spill.segments, spill.paths)
+                        if seq == k]) for k in range(spill.sequence + 1)]
+    tail = run.series(run.spill_rank)
+    if len(tail):
+        steps = tail.values("step")
+        sources.append(_Source([(int(steps[0]), int(steps[-1]), tail)]))
+    active = [s for s in sources if s.items]
+    while active:
+        bound = min(s.last() for s in active)
+        pieces = [(k, piece) for k, s in enumerate(sources) if s.items and s.first() <= bound
+                  and len(piece := s.take(bound))]
+        if len(pieces) == 1:
+            yield pieces[0][1]
+        else:
+            yield _merged(pieces)
+        active = [s for s in sources if s.items]
+
+
+class _Source:
+    """One sequence's views in step order: (first step, last step, segment path or view) each, loaded when
+    the merge reaches it and dropped once read."""
+
+    def __init__(self, items: list[tuple[int, int, Any]]) -> None:
+        self.items = items
+        self.view: TableView | None = None
+        self.pos = 0
+
+    def first(self) -> int:
+        return int(self.view.values("step")[self.pos]) if self.view is not None else self.items[0][0]
+
+    def last(self) -> int:
+        return self.items[0][1]
+
+    def take(self, bound: int) -> TableView:
+        """Its rows with step <= `bound` not taken yet (the current item's; the next item's steps are higher)."""
+        if self.view is None:
+            item = self.items[0][2]
+            self.view = item if isinstance(item, TableView) else TableView(load(item), None)
+            self.pos = 0
+        steps = self.view.values("step")
+        end = int(np.searchsorted(steps, bound, side="right"))
+        piece = self.view if self.pos == 0 and end == len(steps) else TableView(
+            self.view.table, self.view.index[self.pos:end])
+        self.pos = end
+        if end == len(steps):
+            self.items, self.view = self.items[1:], None
+        return piece
+
+
+def _merged(pieces: list[tuple[int, TableView]]) -> TableView:
+    """Pieces of several sequences covering the same steps, as one view by step, a later sequence's row
+    winning where a step repeats (`Run.series`: the later line wins)."""
+    tables, index, order, offset = [], [], [], 0
+    seen: dict[int, int] = {}
+    for k, view in pieces:
+        if id(view.table) not in seen:
+            seen[id(view.table)] = offset
+            tables.append(view.table)
+            offset += view.table.n
+        index.append(view.index + seen[id(view.table)])
+        order.append(np.full(len(view), k))
+    table = StepTable.concat(tables)
+    rows, source = np.concatenate(index), np.concatenate(order)
+    steps = table.values("step")[rows]
+    by_step = np.lexsort((-source, steps))
+    sorted_steps = steps[by_step]
+    keep = np.ones(len(by_step), dtype=bool)
+    keep[1:] = sorted_steps[1:] != sorted_steps[:-1]
+    return TableView(table, rows[by_step[keep]])
 
 
 def iter_steps(run: Run) -> Iterator[dict[str, Any]]:
@@ -272,11 +334,12 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     """(summary, anomalies, table rows, plot series) of a spilled run, reading its segments once."""
     rank = run.spill_rank
     rows, sample, detectors, times = HeadTail(), Downsample() if plot else None, _Anomalies(rank, thresholds), _Times()
-    sums, loss = RateSums(), _Loss()
+    sums, loss, across = RateSums(), _Loss(), _AcrossRanks(run, thresholds)
     try:
         for view in series_views(run):
             if not len(view):
                 continue
+            across.feed(view)
             skip = max(skip_warmup - rows.n, 0)
             loss.feed(view)
             time = view.native("per_step_time")[skip:]
@@ -302,13 +365,45 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     rates_from(s, sums)
     s.notes.append(f"{n:,} steps read a segment at a time (bounded memory): the table holds the first and last "
                    f"{HEAD_ROWS} steps" + ("; the plot draws each step range's extremes" if plot else ""))
-    found = detectors.found + _resumes(run) + _stops(run)
+    found = detectors.found + _resumes(run) + _stops(run) + [resume(rank, *r) for r in run.spill.resumes]
     others = [r for r in run.ranks if r != rank]
     if others:  # ranks only the kept rows have (another log appended after the spilled part)
         found += [a for a in find_anomalies(_only(run, others), thresholds=thresholds) if a.kind not in
                   ("resume", "stopped")]
-        found += _rank_checks({r: _Series(run.series(r)) for r in run.ranks}, thresholds)
+        found += across.finish()
     return s, merge(found), rows, (sample.series() if sample is not None else None)
+
+
+class _AcrossRanks:
+    """The cross-rank checks (`_rank_checks`) of a spilled rank and the ranks only the kept rows have: each
+    view of the spilled rank with the others' rows of its steps (up to its last step), then the others' rows
+    after. The checks look at one step at a time, so these parts flag what one pass over all steps would."""
+
+    def __init__(self, run: Run, t: Thresholds) -> None:
+        self.rank, self.t, self.found = run.spill_rank, t, []
+        self.others = {r: run.series(r) for r in run.ranks if r != run.spill_rank}
+        self.done = {r: 0 for r in self.others}  # rows of each other rank checked so far
+
+    def _check(self, view: TableView, upto: float) -> None:
+        series = {}
+        for r in sorted([self.rank, *self.others]):
+            if r == self.rank:
+                series[r] = _Series(view)
+                continue
+            other = self.others[r]
+            end = int(np.searchsorted(other.values("step"), upto, side="right"))
+            series[r] = _Series(TableView(other.table, other.index[self.done[r]:end]))
+            self.done[r] = end
+        self.found += _rank_checks(series, self.t)
+
+    def feed(self, view: TableView) -> None:
+        if self.others:
+            self._check(view, float(view.values("step")[-1]))
+
+    def finish(self) -> list[Anomaly]:
+        if self.others:
+            self._check(TableView(StepTable(), np.zeros(0, dtype=np.int64)), np.inf)
+        return self.found
 
 
 def _only(run: Run, ranks: list[int]) -> Run:

@@ -59,7 +59,8 @@ def _same_report(log, tmp_path, monkeypatch, **kw):
     assert s.step_time_ms["mean"] == pytest.approx(e.step_time_ms["mean"], rel=1e-12)
     assert s.throughput_tflops == pytest.approx(e.throughput_tflops, rel=1e-12)
     assert s.samples_per_s == pytest.approx(e.samples_per_s, rel=1e-12)
-    assert s.notes[:-1] == e.notes and "a segment at a time" in s.notes[-1]
+    notes = [n for n in s.notes if "held in memory" not in n]  # (what the spilled run could not spill)
+    assert notes[:-1] == e.notes and "a segment at a time" in notes[-1]
     rows_e, rows_s = exact.runs[0].series, spilled.runs[0].series
     assert len(rows_s) == len(rows_e)
     assert rows_s[:8] == rows_e[:8] and rows_s[-8:] == rows_e[-8:]
@@ -226,3 +227,66 @@ def test_compare_of_spilled_runs_exports_as_in_memory(tmp_path, monkeypatch):
     assert all(r.run.spill is not None for r in spilled[0].runs)
     assert spilled[1:] == exact[1:] and ",run," in spilled[1].splitlines()[0]
     assert [r.anomalies for r in spilled[0].runs] == [r.anomalies for r in exact[0].runs]
+
+
+def test_spilling_goes_on_after_resumes_with_the_in_memory_outputs(tmp_path, monkeypatch):
+    # a run to 1500, a resume from 1001 that dies at 1200, a resume from 1101 to 3000 (every step replaced);
+    # then one from 2401 logging every other step: the even steps 2402..3000 of the run before stay in the series
+    lines = (synth_lines(1500, spike_at=(1400,)) + synth_lines(200, start=1001, total=3000, seed=1)
+             + synth_lines(1900, start=1101, total=3000, seed=2, spike_at=(2000,))
+             + synth_lines(1200, start=2401, total=3600, seed=3)[::2])
+    exact, spilled = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
+    resumes = [(a.reference, a.step) for a in exact.runs[0].anomalies if a.kind == "resume"]
+    assert resumes == [(1500, 1001), (1200, 1101), (3000, 2401)]
+    assert exact.runs[0].summary.steps == 3000 + 300  # 1..3000 once, and the odd steps 3001..3599
+    run = spilled.runs[0].run
+    assert run.spill.sequence == 3 and run.spill.resumes == resumes  # every resume spilled, none held
+    assert _held(run) < SEGMENT + 100
+    steps = [r["step"] for r in json.loads((tmp_path / "spilled" / "s.json").read_text())["steps"]]
+    assert steps == [*range(1, 3001), *range(3001, 3600, 2)]
+
+
+@pytest.mark.parametrize("steps", [1_000, 8_000])
+def test_rows_held_stay_bounded_across_resumes(tmp_path, small_segments, steps):
+    # three runs, each resumed from the middle of the one before
+    half = steps // 2
+    lines = (synth_lines(steps) + synth_lines(steps, start=half + 1, seed=1)
+             + synth_lines(steps, start=steps + 1, seed=2))
+    run = parse_log([_write(tmp_path / "worker_0.log", lines)], ParseOptions()).runs[0].run
+    assert run.spill.rows + _held(run) == 3 * steps
+    assert run.spill.resumes == [(steps, half + 1), (half + steps, steps + 1)]
+    assert _held(run) < SEGMENT + 100  # not growing with `steps`, resumes or not
+
+
+def test_what_is_not_bounded_says_so(tmp_path, small_segments):
+    # several files, and two ranks interleaved in one file: their steps are held, and the summary says why
+    (tmp_path / "run").mkdir()
+    for rank in (0, 1):
+        _write(tmp_path / "run" / f"worker_{rank}.log", synth_lines(600))
+    notes = parse_log([tmp_path / "run"], ParseOptions()).runs[0].summary.notes
+    held = [n for n in notes if "held in memory" in n]
+    assert len(held) == 2 and all("600 steps held in memory (several files (one log per rank))" in n for n in held)
+    one = synth_lines(600)
+    log = _write(tmp_path / "console.log", [line for pair in zip(one, one) for line in pair])
+    report = parse_log([log], ParseOptions())
+    assert report.runs[0].run.ranks == [0, 1] and report.runs[0].run.spill is None
+    assert [n for n in report.runs[0].summary.notes if "held in memory" in n] == [
+        f"{log}: 1,200 steps held in memory (2 ranks interleaved in one file): parse-log bounds memory only "
+        "for a run that is one file of one rank"]
+    # a file of one rank is spilled, resumes or not, and has no such note
+    report = parse_log([_write(tmp_path / "w.log", synth_lines(600) + synth_lines(600, start=300, seed=1))],
+                       ParseOptions())
+    assert report.runs[0].run.spill is not None
+    assert not [n for n in report.runs[0].summary.notes if "held in memory" in n]
+
+
+def test_a_log_appended_after_spilled_steps_is_another_rank(tmp_path, monkeypatch):
+    # rank 1's log appended (`cat`) after 1500 steps of rank 0, which were spilled: rank 1 is told apart (the
+    # clock went back) and checked against rank 0's spilled steps (its spike at 900 is a divergence)
+    lines = synth_lines(1500, spike_at=(1400,)) + synth_lines(1200, spike_at=(900,))
+    exact, spilled = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
+    assert exact.runs[0].run.ranks == spilled.runs[0].run.ranks == [0, 1]
+    assert ("divergence", 900) in {(a.kind, a.step) for a in spilled.runs[0].anomalies}
+    held = [n for n in spilled.runs[0].summary.notes if "held in memory" in n]
+    assert len(held) == 1 and "steps held in memory (several logs appended into one file)" in held[0]
+    assert int(held[0].split(": ")[1].split()[0].replace(",", "")) >= 1200  # rank 1's steps, at least
