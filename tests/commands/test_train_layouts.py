@@ -21,7 +21,7 @@ import yaml
 
 from commands.app import app
 from tests.helpers.cli import runner
-from tests.helpers.msrun import SharedJobs, column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, job_slug, metrics, single
 from tests.helpers.sharded import assert_bits_equal
 from tests.helpers.tiny import tiny_raw, write_corpus
 
@@ -72,8 +72,7 @@ KEYS = {"qwen3_tiny.yaml": ("loss", "grad_norm"),
         "deepseek_v3_tiny.yaml": ("loss", "grad_norm", "load_balancing_loss", "mtp_1_loss")}
 
 
-def _slug(name: str) -> str:
-    return name.replace(" ", "_").replace("×", "x")
+_slug = job_slug
 
 
 def _parallelism(name: str) -> dict:
@@ -145,9 +144,7 @@ class Runs:
                        and (job == "8" or _world(n) == (4 if job == "4" else 8))]
 
     def _train(self, name: str) -> dict:
-        cfg = self.root / f"{_slug(name)}.yaml"
-        cfg.write_text(yaml.safe_dump(self.raw(name)))
-        return {"config": str(cfg), "output_dir": str(self.root / f"out_{_slug(name)}")}
+        return self.train_run(name, self.raw(name))
 
     def _resave(self, name: str) -> dict:
         cfg = self.root / f"resave_{_slug(name)}.yaml"

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from tests.helpers.msrun import SharedJobs, column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, job_slug, metrics, single
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -36,8 +35,7 @@ KEYS = {"qwen3_tiny.yaml": ("loss", "grad_norm"),
         "deepseek_v3_tiny.yaml": ("loss", "grad_norm", "load_balancing_loss", "mtp_1_loss")}
 
 
-def _slug(name: str) -> str:
-    return name.replace(" ", "_").replace("×", "x")
+_slug = job_slug
 
 
 class Runs:
@@ -74,9 +72,7 @@ class Runs:
         return self.root / f"out_{_slug(name)}"
 
     def _train(self, name: str) -> dict:
-        cfg = self.root / f"{_slug(name)}.yaml"
-        cfg.write_text(yaml.safe_dump(self.raw(name)))
-        return {"config": str(cfg), "output_dir": str(self.root / f"out_{_slug(name)}")}
+        return self.train_run(name, self.raw(name))
 
 
 @pytest.fixture(scope="module")

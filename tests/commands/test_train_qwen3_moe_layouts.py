@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers.msrun import SharedJobs, column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, job_slug, metrics, single
 from tests.helpers.tiny import tiny_raw, write_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -36,8 +36,7 @@ WITH_FSDP = {"pp2×fsdp2 global_aux_loss": (4, {"pipeline_parallel": 2}, GLOBAL)
 ALL = {**LAYOUTS, **WITH_FSDP}
 
 
-def _slug(name: str) -> str:
-    return name.replace(" ", "_").replace("×", "x")
+_slug = job_slug
 
 
 class Runs:

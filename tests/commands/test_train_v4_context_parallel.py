@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers.msrun import SharedJobs, column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, job_slug, metrics, single
 from tests.helpers.sharded import assert_bits_equal
 from tests.helpers.tiny import tiny_raw, write_corpus
 
@@ -36,8 +36,7 @@ LAYOUTS = {
 RESAVE = ("cp2", "cp2×tp2")  # cp2's checkpoint re-saved under cp2·tp2 (in the 4-worker job)
 
 
-def _slug(name: str) -> str:
-    return name.replace("×", "x")
+_slug = job_slug
 
 
 class Runs:
@@ -84,9 +83,7 @@ class Runs:
         return runs + ([self._resave()] if job == "4" else [])
 
     def _train(self, name: str) -> dict:
-        cfg = self.root / f"{_slug(name)}.yaml"
-        cfg.write_text(yaml.safe_dump(self.raw(name)))
-        return {"config": str(cfg), "output_dir": str(self.root / f"out_{_slug(name)}")}
+        return self.train_run(name, self.raw(name))
 
     def _resave(self) -> dict:
         name, into = RESAVE

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers.msrun import SharedJobs, column, metrics, single
+from tests.helpers.msrun import SharedJobs, column, job_slug, metrics, single
 from tests.helpers.sharded import assert_bits_equal
 from tests.helpers.tiny import tiny_raw, write_corpus
 
@@ -47,8 +47,7 @@ RESAVE = {"tp2×pp2": ("ep2×fsdp2", "2"), "tp2×pp2×dp_shard2": ("tp2×pp2", "
 MF_LAYOUT = "tp2×pp2×dp_shard2"
 
 
-def _slug(name: str) -> str:
-    return name.replace("×", "x")
+_slug = job_slug
 
 
 class Runs:
@@ -100,9 +99,7 @@ class Runs:
         return runs + [self._resave(n) for n, (_, j) in RESAVE.items() if j == job]
 
     def _train(self, name: str) -> dict:
-        cfg = self.root / f"{_slug(name)}.yaml"
-        cfg.write_text(yaml.safe_dump(self.raw(name)))
-        return {"config": str(cfg), "output_dir": str(self.root / f"out_{_slug(name)}")}
+        return self.train_run(name, self.raw(name))
 
     def _resave(self, name: str) -> dict:
         cfg = self.root / f"resave_{_slug(name)}.yaml"

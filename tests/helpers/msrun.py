@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import yaml
 
 from tests.helpers.tiny import load
 
@@ -70,6 +71,11 @@ def launch_many(runs: list[dict], nproc: int, log_dir: Path, timeout_s: float = 
     return result.results[min(result.results)]
 
 
+def job_slug(name: str) -> str:
+    """A layout's name ("tp2×dp2 muon") as a file name."""
+    return name.replace(" ", "_").replace("×", "x")
+
+
 class SharedJobs:
     """A test module's shared msrun jobs (`launch_many`), each launched once, on first use, with its log under
     ``root``; a job that failed fails every test that reads it, without being launched again."""
@@ -89,3 +95,9 @@ class SharedJobs:
         if isinstance(done, Exception):
             raise done
         return done
+
+    def train_run(self, name: str, raw: dict) -> dict:
+        """One run of a job: ``raw`` written as ``<slug>.yaml`` under ``root``, trained into ``out_<slug>``."""
+        cfg = self.root / f"{job_slug(name)}.yaml"
+        cfg.write_text(yaml.safe_dump(raw))
+        return {"config": str(cfg), "output_dir": str(self.root / f"out_{job_slug(name)}")}
