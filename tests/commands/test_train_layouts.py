@@ -144,7 +144,7 @@ class Runs:
                        and (job == "8" or _world(n) == (4 if job == "4" else 8))]
 
     def _train(self, name: str) -> dict:
-        return self.train_run(name, self.raw(name))
+        return self.jobs.train_run(name, self.raw(name))
 
     def _resave(self, name: str) -> dict:
         cfg = self.root / f"resave_{_slug(name)}.yaml"

@@ -72,7 +72,7 @@ class Runs:
         return self.root / f"out_{_slug(name)}"
 
     def _train(self, name: str) -> dict:
-        return self.train_run(name, self.raw(name))
+        return self.jobs.train_run(name, self.raw(name))
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ class Runs:
         return runs + ([self._resave()] if job == "4" else [])
 
     def _train(self, name: str) -> dict:
-        return self.train_run(name, self.raw(name))
+        return self.jobs.train_run(name, self.raw(name))
 
     def _resave(self) -> dict:
         name, into = RESAVE

@@ -99,7 +99,7 @@ class Runs:
         return runs + [self._resave(n) for n, (_, j) in RESAVE.items() if j == job]
 
     def _train(self, name: str) -> dict:
-        return self.train_run(name, self.raw(name))
+        return self.jobs.train_run(name, self.raw(name))
 
     def _resave(self, name: str) -> dict:
         cfg = self.root / f"resave_{_slug(name)}.yaml"
