@@ -7,15 +7,17 @@ Megatron / MindSpore Transformers convention of models.md §5 (the `throughput` 
 """
 from typing import Any
 
+from mftk.config.families import MODEL_TYPES
 from mftk.plan import flops_v4 as _v4
 
-# Families are told apart by attribute, not by import, so this module never needs the config classes.
+# Whether a model is MLA comes from the family table; the rest is told apart by attribute.
 
 
 def _is_mla(cfg: Any) -> bool:
-    """DeepSeek-V3's MLA (DeepSeek-V4 has its own counts, `flops_v4`, though its config carries the ``mla``
-    variant's ``kv_lora_rank``)."""
-    return hasattr(cfg, "kv_lora_rank") and not _v4.is_v4(cfg)
+    """DeepSeek-V3's MLA, as the family table says (`config.families`: one owner of the fact). DeepSeek-V4 has
+    its own counts, `flops_v4`, though its config carries the ``mla`` variant's ``kv_lora_rank``."""
+    family = MODEL_TYPES.get(getattr(cfg, "model_type", None))
+    return family is not None and family.mla
 
 
 def _norm(n: int) -> int:
