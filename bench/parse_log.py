@@ -14,7 +14,14 @@ depend on the machine's load; CPU times (user + sys) and the ratios less so. A l
 segment at a time (mftk.logs.spill): its peak RSS should not grow from 2 GB to 4 GB.
 Nothing in the test suite asserts on these figures.
 
+`--layout` picks how the log's steps are laid out, the same bytes in all: `one` file of one rank (the
+default); `ranks:N`, a directory of N files `worker_k.log` (msrun's --log_dir), each 1/N of the size;
+`interleaved:N`, N ranks' lines of each step next to each other in one file (msrun's console, `tee`);
+`appended:N`, N ranks' logs one after another in one file (`cat worker_*.log`, the clock going back at
+each). Each layout is held a segment at a time (the files share one segment's rows).
+
 Run: .venv/bin/python bench/parse_log.py [--gb 2,4] [--repeat 3] [--baseline DIR] [--floor-mb 200]
+                                         [--layout one|ranks:N|interleaved:N|appended:N]
 """
 from __future__ import annotations
 
@@ -37,8 +44,9 @@ _TEMPLATES = 997  # distinct step-line tails (loss ... throughput), reused with 
 _BLOCK = 20_000  # lines per write
 
 
-def write_log(path: Path, *, size: int, steps: int | None, noise_every: int = 10) -> int:
-    """A PyNative step log of about `size` bytes (or `steps` steps); returns the number of steps."""
+def write_log(path: Path, *, size: int, steps: int | None, noise_every: int = 10, copies: int = 1) -> int:
+    """A PyNative step log of about `size` bytes (or `steps` steps); returns the number of steps. With
+    `copies`, each step's line is written that many times in a row (ranks interleaved)."""
     tails = []
     for i in range(_TEMPLATES):
         line = format_step_line(step_metrics(1000 + i), total_steps=99_999_999)
@@ -50,8 +58,8 @@ def write_log(path: Path, *, size: int, steps: int | None, noise_every: int = 10
             block = []
             for _ in range(_BLOCK if steps is None else min(_BLOCK, steps - step)):
                 step += 1
-                block.append(f"{prefix}{{ step:[{step:8d}/99999999], consumed_samples: {step * gbs}, "
-                             f"global_batch_size: {gbs}{tails[step % _TEMPLATES]}\n")
+                block += [f"{prefix}{{ step:[{step:8d}/99999999], consumed_samples: {step * gbs}, "
+                          f"global_batch_size: {gbs}{tails[step % _TEMPLATES]}\n"] * copies
                 if step % noise_every == 0:
                     block.append(f"{prefix}Checkpoint saved at step {step} to ./ckpt (async=False)\n")
             text = "".join(block)
@@ -124,18 +132,42 @@ def _median(values: list[float]) -> float:
     return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
+def write_layout(tmp: Path, layout: str, *, size: int, steps: int | None) -> tuple[Path, Path, int]:
+    """(what parse-log is given, one file of it for the floor, steps of all ranks) for `--layout`."""
+    kind, _, n = layout.partition(":")
+    n = int(n or 1)
+    if kind == "one":
+        return tmp / "worker_0.log", tmp / "worker_0.log", write_log(tmp / "worker_0.log", size=size, steps=steps)
+    if kind == "ranks":
+        total = sum(write_log(tmp / f"worker_{k}.log", size=size // n, steps=steps and steps // n) for k in range(n))
+        return tmp, tmp / "worker_0.log", total
+    path = tmp / "console.log"
+    if kind == "interleaved":
+        return path, path, n * write_log(path, size=size, steps=steps and steps // n, copies=n)
+    if kind == "appended":
+        parts = [tmp / f"part_{k}.log" for k in range(n)]
+        total = sum(write_log(p, size=size // n, steps=steps and steps // n) for p in parts)
+        with open(path, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    while block := f.read(64 << 20):
+                        out.write(block)
+                p.unlink()
+        return path, path, total
+    raise SystemExit(f"--layout {layout}: use one, ranks:N, interleaved:N or appended:N")
+
+
 def bench_size(gb: float, args: argparse.Namespace) -> None:
     """One log of `gb` GB: the floor, then `--repeat` rounds of parse-log (and the baseline's, alternating)."""
     with tempfile.TemporaryDirectory(prefix="mftk-bench-log-") as tmp:
-        path = Path(tmp) / "worker_0.log"
         t0 = time.perf_counter()
-        steps = write_log(path, size=int(gb * 1e9), steps=args.steps)
-        mb = path.stat().st_size / 1e6
-        print(f"\n== log: {steps:,} steps, {mb:,.0f} MB, written in {time.perf_counter() - t0:.1f} s; "
+        path, one, steps = write_layout(Path(tmp), args.layout, size=int(gb * 1e9), steps=args.steps)
+        mb = sum(p.stat().st_size for p in ([path] if path.is_file() else path.glob("*.log"))) / 1e6
+        print(f"\n== log ({args.layout}): {steps:,} steps, {mb:,.0f} MB, written in {time.perf_counter() - t0:.1f} s; "
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
         py = sys.executable
-        floor_mb = min(args.floor_mb, mb)
-        f_wall, f_cpu, f_rss, _, _ = measure([py, "-c", FLOOR, str(path), str(int(floor_mb * 1e6))])
+        floor_mb = min(args.floor_mb, one.stat().st_size / 1e6)
+        f_wall, f_cpu, f_rss, _, _ = measure([py, "-c", FLOOR, str(one), str(int(floor_mb * 1e6))])
         print(f"(f) one-field regex line loop, first {floor_mb:,.0f} MB: {floor_mb / f_wall:6.1f} MB/s wall, "
               f"{floor_mb / f_cpu:6.1f} MB/s per CPU-second, peak RSS {f_rss:,.0f} MiB", flush=True)
         trees = {"new": ROOT, **({"baseline": Path(args.baseline).resolve()} if args.baseline else {})}
@@ -169,6 +201,7 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="another mftk source tree, run alternately for a ratio")
     ap.add_argument("--runs", default="new,baseline", help="which trees to run: new, baseline or both")
     ap.add_argument("--floor-mb", type=float, default=200, help="MB read by the one-field regex floor")
+    ap.add_argument("--layout", default="one", help="one, ranks:N, interleaved:N or appended:N (see above)")
     args = ap.parse_args()
     for gb in [float(g) for g in args.gb.split(",")]:
         bench_size(gb, args)

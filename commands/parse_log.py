@@ -82,7 +82,7 @@ def parse_log(
         report = _follow(logs, options, every, rows, poll, follow_updates, follow_timeout)
     else:
         report = run_parse(logs, options)
-    if to_stdout and any(r.run.spill is not None for r in report.runs):  # steps written as they are read back
+    if to_stdout and any(r.run.spilled for r in report.runs):  # steps written as they are read back
         import sys
 
         from mftk.logs.export import write_json

@@ -41,10 +41,11 @@ class FastShape:
 
     head = HEAD
 
-    def __init__(self, pattern: str, fields: list[tuple[str, type]]) -> None:
+    def __init__(self, pattern: str, fields: list[tuple[str, type]], ordered: bool = True) -> None:
         self.pattern = pattern
         self.regex = re.compile(pattern, re.M)
         self.fields = fields
+        self.ordered = ordered  # False: steps may repeat and go back (ranks interleaved, told apart later)
 
     def read(self, text: str, last_step: int | None) -> tuple[int, dict[str, array], int | None] | None:
         """(rows, columns, last step) of every step line in `text`, or None when a line needs the slow path."""
@@ -67,7 +68,8 @@ class FastShape:
             else:
                 out[name] = array("d", col.tobytes())
         a = np.frombuffer(out["step"], dtype=np.int64)
-        if (last_step is not None and a[0] <= last_step) or (len(a) > 1 and bool(np.any(np.diff(a) <= 0))):
+        if self.ordered and ((last_step is not None and a[0] <= last_step)
+                             or (len(a) > 1 and bool(np.any(np.diff(a) <= 0)))):
             return None  # a resume or another log: the line reader looks at the timestamps
         return len(rows), out, int(a[-1])
 

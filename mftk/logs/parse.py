@@ -25,6 +25,8 @@ from mftk.files import open_regular
 from mftk.logs.fastpath import ChunkRead, FastShape, has_long_line, read_chunk, shape_of
 from mftk.logs.format import read_fields, parse_metrics_record, parse_number, parse_step_line
 from mftk.logs import workers
+from mftk.logs import ranks as rank_split
+from mftk.logs.ranks import SpillPlan, occurrence_ranks, split_interleaved, spill_plan
 from mftk.logs.spill import SEGMENT_ROWS, Spill
 from mftk.logs.table import StepTable, TableView, as_table
 from mftk.logs.workers import worker_count
@@ -149,7 +151,6 @@ MAX_LINE_BYTES = 1 << 20  # no log line is this long; longer ones are skipped (a
 _HOLE = rb"\x00{512,}|(?:^|(?<=\n))\x00+(?=\n|\Z)"
 _NUL_RUN = re.compile(_HOLE + rb"|\x00+\Z")
 _NUL_RUN_INSIDE = re.compile(_HOLE.replace(rb"|\Z", rb""))  # for a window that is not the end of the data
-_INTERLEAVE_LAG = 2  # ranks of one job log a step at most this many steps apart
 # Terminal escapes (colour, cursor) that a coloured logger or `script`/`tee` of a console leaves in a log:
 # CSI `ESC [ ... final`, OSC `ESC ] ... BEL|ST`, and two-byte escapes.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -158,8 +159,9 @@ _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[,.](\d{1,6})
 # The last line of a Python traceback, or MF's own "…, stop training..." (callback.py, skip-data and
 # global-norm checks): after the last step line, it is why the run stopped.
 _STOP = re.compile(r"(?:^|[\s:])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)): (.*)|(.*stop training.*)")
-_MAX_SPILL_RESUMES = 64  # resumes in one segment's rows that still spill (more: interleaved ranks, held)
 _MAX_BACK_STEPS = 1000  # step-went-back points remembered per file (a resume or two, or another log appended)
+_MIN_SEGMENT = 4096  # a file's share of `SEGMENT_ROWS` is at least this many rows (a run of very many files)
+_PROBE_ROWS = 4096  # rows read before a long file is probed for interleaved ranks
 
 
 def rank_from_path(path: Path) -> int | None:
@@ -198,43 +200,86 @@ class LogReader:
         self._worker_tries = 0  # times worker processes were started for this file
         self.back_steps: list[tuple[int, bool]] = []  # (record index, timestamps went back) where step went back
         self.restarted = False
-        self.spill: Spill | None = None  # set (`enable_spill`) where the run is this one file: bounded memory
+        self.spills: dict[int, Spill] = {}  # the rows written to disk, by rank (`enable_spill`)
+        self._spill_rows = 0  # rows held before the oldest are spilled; 0: never
+        self._spilled = 0  # rows spilled since the file was last truncated
+        self.rank_base = rank  # the rank of the first row held (appended logs move it on)
+        self.interleaved = 0  # R, once a spill found R ranks interleaved in this file
+        self.appended: list[str] = []  # where another log was appended, in rows already spilled
+        self.held_why: str | None = None  # why the rows held could not be spilled (then no spill is tried again)
+        self._probed = False  # looked for interleaved ranks on the first rows (`_probe_interleaved`)
 
-    def enable_spill(self) -> None:
-        """Spill the oldest steps to disk whenever the table holds `SEGMENT_ROWS` (see `mftk.logs.spill`)."""
-        self.spill = Spill()
+    def enable_spill(self, share: int = 1) -> None:
+        """Spill the oldest steps to disk whenever the table holds `SEGMENT_ROWS / share` (the files of one run
+        share the bound; see `mftk.logs.spill`)."""
+        self._spill_rows = max(SEGMENT_ROWS // max(share, 1), min(_MIN_SEGMENT, SEGMENT_ROWS))
 
     def _maybe_spill(self) -> None:
-        """Write all rows but the last to disk, when the table is full and holds one rank: a segment per run of
-        steps that go up, each resume (the step went back, the clock did not) starting a new sequence. Steps
-        that went back many times (ranks interleaved) or with the clock (logs appended) keep their rows from
-        there on: `split_ranks` needs them all."""
+        """Write the rows held to disk when the table is full: each rank's rows (`mftk.logs.ranks`) to its
+        `Spill`, a resume (the step went back, the clock did not) starting a new sequence there. The last row
+        stays (a skip line may still mark it), and of interleaved ranks the last few steps. Rows whose ranks
+        cannot be told apart yet stay held (`held_why`)."""
         table = self.table
-        if (self.spill is None or table.n < SEGMENT_ROWS or self._last != table.n - 1
-                or table.constant("rank") is None or len(self.back_steps) > _MAX_SPILL_RESUMES
-                or any(clock_back for _, clock_back in self.back_steps)):
+        if self._spill_rows and not self._probed and table.n >= min(_PROBE_ROWS, self._spill_rows):
+            self._probe_interleaved()
+        if not self._spill_rows or table.n < self._spill_rows or self._last != table.n - 1:
             return
-        cuts = sorted({index - self.spill.rows for index, _ in self.back_steps} - {0})
-        if not cuts and not table.increasing("step"):
+        steps = table.values("step").astype(np.int64)
+        back = [(index - self._spilled, clock) for index, clock in self.back_steps]
+        plan = spill_plan(steps, back, base=self.rank_base, interleaved=self.interleaved, summary=self.summary,
+                          max_back=_MAX_BACK_STEPS)
+        if plan is None:  # interleaved ranks, no step complete yet: try again when more are read
             return
-        steps = table.values("step")
-        edges = [0, *cuts, table.n]
-        if any(np.any(np.diff(steps[a:b]) <= 0) for a, b in zip(edges, edges[1:])):
-            return  # a step went back that was not remembered: keep the rows
-        for a, b in zip(edges, edges[1:]):
-            if a:
-                self.spill.resume(int(steps[a - 1]), int(steps[a]))
-            if min(b, table.n - 1) > a:
-                self.spill.write(table, min(b, table.n - 1) - a, start=a)
-        last = table.row(table.n - 1)
-        self.table = StepTable()
-        self.table.append_records([last])
-        self._last, self.back_steps = 0, []
+        if isinstance(plan, str) or not self._spill_by_rank(table, steps, plan):
+            self.held_why = plan if isinstance(plan, str) else "a rank's steps in lockstep went back"
+            self._spill_rows = 0  # the rows held stay so: not tried again at every read
+            return
+        self.appended += [f"step {steps[i - 1]} -> {steps[i]} with the time going back: read from there as rank "
+                          f"{plan.ranks[i]}" for i in plan.appended]
+        self.interleaved, self.rank_base = plan.interleaved, int(plan.ranks[plan.keep])
+        if self.interleaved and self._fast is not None and self._fast.ordered:  # the column path reads them on
+            self._fast = FastShape(self._fast.pattern, self._fast.fields, ordered=False)
+        self.table = table.take(np.arange(plan.keep, table.n))
+        self._spilled += plan.keep
+        self._last = self.table.n - 1
+        self.back_steps = [(i, c) for i, c in self.back_steps if i >= self._spilled]
+
+    def _probe_interleaved(self) -> None:
+        """Once, on a long file's first rows: ranks interleaved in lockstep are read on by the column path
+        (`FastShape.ordered` False), which otherwise leaves every chunk whose steps go back to the line reader."""
+        self._probed = True
+        if self._fast is None or len(self.back_steps) <= rank_split.MAX_SPILL_RESUMES:
+            return
+        probe = FileSummary(path=self.summary.path, format=self.summary.format, rank=self.summary.rank)
+        if split_interleaved([int(x) for x in self.table.values("step").tolist()], probe) is not None:
+            self._fast = FastShape(self._fast.pattern, self._fast.fields, ordered=False)
+
+    def _spill_by_rank(self, table: StepTable, steps: np.ndarray, plan: SpillPlan) -> bool:
+        """Write each rank's rows before `plan.keep`; False (nothing written) when a rank's rows go back where
+        that cannot be a resume, or too often."""
+        pieces = []
+        for rank in dict.fromkeys(plan.ranks[:plan.keep].tolist()):
+            rows = np.nonzero(plan.ranks == rank)[0]
+            starts = np.nonzero(np.diff(steps[rows]) <= 0)[0] + 1  # where a new sequence starts
+            if len(starts) and (plan.interleaved or len(starts) > rank_split.MAX_SPILL_RESUMES):
+                return False
+            pieces.append((rank, rows, starts))
+        for rank, rows, starts in pieces:
+            spill = self.spills.setdefault(rank, Spill())
+            for a, b in zip([0, *starts.tolist()], [*starts.tolist(), len(rows)]):
+                if a:
+                    spill.resume(int(steps[rows[a - 1]]), int(steps[rows[a]]))
+                part = rows[a:b][rows[a:b] < plan.keep]
+                if len(part):
+                    piece = table.take(part)
+                    piece.set_constant("rank", rank)
+                    spill.write(piece, piece.n)
+        return True
 
     @property
     def rows_read(self) -> int:
         """Steps read since the file was last truncated: those spilled and those held."""
-        return (self.spill.rows if self.spill is not None else 0) + self.table.n
+        return self._spilled + self.table.n
 
     def read_new(self, *, final: bool = True) -> range:
         """Parse new complete lines into `self.table`; with `final`, a last line without newline counts too
@@ -331,8 +376,10 @@ class LogReader:
         self._offset, self._pending, self._skipping, self.restarted = 0, b"", False, True
         self._last, self._last_step, self._last_line, self.back_steps = None, None, "", []
         self.table, self._fast = StepTable(), None
-        if self.spill is not None:
-            self.spill.close()
+        for spill in self.spills.values():
+            spill.close()
+        self.spills, self._spilled, self.rank_base = {}, 0, self.summary.rank
+        self.interleaved, self.appended, self.held_why, self._probed = 0, [], None, False
 
     def _feed(self, chunk: bytes, *, last: bool) -> None:
         data = self._pending + chunk
@@ -376,7 +423,7 @@ class LogReader:
         """Add a chunk read by the column path, unless its steps do not go on from the last one (a resume or
         another log: the line reader looks at the timestamps)."""
         summary = self.summary
-        if got.count and self._last_step is not None and got.first_step <= self._last_step:
+        if got.count and self._last_step is not None and got.first_step <= self._last_step and self._fast.ordered:
             return False
         if got.count:
             got.cols["rank"] = _repeat(summary.rank, got.count)
@@ -482,76 +529,41 @@ def _reject_binary(path: Path, head: bytes) -> None:
                                    "or checkpoint file")
 
 
-def split_interleaved(steps: list[int], summary: FileSummary) -> list[int] | None:
-    """The rank of each of one file's records when several ranks' lines were written into it, else None.
-
-    msrun's console (``--tail_worker_log``), ``tee`` of a job's output or ``cat worker_*.log`` put every
-    rank's step line into one file, and the line names no rank. Such a file shows each step R ≥ 2 times
-    in lockstep: every step (but the last two, which a stop may cut short) exactly R times, and never a
-    step more than `_INTERLEAVE_LAG` steps behind the newest one. Then the k-th line of a step is rank
-    ``base + k``. A resumed run does not look like that (its replayed steps repeat, the others do not;
-    a restart from scratch goes back further than the lag) and keeps one rank.
-    """
-    summary.interleaved = 0
-    order: dict[int, int] = {}
-    counts: dict[int, int] = {}
-    newest = None
-    for step in steps:
-        if step not in order:
-            order[step] = len(order)
-        counts[step] = counts.get(step, 0) + 1
-        if newest is not None and order[step] < order[newest] - _INTERLEAVE_LAG:
-            return None
-        if newest is None or order[step] > order[newest]:
-            newest = step
-    distinct = list(order)
-    ranks = counts[distinct[0]] if distinct else 0
-    body = distinct[:-2] if len(distinct) > 2 else distinct[:1]
-    if ranks < 2 or any(counts[s] != ranks for s in body) or any(counts[s] > ranks for s in distinct):
-        return None
-    seen: dict[int, int] = {}
-    out = []
-    for step in steps:
-        k = seen.get(step, 0)
-        seen[step] = k + 1
-        out.append(summary.rank + k)
-    summary.interleaved = ranks
-    return out
-
-
 def split_concatenated(steps: list[int], reader: LogReader) -> list[int] | None:
-    """The rank of each of one file's records when whole logs were appended into it, else None: a new rank
-    from each point where the step and the logger's clock both went back. That is `cat worker_0.log
+    """The rank of each of the rows `reader` holds when whole logs were appended into its file, else None: a
+    new rank from each point where the step and the logger's clock both went back. That is `cat worker_0.log
     worker_1.log` (each rank's log starts when the job starts, long before the first one ends), never a
     resume (whose lines are logged after those they replace). Without timestamps the two cannot be told
-    apart, and a step going back stays a resume."""
+    apart, and a step going back stays a resume. Points in rows already spilled were noted then."""
     summary = reader.summary
-    summary.concatenated = []
-    spilled = reader.spill.rows if reader.spill is not None else 0  # back_steps count from the file's first row
-    cuts = [index - spilled for index, clock_back in reader.back_steps if clock_back and 0 < index - spilled < len(steps)]
+    cuts = [index - reader._spilled for index, clock_back in reader.back_steps
+            if clock_back and 0 < index - reader._spilled < len(steps)]
+    summary.concatenated = list(reader.appended)
     if not cuts:
         return None
-    out = [summary.rank] * len(steps)
-    for k, (start, end) in enumerate(zip(cuts, cuts[1:] + [len(steps)]), start=1):
-        summary.concatenated.append(f"step {steps[start - 1]} -> {steps[start]} with the time going back: "
-                                    f"read from there as rank {summary.rank + k}")
-        out[start:end] = [summary.rank + k] * (end - start)
-    return out
+    out = rank_split.concatenated_ranks(len(steps), cuts, reader.rank_base)
+    summary.concatenated += [f"step {steps[c - 1]} -> {steps[c]} with the time going back: read from there as "
+                             f"rank {out[c]}" for c in cuts]
+    return out.tolist()
 
 
 def split_ranks(reader: LogReader) -> StepTable:
-    """One file's table, its `rank` column telling apart the ranks whose lines share the file: interleaved
-    lines, or whole logs appended one after another. Steps that only go up need neither."""
+    """The table `reader` holds, its `rank` column telling apart the ranks whose lines share the file:
+    interleaved lines, or whole logs appended one after another (`mftk.logs.ranks`). Steps that only go up
+    need neither. What an earlier spill found (R interleaved ranks, appended logs) holds for the rest."""
     table = reader.table
-    reader.summary.interleaved, reader.summary.concatenated = 0, []
+    summary = reader.summary
+    summary.interleaved, summary.concatenated = reader.interleaved, list(reader.appended)
     ranks = None
-    if not table.increasing("step"):
+    if reader.interleaved:
+        ranks = occurrence_ranks(table.values("step").astype(np.int64), summary.rank).tolist()
+    elif not table.increasing("step"):
         as_list = [int(x) for x in table.values("step").tolist()]
-        ranks = split_interleaved(as_list, reader.summary)
+        ranks = None if reader._spilled else split_interleaved(as_list, summary)
         if ranks is None:
             ranks = split_concatenated(as_list, reader)
     if ranks is None:
-        table.set_constant("rank", reader.summary.rank)
+        table.set_constant("rank", reader.rank_base)
     else:
         table.set_column("rank", np.asarray(ranks))
     return table
@@ -567,14 +579,18 @@ class Run:
     files: list[FileSummary]
     records: StepTable = attrs.field(converter=lambda r: as_table(r))
     warnings: list[str] = attrs.field(factory=list)
-    spill: Spill | None = None  # the steps spilled to disk before `records` (one file, one rank: `spill_rank`)
-    spill_rank: int = 0
+    spills: dict[int, list[Spill]] = attrs.field(factory=dict)  # by rank, each file's steps spilled before `records`
     held: list[str] = attrs.field(factory=list)  # why steps past a segment stay in memory (`held_in_memory`)
     _series: dict[int, TableView] | None = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @property
     def ranks(self) -> list[int]:
-        return sorted(self._by_rank())
+        return sorted(set(self._by_rank()) | set(self.spills))
+
+    @property
+    def spilled(self) -> bool:
+        """Whether some steps are on disk (`spills`): the run is analyzed a segment at a time (`mftk.logs.stream`)."""
+        return bool(self.spills)
 
     def series(self, rank: int) -> TableView:
         """One rank's records by step; after a resume (step going back) the later line wins."""
@@ -600,12 +616,14 @@ class Run:
     def primary_rank(self) -> int:
         """The lowest rank that logs real losses (non-last pipeline stages log `N/A`)."""
         only = self.records.constant("rank")
-        if only is not None:
+        if only is not None and not self.spills:
             return int(only)
         ranks = self.records.values("rank").astype(np.int64)
         loss = self.records.values("loss")
         real = self.records.numeric("loss") & ~np.isinf(loss)
-        return int(ranks[real].min()) if real.any() else int(ranks.min())
+        spilled = [r for r, spills in self.spills.items() if any(s.real_loss for s in spills)]
+        with_loss = [*ranks[real].tolist(), *spilled]
+        return int(min(with_loss)) if with_loss else min(self.ranks)
 
 
 def expand_paths(log: Path) -> list[Path]:
@@ -639,9 +657,12 @@ def collect(readers: list[LogReader], name: str) -> Run:
     """Build a `Run` from readers, each file's ranks told apart (see `split_ranks`)."""
     tables = [split_ranks(reader) for reader in readers]
     records = tables[0] if len(tables) == 1 else StepTable.concat(tables)
-    spill = readers[0].spill if len(readers) == 1 and readers[0].spill is not None and readers[0].spill.paths else None
-    run = Run(name=name, files=[r.summary for r in readers], records=records, spill=spill,
-              spill_rank=readers[0].summary.rank)
+    spills: dict[int, list[Spill]] = {}
+    for reader in readers:
+        for rank, spill in reader.spills.items():
+            if spill.paths:
+                spills.setdefault(rank, []).append(spill)
+    run = Run(name=name, files=[r.summary for r in readers], records=records, spills=spills)
     run.held = held_in_memory(readers)
     for f in run.files:
         if f.records == 0:
@@ -670,20 +691,21 @@ def collect(readers: list[LogReader], name: str) -> Run:
 
 
 def held_in_memory(readers: list[LogReader]) -> list[str]:
-    """Why a run's steps past `SEGMENT_ROWS` in one file stay in memory (~36 bytes a step, not bounded): only
-    a file that is the whole run and holds one rank (resumes allowed) is spilled to disk a segment at a time."""
+    """Why some file's steps stay in memory past its share of `SEGMENT_ROWS` (~36 bytes a step, not bounded):
+    rows whose ranks cannot be told apart as they are read (`held_why`) are held until the end."""
     out = []
     for reader in readers:
-        f = reader.summary
-        if reader.table.n <= SEGMENT_ROWS:
-            continue
-        why = ("several files (one log per rank)" if len(readers) > 1
-               else f"{f.interleaved} ranks interleaved in one file" if f.interleaved
-               else "several logs appended into one file" if f.concatenated
-               else "steps that go back too often to be a resume")
-        out.append(f"{f.path}: {reader.table.n:,} steps held in memory ({why}): parse-log bounds memory only for "
-                   "a run that is one file of one rank")
+        if reader.held_why:
+            out.append(f"{reader.summary.path}: {reader.table.n:,} steps held in memory ({reader.held_why}): "
+                       "parse-log bounds memory for files of one rank (resumes allowed), ranks interleaved in "
+                       "lockstep and logs appended one after another")
     return out
+
+
+def enable_spill(readers: list[LogReader]) -> None:
+    """Let every file of a run spill its oldest steps, the files sharing one bound (`SEGMENT_ROWS`)."""
+    for reader in readers:
+        reader.enable_spill(share=len(readers))
 
 
 def require_steps(run: Run) -> None:
@@ -705,11 +727,11 @@ def _no_steps_message(f: FileSummary) -> str:
 
 
 def parse_run(logs: list[Path], *, fmt: str = "auto", name: str | None = None, spill: bool = False) -> Run:
-    """Parse every file of one run (all ranks) in one pass; with `spill`, a one-file run longer than
-    `SEGMENT_ROWS` steps is held a segment at a time (`mftk.logs.spill`, analyzed by `mftk.logs.stream`)."""
+    """Parse every file of one run (all ranks) in one pass; with `spill`, a run longer than `SEGMENT_ROWS`
+    steps (all files together) is held a segment at a time (`mftk.logs.spill`, analyzed by `mftk.logs.stream`)."""
     readers = open_readers(logs, fmt=fmt)
-    if spill and len(readers) == 1:
-        readers[0].enable_spill()
+    if spill:
+        enable_spill(readers)
     for reader in readers:
         reader.read_new(final=True)
     run = collect(readers, name or ", ".join(str(p) for p in logs))

@@ -15,7 +15,7 @@ from mftk.files import check_writable_target, write_atomic, write_atomic_with
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs import export
 from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
-from mftk.logs.parse import Run, collect, open_readers, parse_run, require_steps
+from mftk.logs.parse import Run, collect, enable_spill, open_readers, parse_run, require_steps
 from mftk.logs.summary import Summary, summarize
 
 
@@ -51,7 +51,7 @@ class RunReport:
     def all_steps(self) -> Iterable[dict[str, Any]]:
         """Every rank's records (resumed steps de-duplicated), sorted by step then rank; of a spilled run, an
         iterator reading its segments one at a time."""
-        if self.run.spill is not None:
+        if self.run.spilled:
             from mftk.logs.stream import iter_steps
 
             return iter_steps(self.run)
@@ -60,7 +60,7 @@ class RunReport:
 
     def export_keys(self, metrics: list[str] | None) -> list[str] | None:
         """The export columns of a spilled run (read from its segments' columns); None: from the records."""
-        if self.run.spill is None:
+        if not self.run.spilled:
             return None
         from mftk.logs.stream import column_keys
 
@@ -122,10 +122,11 @@ def _check_metrics(runs: list[Run], metrics: list[str] | None) -> None:
 
 
 def _first_rows(run: Run) -> list[dict[str, Any]]:
-    """The run's first 1000 rows (of its first segment, when spilled)."""
-    if run.spill is not None:
-        return next(run.spill.tables())[:1000]
-    return run.records[:1000]
+    """The run's first 1000 rows (and a spilled run's first segment's, of each file)."""
+    rows = run.records[:1000]
+    for spills in run.spills.values():
+        rows += [r for spill in spills for r in next(spill.tables())[:1000]]
+    return rows
 
 
 def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
@@ -134,7 +135,7 @@ def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
     thresholds = attrs.evolve(options.thresholds, skip_warmup=options.skip_warmup)
     reports = []
     for run in runs:
-        if run.spill is not None:
+        if run.spilled:
             reports.append(_analyze_spilled(run, options, thresholds))
             continue
         primary = run.primary_rank
@@ -166,7 +167,7 @@ def write_outputs(report: LogReport) -> None:
     """CSV / JSON / JSONL of every rank's steps, and the PNG; each file written atomically. A spilled run's
     rows are written one at a time, as its segments are read back."""
     o = report.options
-    if (o.csv or o.jsonl) and any(r.run.spill is not None for r in report.runs):
+    if (o.csv or o.jsonl) and any(r.run.spilled for r in report.runs):
         several = len(report.runs) > 1
         keys = export.columns([dict.fromkeys(["run"] if several else []) | dict.fromkeys(
             r.export_keys(None) or export.columns(r.all_steps())) for r in report.runs], o.metrics)
@@ -204,7 +205,7 @@ def _tagged(r: RunReport, several: bool) -> Iterable[dict[str, Any]]:
     if not several:
         return rows
     tagged = ({"run": r.name, **row} for row in rows)
-    return tagged if r.run.spill is not None else list(tagged)
+    return tagged if r.run.spilled else list(tagged)
 
 
 def parse_log(logs: list[Path], options: ParseOptions | None = None) -> LogReport:
@@ -229,8 +230,7 @@ def follow_log(logs: list[Path], options: ParseOptions | None = None, *,
     options = options or ParseOptions(fmt="auto")
     check_options(options)
     readers = open_readers(list(logs), fmt=options.fmt)
-    if len(readers) == 1:  # a one-file run longer than a segment is held a segment at a time
-        readers[0].enable_spill()
+    enable_spill(readers)  # a run longer than a segment is held a segment at a time
     name = ", ".join(map(str, logs))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     report, updates = None, 0

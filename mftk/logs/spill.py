@@ -1,8 +1,10 @@
 """A long log's steps spilled to disk a segment at a time, so `parse-log` holds a fixed number of rows at once.
 
 A reader (`mftk.logs.parse.LogReader`) keeps its steps in a `StepTable` (~36 bytes a step). For a log of any
-size that would grow without bound, so once a file's table holds `SEGMENT_ROWS` steps of one rank, every row
-but the last (a skip line may still mark it) is written here and dropped from memory. Where the step went back
+size that would grow without bound, so once a file's table holds its share of `SEGMENT_ROWS` steps (all the
+files of a run together hold at most about that many), the rows are written here, one `Spill` per rank the
+file holds, and dropped from memory; the last row stays (a skip line may still mark it), and of ranks
+interleaved in one file, the last few steps' lines. Where the step went back
 with the logger's clock going on (a resume, not another log appended), the rows before it end one *sequence*
 of segments and the rows from it start the next: each sequence's steps only go up, and the analysis
 (`mftk.logs.stream`) merges the sequences by step, a later sequence's line winning, as the in-memory series does.
@@ -40,6 +42,7 @@ class Spill:
         self.sequence = 0  # the current run of steps that only go up; a resume starts the next one
         self.segments: list[tuple[int, int, int]] = []  # (sequence, first step, last step) of each segment
         self.resumes: list[tuple[int, int]] = []  # (step before, step after) where a new sequence started
+        self.real_loss = False  # some spilled step logged a real loss (`Run.primary_rank`: not a non-last stage)
 
     def resume(self, prev: int, step: int) -> None:
         """The steps went back from `prev` to `step` (a resumed run): later segments start a new sequence."""
@@ -69,6 +72,8 @@ class Spill:
             np.savez(f, **arrays)
         self.paths.append(path)
         self.rows += count
+        loss = table.values("loss")[start:end]
+        self.real_loss = self.real_loss or bool(np.any(table.numeric("loss")[start:end] & ~np.isinf(loss)))
         if count:
             steps = table.values("step")
             self.segments.append((self.sequence, int(steps[start]), int(steps[end - 1])))
@@ -92,7 +97,7 @@ class Spill:
         if self._dir is not None:
             self._dir.cleanup()
         self._dir, self.paths, self.rows, self.last_step = None, [], 0, None
-        self.sequence, self.segments, self.resumes = 0, [], []
+        self.sequence, self.segments, self.resumes, self.real_loss = 0, [], [], False
 
 
 def load(path: Path) -> StepTable:

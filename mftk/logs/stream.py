@@ -1,14 +1,15 @@
 """A run too long to hold, analyzed a segment at a time: memory bounded whatever the log's length.
 
-A one-file run whose reader spilled its oldest steps to disk (`mftk.logs.spill`, over `SEGMENT_ROWS` steps)
-holds only the rows read since the last segment. Its primary rank's series is then the segments, read back
-one at a time, followed by the kept rows (`series_views`; after a resume, the sequences of segments merged by
-step where they overlap, the later line winning), and every per-step consumer works a view at a time:
+A run whose readers spilled their oldest steps to disk (`mftk.logs.spill`: the files share `SEGMENT_ROWS`
+rows) holds only the rows read since each file's last segment. Each rank's series is then its segments, read
+back one at a time, followed by the kept rows (`series_views`; after a resume, the sequences of segments
+merged by step where they overlap, the later line winning), and every ranks' series is walked together a
+block of steps at a time (`aligned`), so the checks across ranks see every rank's rows of a step:
 
 - summary: running first/last/min loss and rate sums (`RateSums`); the step-time percentiles are exact: the
   steady-state times go to a temporary file, and `select` finds each order statistic there in four passes of
   16 bits (a radix selection), never holding more than one chunk;
-- anomalies: the per-rank detectors run on each view; the rolling-median ones (`MedianWalk`) and the lr rule
+- anomalies: the per-rank detectors run on each rank's rows of a block, the cross-rank ones on the block; the rolling-median ones (`MedianWalk`) and the lr rule
   (its `window` previous values as context) carry their state across views, so they flag what one pass over
   the whole series would;
 - the step table holds the first and last `HEAD_ROWS` rows; the plot draws `Downsample`'s buckets (at most
@@ -34,26 +35,25 @@ import attrs
 import numpy as np
 
 from mftk.logs.anomalies import (Anomaly, MedianWalk, Thresholds, _flagged, _non_finite, _rank_checks, _resumes,
-                                 _Series, _slow_steps, _spikes, _stops, find_anomalies, lr_jumps_in, merge, resume)
+                                 _Series, _slow_steps, _spikes, _stops, lr_jumps_in, merge, resume)
 from mftk.logs.parse import Run
 from mftk.logs.summary import RateSums, Summary, _Steady, rates_from
 from mftk.logs.spill import load
-from mftk.logs.table import StepTable, TableView, as_table
+from mftk.logs.table import StepTable, TableView
 
 HEAD_ROWS = 1000  # rows kept at each end of a spilled series for the step table
 PLOT_BUCKETS = 512  # the plot's buckets: between this many and twice as many
 _CHUNK = 1 << 20  # values read at a time from the step-times file
 
 
-def series_views(run: Run) -> Iterator[TableView]:
-    """The spilled rank's series by step, a view at a time: its sequences of segments (`Spill`: each a run of
-    steps that go up, a resume starting the next) and the kept rows, merged by step, a later line winning.
-    Only segments that hold the step reached are loaded: as many as sequences overlap there (a resume's
-    replayed range), whatever the log's length."""
-    spill = run.spill
+def series_views(run: Run, rank: int) -> Iterator[TableView]:
+    """One rank's series by step, a view at a time: the sequences of segments each file spilled for it
+    (`Spill`: each a run of steps that go up, a resume starting the next), in file order, then the rows
+    held, merged by step, a later source's line winning. Only segments that hold the step reached are
+    loaded: as many as sequences overlap there (a resume's replayed range), whatever the log's length."""
     sources = [_Source([(first, last, path) for (seq, first, last), path in zip(spill.segments, spill.paths)
-                        if seq == k]) for k in range(spill.sequence + 1)]
-    tail = run.series(run.spill_rank)
+                        if seq == k]) for spill in run.spills.get(rank, []) for k in range(spill.sequence + 1)]
+    tail = run.series(rank)
     if len(tail):
         steps = tail.values("step")
         sources.append(_Source([(int(steps[0]), int(steps[-1]), tail)]))
@@ -67,6 +67,50 @@ def series_views(run: Run) -> Iterator[TableView]:
         else:
             yield _merged(pieces)
         active = [s for s in sources if s.items]
+
+
+class _Cursor:
+    """A rank's series (`series_views`) taken by step bound: the rows up to a step, one view held at a time."""
+
+    def __init__(self, views: Iterator[TableView]) -> None:
+        self.views, self.view, self.pos = views, None, 0
+        self.steps = np.zeros(0)
+        self._next()
+
+    def _next(self) -> None:
+        self.view = next((v for v in self.views if len(v)), None)
+        self.pos = 0
+        self.steps = self.view.values("step") if self.view is not None else np.zeros(0)
+
+    def last(self) -> float | None:
+        return None if self.view is None else float(self.steps[-1])
+
+    def take(self, bound: float) -> TableView:
+        if self.view is None:
+            return _EMPTY
+        end = int(np.searchsorted(self.steps, bound, side="right"))
+        view = self.view
+        piece = view if self.pos == 0 and end == len(view) else TableView(view.table, view.index[self.pos:end])
+        self.pos = end
+        if end == len(view):
+            self._next()
+        return piece
+
+
+_EMPTY = TableView(StepTable(), np.zeros(0, dtype=np.int64))
+
+
+def aligned(run: Run) -> Iterator[dict[int, TableView]]:
+    """Every rank's series a block of steps at a time: each block holds every rank's rows of its steps (up to
+    the lowest last step of the views held), the blocks in step order. The per-step checks across ranks
+    (`_rank_checks`) flag on blocks what they flag on the whole run; each rank's rows come in order."""
+    cursors = {rank: _Cursor(series_views(run, rank)) for rank in run.ranks}
+    while True:
+        lasts = [last for c in cursors.values() if (last := c.last()) is not None]
+        if not lasts:
+            return
+        bound = min(lasts)
+        yield {rank: c.take(bound) for rank, c in cursors.items()}
 
 
 class _Source:
@@ -124,16 +168,14 @@ def _merged(pieces: list[tuple[int, TableView]]) -> TableView:
 
 def iter_steps(run: Run) -> Iterator[dict[str, Any]]:
     """Every rank's records of a spilled run sorted by step then rank (`RunReport.all_steps`), one at a time."""
-    spilled = itertools.chain.from_iterable(series_views(run))
-    others = [iter(run.series(r)) for r in run.ranks if r != run.spill_rank]
-    if not others:
-        return spilled
-    return heapq.merge(spilled, *others, key=lambda r: (r["step"], r["rank"]))
+    ranks = [itertools.chain.from_iterable(series_views(run, rank)) for rank in run.ranks]
+    return ranks[0] if len(ranks) == 1 else heapq.merge(*ranks, key=lambda r: (r["step"], r["rank"]))
 
 
 def column_keys(run: Run) -> list[str]:
     """Every field any step of the run has (its segments' and kept rows' columns), in first-seen order."""
-    return list(dict.fromkeys([*run.spill.column_names(), *run.records.columns]))
+    spilled = [k for spills in run.spills.values() for spill in spills for k in spill.column_names()]
+    return list(dict.fromkeys([*spilled, *run.records.columns]))
 
 
 class HeadTail(Sequence):
@@ -331,15 +373,23 @@ class _Anomalies:
 def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_length: int | None,
                     world_size: int | None, peak_tflops: float | None, plot: bool) -> tuple[
                         Summary, list[Anomaly], HeadTail, list[dict[str, Any]] | None]:
-    """(summary, anomalies, table rows, plot series) of a spilled run, reading its segments once."""
-    rank = run.spill_rank
-    rows, sample, detectors, times = HeadTail(), Downsample() if plot else None, _Anomalies(rank, thresholds), _Times()
-    sums, loss, across = RateSums(), _Loss(), _AcrossRanks(run, thresholds)
+    """(summary, anomalies, table rows, plot series) of a spilled run, reading its segments once: every rank's
+    series a block of steps at a time (`aligned`), the primary rank's also summarized, tabled and plotted."""
+    rank = run.primary_rank
+    rows, sample, times = HeadTail(), Downsample() if plot else None, _Times()
+    detectors = {r: _Anomalies(r, thresholds) for r in run.ranks}
+    sums, loss, found, last_steps = RateSums(), _Loss(), [], {}
     try:
-        for view in series_views(run):
+        for block in aligned(run):
+            for r, piece in block.items():
+                if len(piece):
+                    detectors[r].feed(piece)
+                    last_steps[r] = int(piece.values("step")[-1])
+            if len(block) > 1:
+                found += _rank_checks({r: _Series(piece) for r, piece in block.items()}, thresholds)
+            view = block[rank]
             if not len(view):
                 continue
-            across.feed(view)
             skip = max(skip_warmup - rows.n, 0)
             loss.feed(view)
             time = view.native("per_step_time")[skip:]
@@ -347,7 +397,6 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
             with np.errstate(invalid="ignore"):
                 timed = np.isfinite(time) & (time > 0)
             sums.add(RateSums.of(_Steady(view, skip, timed), first=not sums.timed))
-            detectors.feed(view)
             rows.feed(view)
             if sample is not None:
                 sample.feed(view)
@@ -365,51 +414,10 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     rates_from(s, sums)
     s.notes.append(f"{n:,} steps read a segment at a time (bounded memory): the table holds the first and last "
                    f"{HEAD_ROWS} steps" + ("; the plot draws each step range's extremes" if plot else ""))
-    found = detectors.found + _resumes(run) + _stops(run) + [resume(rank, *r) for r in run.spill.resumes]
-    others = [r for r in run.ranks if r != rank]
-    if others:  # ranks only the kept rows have (another log appended after the spilled part)
-        found += [a for a in find_anomalies(_only(run, others), thresholds=thresholds) if a.kind not in
-                  ("resume", "stopped")]
-        found += across.finish()
+    found += [a for d in detectors.values() for a in d.found] + _resumes(run)
+    found += [attrs.evolve(a, step=last_steps.get(a.ranks[0], a.step)) for a in _stops(run)]
+    found += [resume(r, *pair) for r, spills in run.spills.items() for spill in spills for pair in spill.resumes]
     return s, merge(found), rows, (sample.series() if sample is not None else None)
-
-
-class _AcrossRanks:
-    """The cross-rank checks (`_rank_checks`) of a spilled rank and the ranks only the kept rows have: each
-    view of the spilled rank with the others' rows of its steps (up to its last step), then the others' rows
-    after. The checks look at one step at a time, so these parts flag what one pass over all steps would."""
-
-    def __init__(self, run: Run, t: Thresholds) -> None:
-        self.rank, self.t, self.found = run.spill_rank, t, []
-        self.others = {r: run.series(r) for r in run.ranks if r != run.spill_rank}
-        self.done = {r: 0 for r in self.others}  # rows of each other rank checked so far
-
-    def _check(self, view: TableView, upto: float) -> None:
-        series = {}
-        for r in sorted([self.rank, *self.others]):
-            if r == self.rank:
-                series[r] = _Series(view)
-                continue
-            other = self.others[r]
-            end = int(np.searchsorted(other.values("step"), upto, side="right"))
-            series[r] = _Series(TableView(other.table, other.index[self.done[r]:end]))
-            self.done[r] = end
-        self.found += _rank_checks(series, self.t)
-
-    def feed(self, view: TableView) -> None:
-        if self.others:
-            self._check(view, float(view.values("step")[-1]))
-
-    def finish(self) -> list[Anomaly]:
-        if self.others:
-            self._check(TableView(StepTable(), np.zeros(0, dtype=np.int64)), np.inf)
-        return self.found
-
-
-def _only(run: Run, ranks: list[int]) -> Run:
-    """`run`'s kept rows of `ranks` only, as a run of its own."""
-    keep = np.nonzero(np.isin(run.records.values("rank"), ranks))[0]
-    return attrs.evolve(run, records=as_table(list(TableView(run.records, keep))), spill=None)
 
 
 class _Loss:

@@ -345,6 +345,21 @@ class StepTable(Sequence):
             col._fill_absent(self.n)
         col.set(i, value)
 
+    def take(self, rows: np.ndarray) -> StepTable:
+        """The given rows (indices, in that order) as a table of their own: one rank's lines of a file that
+        holds several, to spill them (`mftk.logs.spill`)."""
+        out = StepTable()
+        out.n = len(rows)
+        for key, col in self.columns.items():
+            values = np.frombuffer(col.as_array(), dtype=np.float64 if col.kind == "float" else np.int64)[rows]
+            state = None if col.state is None else np.frombuffer(col.state, dtype=np.uint8)[rows].tobytes()
+            target = out.columns[key] = Column(col.kind, 0)
+            target.extend(array("d" if col.kind == "float" else "q", values.tobytes()), state)
+        if self.texts:
+            held = np.nonzero(np.isin(rows, np.fromiter(self.texts, dtype=np.int64)))[0]
+            out.texts = {int(j): self.texts[int(rows[j])] for j in held}
+        return out
+
     def set_column(self, key: str, values: np.ndarray) -> None:
         """Replace a whole integer column (ranks told apart after reading)."""
         col = Column("int", 0)

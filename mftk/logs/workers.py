@@ -55,7 +55,7 @@ def read_bodies(fd: int, windows: range, *, chunk: int, max_line: int, fast: Fas
     """Each window's body in order, read by `workers` forked processes; None where a worker gave up, and the
     end of the bodies where a worker died (killed for memory, say): the reader goes on alone from there."""
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_init,
-                               initargs=(fd, chunk, max_line, fast.pattern, fast.fields))
+                               initargs=(fd, chunk, max_line, fast.pattern, fast.fields, fast.ordered))
     try:
         todo = iter(windows)
         queued: deque = deque(pool.submit(_read_window, k) for k in itertools.islice(todo, workers * _AHEAD))
@@ -72,9 +72,9 @@ def read_bodies(fd: int, windows: range, *, chunk: int, max_line: int, fast: Fas
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _init(fd: int, chunk: int, max_line: int, pattern: str, fields: list[tuple[str, type]]) -> None:
+def _init(fd: int, chunk: int, max_line: int, pattern: str, fields: list[tuple[str, type]], ordered: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle: it stops the workers
-    _state.update(fd=fd, chunk=chunk, max_line=max_line, fast=FastShape(pattern, fields))
+    _state.update(fd=fd, chunk=chunk, max_line=max_line, fast=FastShape(pattern, fields, ordered))
 
 
 def _read_window(k: int) -> Body | None:

@@ -24,6 +24,10 @@ def small_segments(monkeypatch):
     monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
 
 
+def _spills(run):
+    return [spill for spills in run.spills.values() for spill in spills]
+
+
 def _write(path, lines):
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -39,12 +43,12 @@ def _report(log, tmp_path, tag, **kw):
 def _same_report(log, tmp_path, monkeypatch, **kw):
     """The in-memory report, then the spilled one; their exports and findings compared."""
     exact, exact_out = _report(log, tmp_path, "exact", **kw)
-    assert exact.runs[0].run.spill is None
+    assert not exact.runs[0].run.spilled
     monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
     monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
     spilled, spilled_out = _report(log, tmp_path, "spilled", **kw)
     run = spilled.runs[0].run
-    assert run.spill is not None and len(run.spill.paths) >= 5
+    assert run.spilled and sum(len(s.paths) for s in _spills(run)) >= 5
     for name in ("s.csv", "s.jsonl"):
         assert (spilled_out / name).read_text() == (exact_out / name).read_text()
     a, b = json.loads((exact_out / "s.json").read_text()), json.loads((spilled_out / "s.json").read_text())
@@ -94,7 +98,7 @@ def test_rows_held_stay_bounded_whatever_the_steps(tmp_path, small_segments, ste
     log = _write(tmp_path / "worker_0.log", synth_lines(steps))
     report = parse_log([log], ParseOptions())
     run = report.runs[0].run
-    assert run.spill.rows + _held(run) == steps  # every step read, nearly all of them on disk
+    assert sum(s.rows for s in _spills(run)) + _held(run) == steps  # every step read, nearly all of them on disk
     assert _held(run) < SEGMENT + 100  # a segment plus one 16 KiB read (~60 lines): not growing with `steps`
     rows = report.runs[0].series
     assert len(rows) == steps and len(rows.head) + len(rows.tail) <= 2 * rows.keep
@@ -224,7 +228,7 @@ def test_compare_of_spilled_runs_exports_as_in_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(parse, "SEGMENT_ROWS", SEGMENT)
     monkeypatch.setattr(parse, "READ_CHUNK", 16 << 10)
     spilled = exports("spilled")
-    assert all(r.run.spill is not None for r in spilled[0].runs)
+    assert all(r.run.spilled for r in spilled[0].runs)
     assert spilled[1:] == exact[1:] and ",run," in spilled[1].splitlines()[0]
     assert [r.anomalies for r in spilled[0].runs] == [r.anomalies for r in exact[0].runs]
 
@@ -240,7 +244,7 @@ def test_spilling_goes_on_after_resumes_with_the_in_memory_outputs(tmp_path, mon
     assert resumes == [(1500, 1001), (1200, 1101), (3000, 2401)]
     assert exact.runs[0].summary.steps == 3000 + 300  # 1..3000 once, and the odd steps 3001..3599
     run = spilled.runs[0].run
-    assert run.spill.sequence == 3 and run.spill.resumes == resumes  # every resume spilled, none held
+    assert run.spills[0][0].sequence == 3 and run.spills[0][0].resumes == resumes  # every resume spilled, none held
     assert _held(run) < SEGMENT + 100
     steps = [r["step"] for r in json.loads((tmp_path / "spilled" / "s.json").read_text())["steps"]]
     assert steps == [*range(1, 3001), *range(3001, 3600, 2)]
@@ -253,31 +257,90 @@ def test_rows_held_stay_bounded_across_resumes(tmp_path, small_segments, steps):
     lines = (synth_lines(steps) + synth_lines(steps, start=half + 1, seed=1)
              + synth_lines(steps, start=steps + 1, seed=2))
     run = parse_log([_write(tmp_path / "worker_0.log", lines)], ParseOptions()).runs[0].run
-    assert run.spill.rows + _held(run) == 3 * steps
-    assert run.spill.resumes == [(steps, half + 1), (half + steps, steps + 1)]
+    assert sum(s.rows for s in _spills(run)) + _held(run) == 3 * steps
+    assert run.spills[0][0].resumes == [(steps, half + 1), (half + steps, steps + 1)]
     assert _held(run) < SEGMENT + 100  # not growing with `steps`, resumes or not
 
 
+def _rank_dir(tmp_path, logs):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for rank, lines in enumerate(logs):
+        _write(run_dir / f"worker_{rank}.log", lines)
+    return run_dir
+
+
+def test_several_files_spill_with_the_in_memory_outputs(tmp_path, monkeypatch):
+    # one log per rank (msrun's worker_N.log): each file spills its share; rank 0's spike at 300 and rank 1's at
+    # 900 are divergences found across spilled segments; rank 2 stops early with a NaN
+    run_dir = _rank_dir(tmp_path, [synth_lines(1500, spike_at=(300,)), synth_lines(1500, spike_at=(900,)),
+                                   synth_lines(1400, nan_at=(1000,))])
+    exact, spilled = _same_report(run_dir, tmp_path, monkeypatch)
+    run = spilled.runs[0].run
+    assert run.ranks == exact.runs[0].run.ranks == [0, 1, 2] and sorted(run.spills) == [0, 1, 2]
+    found = {(a.kind, a.step, tuple(a.ranks)) for a in exact.runs[0].anomalies}
+    assert {("divergence", 300, (0,)), ("divergence", 900, (1,)), ("nan", 1000, (2,))} <= found
+    assert not [n for n in spilled.runs[0].summary.notes if "held in memory" in n]
+
+
+def test_a_non_last_stage_spilled_first_is_not_primary(tmp_path, monkeypatch):
+    # rank 0 is a non-last pipeline stage (its loss is `N/A`): rank 1 is the primary rank, spilled or not
+    rank0 = [line.replace("loss: ", "loss: N/A, was: ") for line in synth_lines(1200)]
+    exact, spilled = _same_report(_rank_dir(tmp_path, [rank0, synth_lines(1200)]), tmp_path, monkeypatch)
+    assert spilled.runs[0].summary.primary_rank == exact.runs[0].summary.primary_rank == 1
+
+
+@pytest.mark.parametrize("steps", [1_000, 8_000])
+def test_rows_held_stay_bounded_for_several_files(tmp_path, small_segments, steps):
+    run = parse_log([_rank_dir(tmp_path, [synth_lines(steps, seed=r) for r in range(3)])],
+                    ParseOptions()).runs[0].run
+    assert sum(s.rows for s in _spills(run)) + _held(run) == 3 * steps
+    assert _held(run) < 3 * (SEGMENT + 100)  # each file's share: not growing with `steps`
+
+
+def _interleaved(a, b, late_every=10):
+    """Two ranks' lines in one file as a console shows them: rank 1's line of every `late_every`-th step comes
+    after rank 0's next one (the lockstep lag `split_interleaved` allows)."""
+    out, late = [], None
+    for i, line in enumerate(a):
+        out.append(line)
+        if late is not None:
+            out.append(late)
+            late = None
+        if i < len(b):
+            if i % late_every == 3:
+                late = b[i]
+            else:
+                out.append(b[i])
+    return out + ([late] if late else [])
+
+
+@pytest.mark.parametrize("steps", [1_500, 8_000])
+def test_interleaved_ranks_spill_with_the_in_memory_outputs(tmp_path, monkeypatch, steps):
+    # msrun's console: two ranks' step lines in one file, rank 1 a step late now and then, its loss spiking at 700;
+    # rank 0 logs one more step than rank 1 (a stop cuts the last one short)
+    lines = _interleaved(synth_lines(steps + 1), synth_lines(steps, spike_at=(700,)))
+    exact, spilled = _same_report(_write(tmp_path / "console.log", lines), tmp_path, monkeypatch)
+    run = spilled.runs[0].run
+    assert run.ranks == exact.runs[0].run.ranks == [0, 1] and sorted(run.spills) == [0, 1]
+    found = {(a.kind, a.step, tuple(a.ranks)) for a in exact.runs[0].anomalies}
+    assert ("spike", 700, (1,)) in found and 700 in {a.step for a in exact.runs[0].anomalies if a.kind == "divergence"}
+    assert run.files[0].interleaved == exact.runs[0].run.files[0].interleaved == 2
+    assert _held(run) < 2 * SEGMENT + 100
+    assert not [n for n in spilled.runs[0].summary.notes if "held in memory" in n]
+
+
 def test_what_is_not_bounded_says_so(tmp_path, small_segments):
-    # several files, and two ranks interleaved in one file: their steps are held, and the summary says why
-    (tmp_path / "run").mkdir()
-    for rank in (0, 1):
-        _write(tmp_path / "run" / f"worker_{rank}.log", synth_lines(600))
-    notes = parse_log([tmp_path / "run"], ParseOptions()).runs[0].summary.notes
-    held = [n for n in notes if "held in memory" in n]
-    assert len(held) == 2 and all("600 steps held in memory (several files (one log per rank))" in n for n in held)
-    one = synth_lines(600)
-    log = _write(tmp_path / "console.log", [line for pair in zip(one, one) for line in pair])
+    # steps that go back every third line, not in lockstep: neither resumes nor ranks to tell apart as they
+    # are read, so they are held, and the summary says why
+    lines = [line for k in range(300) for line in synth_lines(3, start=k + 1, seed=k)]
+    log = _write(tmp_path / "w.log", lines)
     report = parse_log([log], ParseOptions())
-    assert report.runs[0].run.ranks == [0, 1] and report.runs[0].run.spill is None
     assert [n for n in report.runs[0].summary.notes if "held in memory" in n] == [
-        f"{log}: 1,200 steps held in memory (2 ranks interleaved in one file): parse-log bounds memory only "
-        "for a run that is one file of one rank"]
-    # a file of one rank is spilled, resumes or not, and has no such note
-    report = parse_log([_write(tmp_path / "w.log", synth_lines(600) + synth_lines(600, start=300, seed=1))],
-                       ParseOptions())
-    assert report.runs[0].run.spill is not None
-    assert not [n for n in report.runs[0].summary.notes if "held in memory" in n]
+        f"{log}: 900 steps held in memory (steps that go back too often to be a resume, and not ranks in "
+        "lockstep): parse-log bounds memory for files of one rank (resumes allowed), ranks interleaved in lockstep "
+        "and logs appended one after another"]
+    assert not report.runs[0].run.spilled
 
 
 def test_a_log_appended_after_spilled_steps_is_another_rank(tmp_path, monkeypatch):
@@ -287,6 +350,8 @@ def test_a_log_appended_after_spilled_steps_is_another_rank(tmp_path, monkeypatc
     exact, spilled = _same_report(_write(tmp_path / "worker_0.log", lines), tmp_path, monkeypatch)
     assert exact.runs[0].run.ranks == spilled.runs[0].run.ranks == [0, 1]
     assert ("divergence", 900) in {(a.kind, a.step) for a in spilled.runs[0].anomalies}
-    held = [n for n in spilled.runs[0].summary.notes if "held in memory" in n]
-    assert len(held) == 1 and "steps held in memory (several logs appended into one file)" in held[0]
-    assert int(held[0].split(": ")[1].split()[0].replace(",", "")) >= 1200  # rank 1's steps, at least
+    run = spilled.runs[0].run
+    assert sorted(run.spills) == [0, 1] and _held(run) < SEGMENT + 100  # both logs' steps spilled
+    assert not [n for n in spilled.runs[0].summary.notes if "held in memory" in n]
+    assert run.files[0].concatenated == exact.runs[0].run.files[0].concatenated == [
+        "step 1500 -> 1 with the time going back: read from there as rank 1"]
