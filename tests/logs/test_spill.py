@@ -355,3 +355,27 @@ def test_a_log_appended_after_spilled_steps_is_another_rank(tmp_path, monkeypatc
     assert not [n for n in spilled.runs[0].summary.notes if "held in memory" in n]
     assert run.files[0].concatenated == exact.runs[0].run.files[0].concatenated == [
         "step 1500 -> 1 with the time going back: read from there as rank 1"]
+
+
+def test_follow_of_rank_logs_spills_with_the_outputs_of_one_parse(tmp_path, small_segments):
+    # `--follow` on a directory of two rank logs growing 400 steps a poll: both spill their share as they grow,
+    # and the last report equals one parse of the finished logs (summary and anomalies)
+    from mftk.logs.report import follow_log
+
+    logs = [synth_lines(2000, spike_at=(1500,)), synth_lines(2000, nan_at=(300,))]
+    run_dir = _rank_dir(tmp_path, [lines[:400] for lines in logs])
+
+    def grow(_):
+        for rank, lines in enumerate(logs):
+            path = run_dir / f"worker_{rank}.log"
+            done = sum(1 for _ in open(path))
+            with open(path, "a") as f:
+                f.write("".join(line + "\n" for line in lines[done:done + 400]))
+
+    followed = follow_log([run_dir], on_update=lambda r: None, poll_s=0, max_updates=5, sleep=grow)
+    assert followed.runs[0].run.spilled and sorted(followed.runs[0].run.spills) == [0, 1]
+    once = parse_log([run_dir], ParseOptions())
+    assert followed.runs[0].anomalies == once.runs[0].anomalies
+    a, b = followed.runs[0].summary, once.runs[0].summary
+    assert (a.steps, a.last_step, a.ranks, a.loss_last, a.step_time_ms) == (b.steps, b.last_step, b.ranks,
+                                                                              b.loss_last, b.step_time_ms)
