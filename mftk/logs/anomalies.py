@@ -445,7 +445,7 @@ def _median(values: list[float]) -> float:
 def merge(found: Iterable[Anomaly]) -> list[Anomaly]:
     """Collapse consecutive steps per (kind, field, rank); then join ranks with the same finding (no cap)."""
     findings = Findings(cap=False)
-    findings.add(found)
+    findings.add([_copy(a) for a in found])  # `add` takes its items over; the caller's stay as they are
     return findings.result()
 
 
@@ -486,13 +486,14 @@ class Findings:
         self._done = False
 
     def add(self, items: Iterable[Anomaly]) -> None:
-        """The findings of the next block of steps (each a run: `step`..`last_step`, `count` steps)."""
+        """The findings of the next block of steps (each a run: `step`..`last_step`, `count` steps). They are
+        taken over, not copied (a run is extended, ranks are joined in place): pass the detectors' own."""
         if self._done:
             raise RuntimeError("Findings.add after result(): a Findings collects one log")
         fresh = []
         for a in items:
             self._seq.setdefault(_group(a), len(self._seq))
-            (self._once if a.kind in _ONCE else fresh).append(_copy(a))
+            (self._once if a.kind in _ONCE else fresh).append(a)
         if not fresh:
             return
         first = min(a.step for a in fresh)
