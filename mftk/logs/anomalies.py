@@ -460,8 +460,9 @@ class Omitted:
 
     def note(self) -> str:
         """One line for the report, e.g. `12,345 more spike findings (steps 10..7,000,000) not listed`."""
-        return (f"{self.count:,} more {self.kind} finding{'s' if self.count != 1 else ''} "
-                f"(steps {self.first_step:,}..{self.last_step:,}) not listed")
+        steps = (f"step {self.first_step:,}" if self.first_step == self.last_step
+                 else f"steps {self.first_step:,}..{self.last_step:,}")
+        return f"{self.count:,} more {self.kind} finding{'s' if self.count != 1 else ''} ({steps}) not listed"
 
 
 class Findings:
@@ -481,25 +482,29 @@ class Findings:
         self._open: dict[tuple, Anomaly] = {}  # per group, its latest run (it may go on in the next block)
         self._ended: list[Anomaly] = []  # runs ended, not yet joined across ranks
         self._once: list[Anomaly] = []  # resume/stopped: never collapsed
-        self._upto: int | None = None  # every finding up to this step has been added
+        self._upto: int | None = None  # every finding starting at a step up to here has been added
         self._kinds: dict[str, _Kept] = {}
         self._done = False
 
-    def add(self, items: Iterable[Anomaly]) -> None:
-        """The findings of the next block of steps (each a run: `step`..`last_step`, `count` steps). They are
-        taken over, not copied (a run is extended, ranks are joined in place): pass the detectors' own."""
+    def add(self, items: Iterable[Anomaly], *, upto: int | None = None) -> None:
+        """The findings of the next block of steps (each a run: `step`..`last_step`, `count` steps; a run may
+        reach past the block). Every finding that starts in the block's steps must be in this call, and start
+        after the steps of every earlier call (else ValueError); resume/stopped findings may come at any time.
+        `upto`: the block's last step, when known (a run ending before it is settled at once).
+        The items are taken over, not copied (a run is extended, ranks are joined in place)."""
         if self._done:
             raise RuntimeError("Findings.add after result(): a Findings collects one log")
         fresh = []
         for a in items:
             self._seq.setdefault(_group(a), len(self._seq))
             (self._once if a.kind in _ONCE else fresh).append(a)
-        if not fresh:
+        if fresh and self._upto is not None and (first := min(a.step for a in fresh)) <= self._upto:
+            raise ValueError(f"Findings.add: a finding at step {first}, but the findings up to step {self._upto} "
+                             "were added before (blocks must be added in step order, each with every rank's "
+                             "findings)")
+        starts = [a.step for a in fresh] + ([upto] if upto is not None else [])
+        if not starts:
             return
-        first = min(a.step for a in fresh)
-        if self._upto is not None and first <= self._upto:
-            raise ValueError(f"Findings.add: a finding at step {first} after findings up to step {self._upto} "
-                             "(blocks must be added in step order, each with every rank's findings)")
         fresh.sort(key=lambda a: a.step)  # stable: a group's findings at one step keep their order
         for a in fresh:
             key = _group(a)
@@ -512,11 +517,12 @@ class Findings:
             if run is not None:
                 self._ended.append(run)
             self._open[key] = a
-        self._upto = max(_end(a) for a in fresh)
+        self._upto = max(starts) if self._upto is None else max(self._upto, *starts)
         self._settle(self._upto)
 
     def _settle(self, upto: float) -> None:
-        """Join and keep the runs that cannot go on: ended, or ending before `upto` (its next step was added)."""
+        """Join and keep the runs that cannot go on: ended, or ending before `upto` (every finding starting up to
+        there was added: what would extend the run, or be the same run on another rank, came already)."""
         done = [key for key, run in self._open.items() if _end(run) < upto]
         batch, self._ended = self._ended + [self._open.pop(key) for key in done], []
         self._keep(batch)
@@ -557,6 +563,10 @@ class Findings:
         """Per kind, the findings counted but not listed by `result()` (kinds with none left out are absent)."""
         self._finish()
         return {kind: kept.omitted for kind in KINDS if (kept := self._kinds.get(kind)) and kept.omitted}
+
+    def notes(self) -> list[str]:
+        """`Omitted.note` of each kind with findings left out, in `KINDS` order (for the summary's notes)."""
+        return [o.note() for o in self.omitted().values()]
 
 
 class _Kept:

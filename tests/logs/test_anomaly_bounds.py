@@ -243,13 +243,28 @@ def test_the_list_holds_the_first_findings_of_a_kind_and_counts_the_rest(monkeyp
     assert [(a.kind, a.step, a.count) for a in listed] == [("spike", s, 1) for s in range(20, 40, 2)]
     (omitted,) = findings.omitted().values()
     assert (omitted.kind, omitted.count, omitted.first_step, omitted.last_step) == ("spike", 2481, 40, 5000)
-    assert omitted.note() == "2,481 more spike findings (steps 40..5,000) not listed"
+    assert findings.notes() == ["2,481 more spike findings (steps 40..5,000) not listed"]
     assert as_data(find_anomalies(run)) == as_data(listed)
+
+
+def test_the_note_for_one_finding_left_out():
+    assert anomalies.Omitted("nan", 1, 7, 7).note() == "1 more nan finding (step 7) not listed"
+    assert anomalies.Omitted("nan", 1, 7, 9).note() == "1 more nan finding (steps 7..9) not listed"
 
 
 def test_nothing_omitted_under_the_cap():
     findings = detect(run_of(_spike_every_other_step(200)))
-    assert len(findings.result()) == 91 and findings.omitted() == {}
+    assert len(findings.result()) == 91 and findings.omitted() == {} and findings.notes() == []
+
+
+def _first_per_kind(found, n):
+    """The first `n` of each kind, in order."""
+    seen, out = defaultdict(int), []
+    for a in found:
+        seen[a.kind] += 1
+        if seen[a.kind] <= n:
+            out.append(a)
+    return out
 
 
 def _blocks_of(items, cuts):
@@ -272,16 +287,47 @@ def test_findings_fed_blocks_in_step_order_equal_merge_of_everything(seed, limit
     f = Findings()
     for block in _blocks_of(items, rng.sample(range(1, 600), rng.randrange(1, 40))):
         f.add(block)
-    by_kind, listed = defaultdict(list), []
+    listed = _first_per_kind(expected, limit)
+    by_kind = defaultdict(list)
     for a in expected:
         by_kind[a.kind].append(a)
-        if len(by_kind[a.kind]) <= limit:
-            listed.append(a)
     assert as_data(f.result()) == as_data(listed)
     left = {k: (len(v) - limit, v[limit].step, max(a.last_step or a.step for a in v[limit:]))
             for k, v in by_kind.items() if len(v) > limit}
     assert {k: (o.count, o.first_step, o.last_step) for k, o in f.omitted().items()} == left
     assert (limit < 10 ** 9) == bool(left)
+
+
+def _detector_items(run, t):
+    """What `detect` hands to `Findings`: each detector's runs over the whole run (no merge)."""
+    series = {rank: _Series(run.series(rank)) for rank in run.ranks}
+    found = anomalies._resumes(run)
+    for rank, recs in series.items():
+        found += anomalies._non_finite(rank, recs) + anomalies._flagged(rank, recs)
+        found += _spikes(rank, recs, "loss", "spike", t.spike, t)
+        found += _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t)
+        found += _slow_steps(rank, recs, t) + anomalies._lr_jumps(rank, recs, t)
+    return found + _rank_checks(series, t) + anomalies._stops(run)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_reaching_past_their_block_join_the_next_blocks(seed, monkeypatch):
+    """Whole-run detector runs cut into blocks by their first step (a run may reach into later blocks), with
+    and without each block's last step (`upto`): the same as `merge` of all, cut to the first few per kind."""
+    rng = random.Random(seed)
+    run, t = run_of(random_rows(seed)), Thresholds()
+    items = _detector_items(run, t)
+    assert any(a.count > 1 for a in items)
+    expected = merge(items)
+    monkeypatch.setattr(anomalies, "MAX_LISTED", 5)
+    cuts = sorted(rng.sample(range(1, 600), 30))
+    for upto in (False, True):
+        f = Findings()
+        for block, last in zip(_blocks_of([attrs.evolve(a) for a in items], cuts), [*cuts, None, None]):
+            f.add(block, upto=last if upto else None)
+        listed = _first_per_kind(expected, 5)
+        assert as_data(f.result()) == as_data(listed)
+        assert sum(o.count for o in f.omitted().values()) == len(expected) - len(listed) > 0
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -321,8 +367,11 @@ def test_a_block_out_of_step_order_is_refused():
     f = Findings()
     f.add([Anomaly("nan", 10, "loss", "loss is NaN", [0])])
     f.add([anomalies.resume(0, 20, 5)])  # resume/stopped: any time
-    with pytest.raises(ValueError, match="step 10 after findings up to step 10"):
+    with pytest.raises(ValueError, match="a finding at step 10, but the findings up to step 10 were added before"):
         f.add([Anomaly("nan", 10, "grad_norm", "grad_norm is NaN", [0])])
+    f.add([], upto=50)  # a block with nothing found
+    with pytest.raises(ValueError, match="a finding at step 50, but the findings up to step 50"):
+        f.add([Anomaly("nan", 50, "loss", "loss is NaN", [0])])
 
 
 def test_merge_adds_counts_of_runs_and_suffixes_once():
@@ -334,3 +383,12 @@ def test_merge_adds_counts_of_runs_and_suffixes_once():
     assert (a.step, a.last_step, a.count, a.ranks) == (1, 9, 9, [0, 1])
     assert a.message == "loss is NaN (steps 1..9, 9 steps)"
     assert runs[0].message == "loss is NaN" and runs[0].count == 3  # the inputs are not changed
+
+
+def test_overlapping_runs_of_one_rank_are_one_run_over_their_steps():
+    """Two rules flagging the same rank (slow against its history: 30..32, against the other ranks: 31..33)."""
+    history = Anomaly("straggler", 30, "per_step_time", "step took 2500 ms", [1], last_step=32, count=3)
+    ranks = Anomaly("straggler", 31, "per_step_time", "rank 1 took 2500 ms", [1], last_step=33, count=3)
+    (a,) = merge([history, ranks])
+    assert (a.step, a.last_step, a.count) == (30, 33, 4)
+    assert a.message == "step took 2500 ms (steps 30..33, 4 steps)"
