@@ -107,17 +107,20 @@ def detect(run: Run, *, thresholds: Thresholds | None = None) -> Findings:
     found += _resumes(run)
     series = {rank: _Series(run.series(rank)) for rank in run.ranks}
     for rank, recs in series.items():
-        found += _non_finite(rank, recs)
-        found += _flagged(rank, recs)
-        found += _spikes(rank, recs, "loss", "spike", t.spike, t)
-        found += _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t)
-        found += _slow_steps(rank, recs, t)
-        found += _lr_jumps(rank, recs, t)
+        found += rank_findings(rank, recs, t)
     found += _rank_checks(series, t)
     found += _stops(run)
     findings = Findings()
     findings.add(found)
     return findings
+
+
+def rank_findings(rank: int, recs: _Series, t: Thresholds) -> list[Anomaly]:
+    """The one-rank detectors on a whole series, each run of flagged steps one finding (not merged): for a
+    series held in memory beside a streamed one, to hand to `Findings` a block at a time (split by `step`)."""
+    return (_non_finite(rank, recs) + _flagged(rank, recs) + _spikes(rank, recs, "loss", "spike", t.spike, t)
+            + _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t) + _slow_steps(rank, recs, t)
+            + _lr_jumps(rank, recs, t))
 
 
 def _runs(steps: np.ndarray, same: np.ndarray | None = None) -> Iterator[tuple[int, int | None, int]]:
@@ -468,9 +471,9 @@ class Omitted:
 class Findings:
     """`merge` fed a block of steps at a time, in bounded memory, listing at most `MAX_LISTED` per kind.
 
-    `add` takes the findings of one block of steps (every detector, every rank; each block's steps after the
-    previous block's; resume/stopped findings may come at any time). A run still open at the block's end joins
-    its continuation in the next block; a run that has ended is joined with the other ranks' identical runs
+    `add` takes the findings that start in one block of steps (every detector, every rank; each block's steps
+    after the previous block's; resume/stopped findings may come at any time). A run still open at the block's
+    end joins its continuation in the next block; a run that has ended is joined with the other ranks' identical runs
     (`merge`'s rules) and listed if among the first `MAX_LISTED` of its kind by step, else counted (`omitted`).
     So it holds at most `MAX_LISTED` findings per kind, one open run per (kind, field, rank) and one block's new
     findings, whatever the log's length; `result()` is `merge` of everything added, cut to the first
@@ -502,8 +505,8 @@ class Findings:
             raise ValueError(f"Findings.add: a finding at step {first}, but the findings up to step {self._upto} "
                              "were added before (blocks must be added in step order, each with every rank's "
                              "findings)")
-        starts = [a.step for a in fresh] + ([upto] if upto is not None else [])
-        if not starts:
+        top = max((a.step for a in fresh), default=upto)
+        if top is None:
             return
         fresh.sort(key=lambda a: a.step)  # stable: a group's findings at one step keep their order
         for a in fresh:
@@ -517,7 +520,7 @@ class Findings:
             if run is not None:
                 self._ended.append(run)
             self._open[key] = a
-        self._upto = max(starts) if self._upto is None else max(self._upto, *starts)
+        self._upto = max(x for x in (top, upto, self._upto) if x is not None)
         self._settle(self._upto)
 
     def _settle(self, upto: float) -> None:
