@@ -194,7 +194,7 @@ def test_collapsed_at_the_source_equals_one_finding_per_step_then_the_old_merge(
 
 def test_a_run_of_a_rank_slow_against_its_history_and_the_other_ranks_is_one_finding():
     """The one change from the old merge: a rank slow for several steps, flagged by both straggler rules, was
-    reported as overlapping fragments ([5], [5..6], [6..7], [7]); now it is one run of those steps."""
+    reported as four overlapping fragments ([30], [30..31], [31..32], [32]); now it is one run of those steps."""
     rows = {r: [{"step": s, "loss": 5.0, "grad_norm": 1.0, "per_step_time": 700, "lr": 1e-4} for s in range(1, 41)]
             for r in (0, 1)}
     for r in rows[1][29:32]:  # steps 30..32
