@@ -14,7 +14,7 @@ import attrs
 from mftk.files import check_writable_target, write_atomic, write_atomic_with
 from mftk.errors import AnomaliesFound, InputError
 from mftk.logs import export
-from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, find_anomalies
+from mftk.logs.anomalies import KINDS, Anomaly, Thresholds, detect
 from mftk.logs.parse import Run, collect, enable_spill, open_readers, parse_run, require_steps
 from mftk.logs.summary import Summary, summarize
 
@@ -143,9 +143,10 @@ def analyze(runs: list[Run], options: ParseOptions) -> LogReport:
         summary = summarize(series, ranks=run.ranks, primary_rank=primary, skip_warmup=options.skip_warmup,
                             seq_length=options.seq_length, world_size=options.world_size,
                             peak_tflops=options.peak_tflops)
-        summary.notes += run.held
-        reports.append(RunReport(name=run.name, run=run, series=series, summary=summary,
-                                 anomalies=find_anomalies(run, thresholds=thresholds)))
+        findings = detect(run, thresholds=thresholds)
+        anomalies = findings.result()
+        summary.notes += run.held + findings.notes()
+        reports.append(RunReport(name=run.name, run=run, series=series, summary=summary, anomalies=anomalies))
     wanted = KINDS if "all" in options.fail_on else options.fail_on
     found = {a.kind for r in reports for a in r.anomalies}
     return LogReport(runs=reports, options=options, matched=[k for k in KINDS if k in wanted and k in found])

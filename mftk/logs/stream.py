@@ -35,13 +35,14 @@ import attrs
 import numpy as np
 
 from mftk.logs.anomalies import (Anomaly, MedianWalk, Thresholds, _flagged, _non_finite, _rank_checks, _resumes,
-                                 _Series, _slow_steps, _spikes, _stops, lr_jumps_in, merge, resume)
+                                 _Series, _slow_steps, _spikes, _stops, Findings, lr_jumps_in, resume)
 from mftk.logs.parse import Run
 from mftk.logs.summary import RateSums, Summary, _Steady, rates_from
 from mftk.logs.spill import load
 from mftk.logs.table import StepTable, TableView
 
 HEAD_ROWS = 1000  # rows kept at each end of a spilled series for the step table
+BLOCK_ROWS = 1 << 16  # rows of one rank in one block of `aligned` (the detectors' findings per block stay small)
 PLOT_BUCKETS = 512  # the plot's buckets: between this many and twice as many
 _CHUNK = 1 << 20  # values read at a time from the step-times file
 
@@ -82,8 +83,9 @@ class _Cursor:
         self.pos = 0
         self.steps = self.view.values("step") if self.view is not None else np.zeros(0)
 
-    def last(self) -> float | None:
-        return None if self.view is None else float(self.steps[-1])
+    def last(self, rows: int) -> float | None:
+        """The step `rows` rows on (or the held view's last), None when the series is done."""
+        return None if self.view is None else float(self.steps[min(self.pos + rows, len(self.steps)) - 1])
 
     def take(self, bound: float) -> TableView:
         if self.view is None:
@@ -100,17 +102,18 @@ class _Cursor:
 _EMPTY = TableView(StepTable(), np.zeros(0, dtype=np.int64))
 
 
-def aligned(run: Run) -> Iterator[dict[int, TableView]]:
-    """Every rank's series a block of steps at a time: each block holds every rank's rows of its steps (up to
-    the lowest last step of the views held), the blocks in step order. The per-step checks across ranks
+def aligned(run: Run) -> Iterator[tuple[float, dict[int, TableView]]]:
+    """Every rank's series a block of steps at a time, (its last step, each rank's rows): each block holds
+    every rank's rows of its steps (up to the lowest last step of the views held, at most `BLOCK_ROWS` rows of
+    any rank: one block's findings stay small), the blocks in step order. The per-step checks across ranks
     (`_rank_checks`) flag on blocks what they flag on the whole run; each rank's rows come in order."""
     cursors = {rank: _Cursor(series_views(run, rank)) for rank in run.ranks}
     while True:
-        lasts = [last for c in cursors.values() if (last := c.last()) is not None]
+        lasts = [last for c in cursors.values() if (last := c.last(BLOCK_ROWS)) is not None]
         if not lasts:
             return
         bound = min(lasts)
-        yield {rank: c.take(bound) for rank, c in cursors.items()}
+        yield bound, {rank: c.take(bound) for rank, c in cursors.items()}
 
 
 class _Source:
@@ -354,20 +357,21 @@ class _Anomalies:
         self.walks = {"loss": MedianWalk(t.spike, t), "grad_norm": MedianWalk(t.grad_spike, t),
                       "time": MedianWalk(t.straggler, t)}
         self.lr_context = (np.zeros(0, dtype=np.int64), np.zeros(0))  # the previous `window` steps and lrs
-        self.found: list[Anomaly] = []
 
-    def feed(self, view: TableView) -> None:
+    def feed(self, view: TableView) -> list[Anomaly]:
+        """The findings (runs) that start in `view`, the rank's next rows."""
         rank, t, recs = self.rank, self.t, _Series(view)
-        self.found += _non_finite(rank, recs) + _flagged(rank, recs)
-        self.found += _spikes(rank, recs, "loss", "spike", t.spike, t, walk=self.walks["loss"])
-        self.found += _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t, walk=self.walks["grad_norm"])
-        self.found += _slow_steps(rank, recs, t, walk=self.walks["time"], skip=max(t.skip_warmup - self.rows, 0))
+        found = _non_finite(rank, recs) + _flagged(rank, recs)
+        found += _spikes(rank, recs, "loss", "spike", t.spike, t, walk=self.walks["loss"])
+        found += _spikes(rank, recs, "grad_norm", "grad_spike", t.grad_spike, t, walk=self.walks["grad_norm"])
+        found += _slow_steps(rank, recs, t, walk=self.walks["time"], skip=max(t.skip_warmup - self.rows, 0))
         steps = np.concatenate((self.lr_context[0], recs.steps))
         lr = np.concatenate((self.lr_context[1], view.values("lr")))
-        self.found += lr_jumps_in(rank, steps, lr, t, start=len(self.lr_context[0]))
+        found += lr_jumps_in(rank, steps, lr, t, start=len(self.lr_context[0]))
         keep = t.window + 2
         self.lr_context = (steps[-keep:].copy(), lr[-keep:].copy())
         self.rows += len(view)
+        return found
 
 
 def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_length: int | None,
@@ -378,15 +382,17 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     rank = run.primary_rank
     rows, sample, times = HeadTail(), Downsample() if plot else None, _Times()
     detectors = {r: _Anomalies(r, thresholds) for r in run.ranks}
-    sums, loss, found, last_steps = RateSums(), _Loss(), [], {}
+    sums, loss, findings, last_steps = RateSums(), _Loss(), Findings(), {}
     try:
-        for block in aligned(run):
+        for bound, block in aligned(run):
+            found = []
             for r, piece in block.items():
                 if len(piece):
-                    detectors[r].feed(piece)
+                    found += detectors[r].feed(piece)
                     last_steps[r] = int(piece.values("step")[-1])
             if len(block) > 1:
                 found += _rank_checks({r: _Series(piece) for r, piece in block.items()}, thresholds)
+            findings.add(found, upto=int(bound))
             view = block[rank]
             if not len(view):
                 continue
@@ -412,12 +418,13 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     finally:
         times.file.close()
     rates_from(s, sums)
+    findings.add(_resumes(run) + [attrs.evolve(a, step=last_steps.get(a.ranks[0], a.step)) for a in _stops(run)]
+                 + [resume(r, *pair) for r, spills in run.spills.items() for spill in spills for pair in spill.resumes])
+    found = findings.result()
+    s.notes += findings.notes()
     s.notes.append(f"{n:,} steps read a segment at a time (bounded memory): the table holds the first and last "
                    f"{HEAD_ROWS} steps" + ("; the plot draws each step range's extremes" if plot else ""))
-    found += [a for d in detectors.values() for a in d.found] + _resumes(run)
-    found += [attrs.evolve(a, step=last_steps.get(a.ranks[0], a.step)) for a in _stops(run)]
-    found += [resume(r, *pair) for r, spills in run.spills.items() for spill in spills for pair in spill.resumes]
-    return s, merge(found), rows, (sample.series() if sample is not None else None)
+    return s, found, rows, (sample.series() if sample is not None else None)
 
 
 class _Loss:

@@ -379,3 +379,16 @@ def test_follow_of_rank_logs_spills_with_the_outputs_of_one_parse(tmp_path, smal
     a, b = followed.runs[0].summary, once.runs[0].summary
     assert (a.steps, a.last_step, a.ranks, a.loss_last, a.step_time_ms) == (b.steps, b.last_step, b.ranks,
                                                                               b.loss_last, b.step_time_ms)
+
+
+def test_findings_past_the_cap_are_counted_alike_spilled_or_not(tmp_path, monkeypatch):
+    # a loss spike every other step (never consecutive: one finding each): 10 listed per kind, the rest counted
+    # with their step range, the same whether the log was read whole or a segment at a time
+    from mftk.logs import anomalies
+
+    monkeypatch.setattr(anomalies, "MAX_LISTED", 10)
+    exact, spilled = _same_report(_write(tmp_path / "worker_0.log", synth_lines(3000, spike_at=range(100, 3000, 2))),
+                                  tmp_path, monkeypatch)
+    spikes = [a.step for a in spilled.runs[0].anomalies if a.kind == "spike"]
+    assert spikes == list(range(100, 120, 2))
+    assert "1,440 more spike findings (steps 120..2,998) not listed" in spilled.runs[0].summary.notes
