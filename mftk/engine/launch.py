@@ -330,11 +330,17 @@ class _Watcher:
 
     def failure(self) -> tuple[int | None, str] | None:
         """(rank, reason) of the first failure seen, else None; a worker that died comes before the errors of
-        its peers (theirs are the echo of its death: a collective with a dead peer fails)."""
+        its peers (theirs are the echo of its death: a collective with a dead peer fails). A rank's own
+        exception (not a collective that lost its peer) comes before workers found dead without msrun's word
+        that they exited first: msrun ends every other worker when one exits with an error, and on a busy
+        machine they are found gone before msrun's log says whose exit came first."""
         dead_rank = self.pids.get(self.dead_pid) if self.dead_pid is not None else None
         if dead_rank is not None and (dead_rank not in self.errors):
             return dead_rank, (f"rank {dead_rank} died: worker process exited with code {self.dead_code} "
                                "(killed or crashed without a traceback)")
+        own = [r for r, text in self.errors.items() if r >= 0 and not is_collective_failure(text)]
+        if own:
+            return own[0], self.errors[own[0]]
         if self.dead_ranks - set(self.errors):
             rank = min(self.dead_ranks - set(self.errors))
             return rank, f"rank {rank} died: worker process gone without a traceback"

@@ -270,7 +270,9 @@ class LogReader:
                 if a:
                     spill.resume(int(steps[rows[a - 1]]), int(steps[rows[a]]))
                 part = rows[a:b][rows[a:b] < plan.keep]
-                if len(part):
+                if len(part) and part[-1] - part[0] + 1 == len(part) and table.constant("rank") == rank:
+                    spill.write(table, len(part), start=int(part[0]))  # rows as they are: no copy
+                elif len(part):
                     piece = table.take(part)
                     piece.set_constant("rank", rank)
                     spill.write(piece, piece.n)

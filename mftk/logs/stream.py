@@ -188,14 +188,26 @@ class HeadTail(Sequence):
     def __init__(self, keep: int = HEAD_ROWS) -> None:
         self.keep, self.n = keep, 0
         self.head: list[dict[str, Any]] = []
-        self.tail: list[dict[str, Any]] = []
+        self._last: list[TableView] = []  # the latest views holding the last `keep` rows (rows made when read)
+        self._tail: list[dict[str, Any]] | None = []
 
     def feed(self, view: TableView) -> None:
         m = len(view)
         if len(self.head) < self.keep:
             self.head += view[:self.keep - len(self.head)]
-        self.tail = (self.tail + view[max(m - self.keep, 0):])[-self.keep:]
+        self._last.append(view)
+        while len(self._last) > 1 and sum(map(len, self._last[1:])) >= self.keep:
+            self._last.pop(0)
+        self._tail = None
         self.n += m
+
+    @property
+    def tail(self) -> list[dict[str, Any]]:
+        """The last `keep` rows, as dicts (made once, from the views held)."""
+        if self._tail is None:
+            rows = [r for view in self._last for r in view[max(len(view) - self.keep, 0):]]
+            self._tail = rows[-self.keep:]
+        return self._tail
 
     def __len__(self) -> int:
         return self.n

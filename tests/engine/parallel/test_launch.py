@@ -99,3 +99,23 @@ def test_msrun_command_single_and_multi_node(tmp_path):
                                 21504, tmp_path, "m:f", tmp_path / "p.json")
     assert multi[multi.index("--worker_num") + 1] == "4" and multi[multi.index("--local_worker_num") + 1] == "2"
     assert multi[multi.index("--node_rank") + 1] == "1" and multi[multi.index("--master_addr") + 1] == "10.0.0.1"
+
+
+def test_a_ranks_own_error_is_blamed_before_peers_found_dead_as_msrun_ends_the_job(tmp_path):
+    # the case a busy machine produced: rank 1 raised, msrun ended rank 0 (found gone, no traceback) before its
+    # log said whose exit came first. Rank 1's own exception is the cause; a collective that failed on a dead
+    # peer is not, and a worker msrun reports exited first (not the one that raised) still is
+    from mftk.engine.launch import _Watcher
+
+    def watcher(errors, dead_ranks=(), dead_pid=None):
+        w = _Watcher({0: tmp_path / "w0.log", 1: tmp_path / "w1.log"}, tmp_path / "msrun.log", follow_rank=0,
+                     on_line=None)
+        w.pids, w.errors, w.dead_ranks, w.dead_pid, w.dead_code = {100: 0, 101: 1}, dict(errors), set(dead_ranks), dead_pid, -9
+        return w
+
+    assert watcher({1: "ValueError: planted on rank 1"}, dead_ranks={0}).failure() == (1, "ValueError: planted on rank 1")
+    assert watcher({1: "ValueError: planted on rank 1"}, dead_ranks={0}, dead_pid=101).failure()[0] == 1
+    rank, reason = watcher({1: "RuntimeError: AllReduce failed: peer closed"}, dead_ranks={0}).failure()
+    assert rank == 0 and "died" in reason
+    rank, reason = watcher({1: "ValueError: planted on rank 1"}, dead_pid=100).failure()
+    assert rank == 0 and "exited with code -9" in reason
