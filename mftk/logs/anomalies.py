@@ -169,14 +169,16 @@ def _flagged(rank: int, recs: _Series) -> list[Anomaly]:
     return out
 
 
-def _stops(run: Run) -> list[Anomaly]:
-    """An exception or `stop training` message after a file's last step line: the run did not end normally."""
+def _stops(run: Run, last_steps: dict[int, int] | None = None) -> list[Anomaly]:
+    """An exception or `stop training` message after a file's last step line: the run did not end normally.
+    `last_steps`: each rank's last step where the rows held are not all of it (a spilled run)."""
     out = []
     for f in run.files:
         if f.stop is None:
             continue
         steps = run.series(f.rank).values("step")
-        out.append(Anomaly(kind="stopped", step=int(steps[-1]) if len(steps) else 0, field="log", ranks=[f.rank],
+        last = (last_steps or {}).get(f.rank, int(steps[-1]) if len(steps) else 0)
+        out.append(Anomaly(kind="stopped", step=last, field="log", ranks=[f.rank],
                            value=None, message=f"training stopped after this step: {f.stop}"))
     return out
 

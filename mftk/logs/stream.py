@@ -9,9 +9,9 @@ block of steps at a time (`aligned`), so the checks across ranks see every rank'
 - summary: running first/last/min loss and rate sums (`RateSums`); the step-time percentiles are exact: the
   steady-state times go to a temporary file, and `select` finds each order statistic there in four passes of
   16 bits (a radix selection), never holding more than one chunk;
-- anomalies: the per-rank detectors run on each rank's rows of a block, the cross-rank ones on the block; the rolling-median ones (`MedianWalk`) and the lr rule
-  (its `window` previous values as context) carry their state across views, so they flag what one pass over
-  the whole series would;
+- anomalies: the per-rank detectors run on each rank's rows of a block, the cross-rank ones on the block; the
+  rolling-median ones (`MedianWalk`) and the lr rule (its `window` previous values as context) carry their state
+  across views, so they flag what one pass over the whole series would;
 - the step table holds the first and last `HEAD_ROWS` rows; the plot draws `Downsample`'s buckets (at most
   2 x `PLOT_BUCKETS`, merged pairwise when full), each keeping the rows where a field is at its smallest and
   largest, so spikes stay visible;
@@ -31,7 +31,6 @@ import os
 import tempfile
 from typing import Any, Iterator, Sequence
 
-import attrs
 import numpy as np
 
 from mftk.logs.anomalies import (Anomaly, MedianWalk, Thresholds, _flagged, _non_finite, _rank_checks, _resumes,
@@ -430,7 +429,7 @@ def analyze_spilled(run: Run, *, thresholds: Thresholds, skip_warmup: int, seq_l
     finally:
         times.file.close()
     rates_from(s, sums)
-    findings.add(_resumes(run) + [attrs.evolve(a, step=last_steps.get(a.ranks[0], a.step)) for a in _stops(run)]
+    findings.add(_resumes(run) + _stops(run, last_steps)
                  + [resume(r, *pair) for r, spills in run.spills.items() for spill in spills for pair in spill.resumes])
     found = findings.result()
     s.notes += findings.notes()
