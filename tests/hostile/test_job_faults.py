@@ -126,9 +126,7 @@ def test_a_stopped_rank_is_found_named_and_its_stack_dumped(job, nproc, rank, la
                    "--hang-timeout", "20", *sets)
     wait_for(logs / f"worker_{rank}.log", STEP, p, count=2, timeout=400)
     os.kill(_pid_of(logs / f"worker_{rank}.log"), signal.SIGSTOP)
-    stopped_at = time.monotonic()
     out, err = p.communicate(timeout=120)
-    waited = time.monotonic() - stopped_at
     text = flat(err)
     assert p.returncode == 4 and "Traceback" not in err, err[-3000:]
     # the watchdog's report; or, on a machine so busy that MindSpore's own ~30 s collective timeout came first,
@@ -136,7 +134,8 @@ def test_a_stopped_rank_is_found_named_and_its_stack_dumped(job, nproc, rank, la
     assert f"rank {rank} is stopped by a signal (SIGSTOP?)" in text, text[-1500:]
     assert ("waited for it in a collective" in text or "collective failed waiting for it" in text) and \
         text.count("is stopped by a signal") == 1
-    assert waited < 20 + 45, waited  # the hang timeout plus a generous margin for this busy machine
+    if "hang detected" in text:  # the watchdog's own report names the timeout it used (no wall-clock bound here:
+        assert "no progress for 20 s, the hang timeout" in text  # the rule's timing is test_watchdog's, by clock)
     for r in range(nproc):  # faulthandler's dump of every thread, in each worker's own log
         assert "most recent call first" in (logs / f"worker_{r}.log").read_text(errors="replace"), r
     assert processes_mentioning(str(logs)) == []
