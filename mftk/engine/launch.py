@@ -11,9 +11,10 @@ and raises `TrainingError` with that rank's last error lines within seconds.
 Ownership (`engine.ownership`): msrun is started through ``python -m mftk.engine.launch msrun``, which ties it to
 this process with a parent-death signal and lets the scheduler and workers inherit the save path's lock; each
 of them dies with msrun in turn, and `end_job` sweeps up by job id whatever is left, so nothing of the job
-outlives the parent, however the parent or msrun ends. Hangs (`engine.watchdog`): each worker keeps a progress
-file (`engine.heartbeat`); a rank silent past the hang timeout ends the job with every worker's Python stack in
-its log and the stopped ranks named (`JobFault`, which `--max-restarts` relaunches on, `engine.workers`).
+outlives the parent, however the parent or msrun ends. They inherit the job's port claim (`engine.ports`) the
+same way, so no other mftk job on the machine starts on its ports while any of them lives. Hangs
+(`engine.watchdog`): each worker keeps a progress file (`engine.heartbeat`); a rank silent past the hang timeout
+ends the job with every worker's Python stack in its log and the stopped ranks named (`JobFault`, which `--max-restarts` relaunches on, `engine.workers`).
 
 Signals: msrun runs in its own session and each worker in its own, so neither a terminal's Ctrl-C nor a
 ``kill`` of the parent reaches them; and msrun's own SIGINT handler SIGKILLs every worker. So while it
@@ -40,9 +41,7 @@ import faulthandler
 import importlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ import attrs
 
 from mftk.engine.heartbeat import BEAT, heartbeat_path
 from mftk.engine.ownership import JOB_ENV, PARENT_ENV, end_job, own_by_parent
+from mftk.engine.ports import PortClaim, claim_free_range, claim_master_port
 from mftk.engine.watchdog import (STACK_SIGNAL, STACK_WAIT_S, Watchdog, dump_stacks, is_collective_failure,
                                   process_states)
 from mftk.errors import InputError, JobFault, MftkError, TrainingError, TrainingInterrupted
@@ -66,7 +66,6 @@ START_MARK = "MFTK_WORKER_START"
 DONE_MARK = "MFTK_WORKER_DONE"
 ERROR_MARK = "MFTK_WORKER_ERROR"
 STOPPED_MARK = "MFTK_WORKER_STOPPED"  # stopped by a signal after saving (stopped_<rank>.json says where)
-_PORT_OFFSETS = (0, 1, 256, 512, 768)  # scheduler + the worker ports msrun derives (mindspore-cpu.md §4)
 _ERROR_TAIL_LINES = 24
 _POLL_S = 0.2
 
@@ -124,50 +123,59 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     while it lives even if this process is killed.
     """
     _check_spec(spec, target)
-    if spec.master_port is not None and spec.node_rank == 0:  # node 0 runs the scheduler, which binds it
-        check_master_port(spec.master_port)
-    log_dir = Path(spec.log_dir) if spec.log_dir is not None else Path(tempfile.mkdtemp(prefix="mftk-msrun-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    _clear_old_outputs(log_dir)
-    port = spec.master_port if spec.master_port is not None else pick_free_port()
-    payload_path = log_dir / "launch_payload.json"
-    write_atomic(payload_path, json.dumps(payload or {}))
-    cmd = build_msrun_command(spec, port, log_dir, target, payload_path)
-    first = spec.node_rank * spec.nproc
-    logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
-    started = time.monotonic()
-    if not spec.join:
-        proc = _start(cmd, log_dir, spec, env, owned=False)
-        proc.wait()
-        return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=proc.returncode,
-                            elapsed_s=time.monotonic() - started, worker_logs=logs, results={}, detached=True)
-    follow = follow_rank if follow_rank is not None and follow_rank in logs else first
-    watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=follow, on_line=on_line)
-    watchdog = Watchdog(log_dir, list(logs), spec.hang_timeout_s, started)
-    forward = _Forwarder(watcher)
-    job = uuid.uuid4().hex
-    with forward:  # from before msrun starts: a signal can never leave it running without us
-        proc = _start(cmd, log_dir, spec, {**(env or {}), JOB_ENV: job}, keep_fds=keep_fds)
-        try:
-            rc = _supervise(proc, watcher, started, timeout_s, forward, done_grace_s=_done_grace_s(spec),
-                            watchdog=watchdog)
-        except BaseException:
-            _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
-            raise
-        finally:
-            _stop_tree(proc.pid, grace_s=0.0)
-            end_job(job)  # whatever msrun left (its own death orphans the scheduler and workers) goes too
-    elapsed = time.monotonic() - started
-    failure = watcher.failure()
-    if watchdog.fault is not None:
-        raise watchdog.fault
-    if failure is not None or rc != 0:
-        raise _failure_error(failure, watcher, rc, log_dir, elapsed, watchdog)
-    stopped = _read_rank_files(log_dir, logs, "stopped")
-    if stopped:  # (a signal that came as every worker was finishing changed nothing: the job completed)
-        raise _interrupted_error(stopped, forward.signal)
-    return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=rc, elapsed_s=elapsed,
-                        worker_logs=logs, results=_read_rank_files(log_dir, logs, "result"))
+    with _claim_ports(spec) as claim:  # held by msrun's processes too, until the job's last one is gone
+        log_dir = Path(spec.log_dir) if spec.log_dir is not None else Path(tempfile.mkdtemp(prefix="mftk-msrun-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        _clear_old_outputs(log_dir)
+        port = claim.port
+        payload_path = log_dir / "launch_payload.json"
+        write_atomic(payload_path, json.dumps(payload or {}))
+        cmd = build_msrun_command(spec, port, log_dir, target, payload_path)
+        first = spec.node_rank * spec.nproc
+        logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
+        started = time.monotonic()
+        if not spec.join:
+            proc = _start(cmd, log_dir, spec, env, owned=False)
+            proc.wait()
+            return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=proc.returncode,
+                                elapsed_s=time.monotonic() - started, worker_logs=logs, results={}, detached=True)
+        follow = follow_rank if follow_rank is not None and follow_rank in logs else first
+        watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=follow, on_line=on_line)
+        watchdog = Watchdog(log_dir, list(logs), spec.hang_timeout_s, started)
+        forward = _Forwarder(watcher)
+        job = uuid.uuid4().hex
+        with forward:  # from before msrun starts: a signal can never leave it running without us
+            proc = _start(cmd, log_dir, spec, {**(env or {}), JOB_ENV: job}, keep_fds=keep_fds + claim.fds)
+            try:
+                rc = _supervise(proc, watcher, started, timeout_s, forward, done_grace_s=_done_grace_s(spec),
+                                watchdog=watchdog)
+            except BaseException:
+                _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
+                raise
+            finally:
+                _stop_tree(proc.pid, grace_s=0.0)
+                end_job(job)  # whatever msrun left (its own death orphans the scheduler and workers) goes too
+        elapsed = time.monotonic() - started
+        failure = watcher.failure()
+        if watchdog.fault is not None:
+            raise watchdog.fault
+        if failure is not None or rc != 0:
+            raise _failure_error(failure, watcher, rc, log_dir, elapsed, watchdog)
+        stopped = _read_rank_files(log_dir, logs, "stopped")
+        if stopped:  # (a signal that came as every worker was finishing changed nothing: the job completed)
+            raise _interrupted_error(stopped, forward.signal)
+        return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=rc, elapsed_s=elapsed,
+                            worker_logs=logs, results=_read_rank_files(log_dir, logs, "result"))
+
+
+def _claim_ports(spec: LaunchSpec) -> PortClaim:
+    """The job's port range: node 0 (which runs the scheduler) claims ``--master-port``; a range is picked and
+    claimed when there is none (`engine.ports`); the other nodes of a multi-node job claim nothing."""
+    if spec.master_port is None:
+        return claim_free_range()
+    if spec.node_rank == 0:
+        return claim_master_port(spec.master_port)
+    return PortClaim(spec.master_port)
 
 
 def _start(cmd: list[str], log_dir: Path, spec: LaunchSpec, env: dict[str, str] | None, *, owned: bool = True,
@@ -225,43 +233,6 @@ def _worker_env(spec: LaunchSpec, extra: dict[str, str] | None) -> dict[str, str
     env["MFTK_NODE_RANK"] = str(spec.node_rank)
     env.update(extra or {})
     return env
-
-
-def pick_free_port(lo: int = 10240, hi: int = 60000, tries: int = 64) -> int:
-    """A base port P with P, P+1, P+256, P+512 and P+768 all free (msrun uses all five).
-
-    Bases are drawn 1024 apart at random, so concurrent jobs on one machine rarely collide.
-    """
-    bases = list(range(lo, hi - 1024, 1024))
-    random.SystemRandom().shuffle(bases)  # not the global generator: a seeded run (ms.set_seed) would pick the same
-    for base in bases[:tries]:
-        if all(_port_free(base + off) for off in _PORT_OFFSETS):
-            return base
-    raise TrainingError(message="no free port range for msrun found", hint="pass --master-port explicitly")
-
-
-def check_master_port(port: int) -> None:
-    """``--master-port`` in use on this machine is an `InputError` (exit 2) now, not msrun's scheduler failing
-    minutes later with a traceback. The test binds every address with SO_REUSEADDR, as a listening server would:
-    a port held by a listener (on any address) is refused, one in TIME_WAIT from an earlier job is not."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-        except OSError as exc:
-            raise InputError(message=f"--master-port {port} is already in use on this machine "
-                             f"({exc.strerror or exc})",
-                             hint=f"pass another --master-port, or leave it out on one node (a free one is picked); "
-                             f"`ss -ltnp 'sport = :{port}'` shows the process holding it") from None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class _Watcher:

@@ -178,7 +178,7 @@ def _mftk(*args: str, **kw) -> subprocess.Popen:
 
 def test_two_nodes_resume_a_single_process_checkpoint(work, single_q):
     """Two `--nnodes 2` invocations form one 2-worker job; it reshards a 1-process checkpoint to 2."""
-    from mftk.engine.launch import pick_free_port
+    from mftk.engine.ports import pick_free_port
 
     d = work["dir"]
     port = pick_free_port()

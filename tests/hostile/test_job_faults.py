@@ -204,7 +204,7 @@ def test_max_restarts_on_two_nodes_restarts_both_to_the_same_bits(job):
     uninterrupted job of the same two ranks on one node."""
     import json
 
-    from mftk.engine.launch import pick_free_port
+    from mftk.engine.ports import pick_free_port
     from tests.helpers import hostile
 
     ref_ckpt, ckpt = job / "ckpt_ref_nodes", job / "ckpt_restart_nodes"
@@ -261,7 +261,7 @@ def test_pipeline_console_follows_the_stage_that_logs_the_loss(job):
 def test_kill_9_of_one_nodes_mftk_ends_both_nodes(job):
     """`--nnodes 2` on this host: node 1's `mftk` is killed; its workers go with it, and node 0's job, whose
     collectives now wait for a rank that is gone, ends (hang or failed collective, exit 4) instead of hanging."""
-    from mftk.engine.launch import pick_free_port
+    from mftk.engine.ports import pick_free_port
 
     port = str(pick_free_port())
     common = ["train", str(job / "long.yaml"), "--nproc", "1", "--nnodes", "2", "--master-port", port,

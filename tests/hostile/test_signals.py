@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mftk.ckpt.inspect import inspect_checkpoint
-from mftk.engine.launch import pick_free_port
+from mftk.engine.ports import pick_free_port
 from tests.helpers.hostile import flat, kill_under, processes_mentioning, start_mftk, wait_for
 from tests.helpers.tiny import tiny_raw, write_corpus
 

@@ -254,3 +254,23 @@ def fail_on(rank_to_fail: int, message: str = "boom") -> dict:
         raise ValueError(f"{message} on rank {rank}")
     ops.AllReduce()(Tensor(np.ones((1,), np.float32))).asnumpy()  # hangs until the launcher kills it
     return {"rank": rank}
+
+
+# ---------------------------------------------------------------- port claim job
+
+
+def port_claim_held() -> dict:
+    """Whether this job's port range is claimed while it runs (a fresh claim of the scheduler's port fails), and
+    whether this worker holds the claim itself (inherited: it outlives a killed parent)."""
+    import os
+
+    from mftk.engine.ports import try_claim
+
+    port = int(os.environ["MS_SCHED_PORT"])
+    claim = try_claim(port)
+    held = claim is None
+    if claim is not None:
+        claim.release()
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.islink(f"/proc/self/fd/{fd}")]
+    return {"port": port, "held": held, "inherited": any(f.endswith(f"/{port}.lock") for f in fds)}

@@ -10,7 +10,8 @@ import time
 import psutil
 import pytest
 
-from mftk.engine.launch import LaunchSpec, build_msrun_command, launch, pick_free_port, _port_free
+from mftk.engine.launch import LaunchSpec, build_msrun_command, launch
+from mftk.engine.ports import pick_free_port, port_free
 from mftk.errors import InputError, TrainingError
 
 
@@ -86,7 +87,7 @@ def test_bad_target_and_shape_are_refused_before_starting(tmp_path):
 
 def test_free_port_leaves_room_for_msruns_worker_ports():
     port = pick_free_port()
-    assert all(_port_free(port + off) for off in (0, 1, 256, 512, 768))
+    assert all(port_free(port + off) for off in (0, 1, 256, 512, 768))
     assert port % 1024 == 0
 
 
@@ -119,3 +120,18 @@ def test_a_ranks_own_error_is_blamed_before_peers_found_dead_as_msrun_ends_the_j
     assert rank == 0 and "died" in reason
     rank, reason = watcher({1: "ValueError: planted on rank 1"}, dead_pid=100).failure()
     assert rank == 0 and "exited with code -9" in reason
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_jobs_port_range_is_claimed_while_its_workers_run_and_freed_after(tmp_path, monkeypatch):
+    """Another mftk job starting meanwhile on this machine cannot pick the same range (`engine.ports`)."""
+    from mftk.engine.ports import LOCK_DIR_ENV, try_claim
+
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "claims"))
+    result = launch("tests.engine.parallel.jobs:port_claim_held", {}, spec=LaunchSpec(nproc=2, log_dir=tmp_path / "l"),
+                    timeout_s=120)
+    assert [result.results[r] for r in (0, 1)] == [{"port": result.master_port, "held": True, "inherited": True}] * 2
+    claim = try_claim(result.master_port)
+    assert claim is not None and claim.fds  # released with the job
+    claim.release()

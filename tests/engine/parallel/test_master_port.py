@@ -6,7 +6,8 @@ import socket
 import pytest
 import yaml
 
-from mftk.engine.launch import LaunchSpec, launch, pick_free_port
+from mftk.engine.launch import LaunchSpec, launch
+from mftk.engine.ports import pick_free_port
 from mftk.errors import InputError
 
 
@@ -29,7 +30,7 @@ def test_busy_master_port_is_refused_before_msrun_starts(tmp_path, busy_port):
 
 
 def test_free_master_port_passes_the_check(busy_port):
-    from mftk.engine.launch import check_master_port
+    from mftk.engine.ports import check_master_port
 
     check_master_port(pick_free_port())  # no error
     with pytest.raises(InputError):
