@@ -61,3 +61,14 @@ def tiny_qwen3_moe():
     from tests.helpers.models import make_qwen3_moe
 
     return make_qwen3_moe
+
+
+@pytest.fixture
+def node_port():
+    """A port range claimed for the whole test, for the two "nodes" it starts on this host: node 0 takes the claim
+    over (`ports.CLAIM_ENV`, with ``claim.env`` and ``claim.fds``), so no other job can take the port between the
+    pick and node 0's start."""
+    from mftk.engine.ports import claim_free_range
+
+    with claim_free_range() as claim:
+        yield claim

@@ -124,48 +124,56 @@ def launch(target: str, payload: dict[str, Any] | None = None, *, spec: LaunchSp
     """
     _check_spec(spec, target)
     with _claim_ports(spec) as claim:  # held by msrun's processes too, until the job's last one is gone
-        log_dir = Path(spec.log_dir) if spec.log_dir is not None else Path(tempfile.mkdtemp(prefix="mftk-msrun-"))
-        log_dir.mkdir(parents=True, exist_ok=True)
-        _clear_old_outputs(log_dir)
-        port = claim.port
-        payload_path = log_dir / "launch_payload.json"
-        write_atomic(payload_path, json.dumps(payload or {}))
-        cmd = build_msrun_command(spec, port, log_dir, target, payload_path)
-        first = spec.node_rank * spec.nproc
-        logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
-        started = time.monotonic()
-        if not spec.join:
-            proc = _start(cmd, log_dir, spec, env, owned=False)
-            proc.wait()
-            return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=proc.returncode,
-                                elapsed_s=time.monotonic() - started, worker_logs=logs, results={}, detached=True)
-        follow = follow_rank if follow_rank is not None and follow_rank in logs else first
-        watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=follow, on_line=on_line)
-        watchdog = Watchdog(log_dir, list(logs), spec.hang_timeout_s, started)
-        forward = _Forwarder(watcher)
-        job = uuid.uuid4().hex
-        with forward:  # from before msrun starts: a signal can never leave it running without us
-            proc = _start(cmd, log_dir, spec, {**(env or {}), JOB_ENV: job}, keep_fds=keep_fds + claim.fds)
-            try:
-                rc = _supervise(proc, watcher, started, timeout_s, forward, done_grace_s=_done_grace_s(spec),
-                                watchdog=watchdog)
-            except BaseException:
-                _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
-                raise
-            finally:
-                _stop_tree(proc.pid, grace_s=0.0)
-                end_job(job)  # whatever msrun left (its own death orphans the scheduler and workers) goes too
-        elapsed = time.monotonic() - started
-        failure = watcher.failure()
-        if watchdog.fault is not None:
-            raise watchdog.fault
-        if failure is not None or rc != 0:
-            raise _failure_error(failure, watcher, rc, log_dir, elapsed, watchdog)
-        stopped = _read_rank_files(log_dir, logs, "stopped")
-        if stopped:  # (a signal that came as every worker was finishing changed nothing: the job completed)
-            raise _interrupted_error(stopped, forward.signal)
-        return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=rc, elapsed_s=elapsed,
-                            worker_logs=logs, results=_read_rank_files(log_dir, logs, "result"))
+        return _run_job(target, payload, spec, claim, on_line=on_line, timeout_s=timeout_s, env=env,
+                        follow_rank=follow_rank, keep_fds=keep_fds)
+
+
+def _run_job(target: str, payload: dict[str, Any] | None, spec: LaunchSpec, claim: PortClaim, *,
+             on_line: LineCallback | None, timeout_s: float | None, env: dict[str, str] | None,
+             follow_rank: int | None, keep_fds: tuple[int, ...]) -> LaunchResult:
+    """`launch`'s job on ``claim``'s port range, which the job's processes inherit."""
+    log_dir = Path(spec.log_dir) if spec.log_dir is not None else Path(tempfile.mkdtemp(prefix="mftk-msrun-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _clear_old_outputs(log_dir)
+    port = claim.port
+    payload_path = log_dir / "launch_payload.json"
+    write_atomic(payload_path, json.dumps(payload or {}))
+    cmd = build_msrun_command(spec, port, log_dir, target, payload_path)
+    first = spec.node_rank * spec.nproc
+    logs = {first + i: log_dir / f"worker_{first + i}.log" for i in range(spec.nproc)}
+    started = time.monotonic()
+    if not spec.join:
+        proc = _start(cmd, log_dir, spec, env, owned=False)
+        proc.wait()
+        return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=proc.returncode,
+                            elapsed_s=time.monotonic() - started, worker_logs=logs, results={}, detached=True)
+    follow = follow_rank if follow_rank is not None and follow_rank in logs else first
+    watcher = _Watcher(logs, log_dir / "msrun.log", follow_rank=follow, on_line=on_line)
+    watchdog = Watchdog(log_dir, list(logs), spec.hang_timeout_s, started)
+    forward = _Forwarder(watcher)
+    job = uuid.uuid4().hex
+    with forward:  # from before msrun starts: a signal can never leave it running without us
+        proc = _start(cmd, log_dir, spec, {**(env or {}), JOB_ENV: job}, keep_fds=keep_fds + claim.fds)
+        try:
+            rc = _supervise(proc, watcher, started, timeout_s, forward, done_grace_s=_done_grace_s(spec),
+                            watchdog=watchdog)
+        except BaseException:
+            _stop_tree(proc.pid, grace_s=spec.kill_grace_s)
+            raise
+        finally:
+            _stop_tree(proc.pid, grace_s=0.0)
+            end_job(job)  # whatever msrun left (its own death orphans the scheduler and workers) goes too
+    elapsed = time.monotonic() - started
+    failure = watcher.failure()
+    if watchdog.fault is not None:
+        raise watchdog.fault
+    if failure is not None or rc != 0:
+        raise _failure_error(failure, watcher, rc, log_dir, elapsed, watchdog)
+    stopped = _read_rank_files(log_dir, logs, "stopped")
+    if stopped:  # (a signal that came as every worker was finishing changed nothing: the job completed)
+        raise _interrupted_error(stopped, forward.signal)
+    return LaunchResult(log_dir=log_dir, master_port=port, world=spec.world, returncode=rc, elapsed_s=elapsed,
+                        worker_logs=logs, results=_read_rank_files(log_dir, logs, "result"))
 
 
 def _claim_ports(spec: LaunchSpec) -> PortClaim:

@@ -8,6 +8,8 @@ node: 0 to the scheduler"). So a range is also *claimed*: an exclusive ``flock``
 port, in a directory every user of the machine shares. The claim's descriptor is inherited by the msrun
 launcher, its scheduler and workers (as the save path's lock is), so the range stays claimed until the job's
 last process is gone, however it ends; the kernel drops a dead process's locks, so nothing is left stale.
+A launcher that starts the nodes of one job on this host picks one port for all of them and hands its claim to
+node 0 (`CLAIM_ENV`), so that no other job takes the port between the pick and node 0's start.
 A process outside mftk can still take a port between the check and msrun's bind: only the check sees it.
 """
 from __future__ import annotations
@@ -27,14 +29,18 @@ from mftk.errors import InputError, TrainingError
 PORT_OFFSETS = (0, 1, 256, 512, 768)  # scheduler + the worker ports msrun derives (mindspore-cpu.md §4)
 RANGE = 1024  # picked bases are this far apart, so two picked ranges never overlap
 LOCK_DIR_ENV = "MFTK_PORT_LOCK_DIR"  # where the claim files live (default: <tmp>/mftk-ports, shared by all users)
+CLAIM_ENV = "MFTK_PORT_CLAIM"  # "<port>:<fd>": a claim the starting process holds, inherited as descriptor <fd>
 
 
 @attrs.define
 class PortClaim:
-    """A claimed port range; ``fd`` holds the lock (None where the claim directory is unusable)."""
+    """A claimed port range; ``fd`` holds the lock (None where the claim directory is unusable). An ``inherited``
+    claim's descriptor is the starting process's hand-over: it stays open for this process's life, since a
+    second attempt of the job on the same port needs it again."""
 
     port: int
     fd: int | None = None
+    inherited: bool = False
 
     @property
     def fds(self) -> tuple[int, ...]:
@@ -42,9 +48,14 @@ class PortClaim:
         return () if self.fd is None else (self.fd,)
 
     def release(self) -> None:
-        if self.fd is not None:
+        if self.fd is not None and not self.inherited:
             os.close(self.fd)
-            self.fd = None
+        self.fd = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What hands this claim to a process started with `fds` (`inherited_claim` reads it there)."""
+        return {} if self.fd is None else {CLAIM_ENV: f"{self.port}:{self.fd}"}
 
     def __enter__(self) -> PortClaim:
         return self
@@ -87,6 +98,22 @@ def try_claim(port: int) -> PortClaim | None:
     return PortClaim(port, fd)
 
 
+def inherited_claim(port: int) -> PortClaim | None:
+    """The claim on ``port`` that the process which started this one handed down (`CLAIM_ENV`), or None: the
+    descriptor must be this port's claim file (same file, not just the same number) and hold its lock."""
+    held, _, fd = os.environ.get(CLAIM_ENV, "").partition(":")
+    d = claim_dir()
+    if held != str(port) or not fd.isdigit() or d is None:
+        return None
+    try:
+        if not os.path.samestat(os.fstat(int(fd)), os.stat(d / f"{port}.lock")):
+            return None
+        fcntl.flock(int(fd), fcntl.LOCK_EX | fcntl.LOCK_NB)  # already held through this descriptor: a no-op
+    except OSError:
+        return None
+    return PortClaim(port, int(fd), inherited=True)
+
+
 def claim_free_range(lo: int = 10240, hi: int = 60000, tries: int = 64) -> PortClaim:
     """A claimed base port P with P, P+1, P+256, P+512 and P+768 all free, drawn at random ``RANGE`` apart."""
     bases = list(range(lo, hi - RANGE + 1, RANGE))
@@ -102,8 +129,8 @@ def claim_free_range(lo: int = 10240, hi: int = 60000, tries: int = 64) -> PortC
 
 
 def pick_free_port(lo: int = 10240, hi: int = 60000, tries: int = 64) -> int:
-    """A free, unclaimed base port to hand to several processes (the nodes of a job on one host); the node that
-    runs the scheduler claims it when it starts."""
+    """A free, unclaimed base port, released at once: another job may take it before it is used. To start the
+    nodes of a job on one host, hold `claim_free_range`'s claim instead and hand it to node 0 (its ``env``)."""
     with claim_free_range(lo, hi, tries) as claim:
         return claim.port
 
@@ -112,7 +139,7 @@ def claim_master_port(port: int) -> PortClaim:
     """``--master-port`` on the node that runs the scheduler: refused (`InputError`, exit 2) when a listener or
     another mftk job on this machine holds it, instead of msrun's scheduler failing minutes later."""
     check_master_port(port)
-    claim = try_claim(port)
+    claim = inherited_claim(port) or try_claim(port)
     if claim is None:
         raise InputError(message=f"--master-port {port} is claimed by another mftk job on this machine",
                          hint="pass another --master-port, or leave it out on one node (a free one is picked)")

@@ -176,16 +176,15 @@ def _mftk(*args: str, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_two_nodes_resume_a_single_process_checkpoint(work, single_q):
+def test_two_nodes_resume_a_single_process_checkpoint(work, single_q, node_port):
     """Two `--nnodes 2` invocations form one 2-worker job; it reshards a 1-process checkpoint to 2."""
-    from mftk.engine.ports import pick_free_port
-
     d = work["dir"]
-    port = pick_free_port()
+    port = node_port.port
     common = ["resume", str(d / "q.yaml"), "--from", str(d / "ckpt_single" / "iteration_00000002"), "--nproc", "1",
               "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--output-dir",
               str(d / "out_nodes"), "--set", f"checkpoint.save_path={d / 'ckpt_nodes'}"]
-    nodes = [_mftk(*common, "--node-rank", str(i), "--log-dir", str(d / f"msrun_node{i}")) for i in (0, 1)]
+    nodes = [_mftk(*common, "--node-rank", str(i), "--log-dir", str(d / f"msrun_node{i}"),
+                   env={**os.environ, **node_port.env}, pass_fds=node_port.fds) for i in (0, 1)]
     outs = [p.communicate(timeout=240) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     assert (d / "msrun_node0" / "worker_0.log").is_file() and (d / "msrun_node1" / "worker_1.log").is_file()

@@ -84,3 +84,36 @@ def test_an_unusable_claim_directory_falls_back_to_the_free_check(tmp_path, monk
     monkeypatch.setenv(ports.LOCK_DIR_ENV, str(blocker / "claims"))  # cannot be made: under a file
     with ports.claim_free_range(BASE, BASE + ports.RANGE) as claim:
         assert claim.port == BASE and claim.fds == ()
+
+
+def _node_0(env: dict[str, str], fds: tuple[int, ...] = ()) -> str:
+    """A process that claims ``--master-port BASE`` twice (a job's two attempts) and prints what it got."""
+    code = textwrap.dedent(f"""
+        from mftk.engine import ports
+        from mftk.errors import InputError
+        ports.check_master_port = lambda port: None
+        try:
+            for attempt in (0, 1):
+                with ports.claim_master_port({BASE}) as claim:
+                    print(attempt, claim.inherited, bool(claim.fds))
+        except InputError as exc:
+            print("refused:", exc.message)
+    """)
+    return subprocess.run([sys.executable, "-c", code], env=env, pass_fds=fds, capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+
+
+def test_a_claim_handed_to_node_0_is_taken_over_and_a_forged_one_is_not(tmp_path):
+    """The test (a launcher) holds the claim while it starts node 0: handed down (``claim.env``/``fds``), node 0
+    takes it over, for both attempts; without it, or with the variable naming another file's descriptor, node 0
+    finds the port claimed by another job."""
+    import os
+
+    base_env = {**os.environ, ports.LOCK_DIR_ENV: str(tmp_path / "claims")}
+    with ports.claim_master_port(BASE) as held, ports.try_claim(BASE + ports.RANGE) as other:
+        assert held.env == {ports.CLAIM_ENV: f"{BASE}:{held.fd}"}
+        assert _node_0({**base_env, **held.env}, held.fds).split("\n")[:2] == ["0 True True", "1 True True"]
+        assert _node_0(base_env).startswith(f"refused: --master-port {BASE} is claimed by another mftk job")
+        forged = {**base_env, ports.CLAIM_ENV: f"{BASE}:{other.fd}"}  # a descriptor, but of another port's file
+        assert _node_0(forged, other.fds).startswith("refused:")
+    assert _node_0(base_env).split("\n")[:2] == ["0 False True", "1 False True"]  # the holder is done: free

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import psutil
 
+from mftk.engine.ports import PortClaim
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
@@ -35,9 +37,12 @@ def mftk(*args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.Compl
                           timeout=timeout)
 
 
-def start_mftk(*args: str, cwd: Path = ROOT, new_session: bool = False) -> subprocess.Popen:
+def start_mftk(*args: str, cwd: Path = ROOT, new_session: bool = False, claim: PortClaim | None = None
+               ) -> subprocess.Popen:
+    """``python -m mftk ARGS`` started; ``claim``: a port claim handed to it (node 0 of a job on this host)."""
     return subprocess.Popen([sys.executable, "-m", "mftk", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd, env=ENV, start_new_session=new_session)
+                            text=True, cwd=cwd, env={**ENV, **(claim.env if claim else {})},
+                            pass_fds=claim.fds if claim else (), start_new_session=new_session)
 
 
 def assert_clean_failure(r: subprocess.CompletedProcess, code: int, *names: str) -> str:

@@ -196,7 +196,7 @@ def test_max_restarts_recovers_a_death_then_a_hang_to_the_same_bits(job, nproc, 
     assert "#2: hang of rank 0 after step 4, resumed from step 4" in flat(parsed.stderr)
 
 
-def test_max_restarts_on_two_nodes_restarts_both_to_the_same_bits(job):
+def test_max_restarts_on_two_nodes_restarts_both_to_the_same_bits(job, node_port):
     """`--nnodes 2 --nproc 1` on this host, `--max-restarts 3` on each node: rank 1 (node 1) exits as step 3
     begins, then rank 0 (node 0) hangs at step 5 of the relaunch. Each node sees the fault (its own worker, or its
     collectives losing the other node), ends its part and relaunches; both meet on the attempt's port and resume
@@ -204,15 +204,14 @@ def test_max_restarts_on_two_nodes_restarts_both_to_the_same_bits(job):
     uninterrupted job of the same two ranks on one node."""
     import json
 
-    from mftk.engine.ports import pick_free_port
     from tests.helpers import hostile
 
     ref_ckpt, ckpt = job / "ckpt_ref_nodes", job / "ckpt_restart_nodes"
     ref = mftk("train", str(job / "six.yaml"), "--nproc", "2", "--output-dir", str(job / "out_ref_nodes"),
                "--set", f"checkpoint.save_path={ref_ckpt}", timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    port = str(pick_free_port())
-    env = {**hostile.ENV, "MFTK_FAULT": "rank:1,step:3,kind:exit;rank:0,step:5,kind:hang,attempt:1"}
+    port = str(node_port.port)
+    env = {**hostile.ENV, **node_port.env, "MFTK_FAULT": "rank:1,step:3,kind:exit;rank:0,step:5,kind:hang,attempt:1"}
     nodes, consoles = [], [job / f"console_rn{i}.txt" for i in (0, 1)]
     for i in (0, 1):
         with open(consoles[i], "w") as console:  # files, not pipes: nothing blocks on a full pipe
@@ -221,7 +220,8 @@ def test_max_restarts_on_two_nodes_restarts_both_to_the_same_bits(job):
                  "2", "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port", port,
                  "--output-dir", str(job / f"out_rn{i}"), "--log-dir", str(job / f"msrun_rn{i}"),
                  "--set", f"checkpoint.save_path={ckpt}", "--max-restarts", "3", "--hang-timeout", "20"],
-                stdout=console, stderr=hostile.subprocess.STDOUT, text=True, cwd=hostile.ROOT, env=env))
+                stdout=console, stderr=hostile.subprocess.STDOUT, text=True, cwd=hostile.ROOT, env=env,
+                pass_fds=node_port.fds))
     try:
         for p in nodes:
             p.wait(timeout=1200)
@@ -258,16 +258,14 @@ def test_pipeline_console_follows_the_stage_that_logs_the_loss(job):
     assert "last loss" in r.stderr + r.stdout and "N/A" not in (r.stderr + r.stdout).split("trained steps")[-1]
 
 
-def test_kill_9_of_one_nodes_mftk_ends_both_nodes(job):
+def test_kill_9_of_one_nodes_mftk_ends_both_nodes(job, node_port):
     """`--nnodes 2` on this host: node 1's `mftk` is killed; its workers go with it, and node 0's job, whose
     collectives now wait for a rank that is gone, ends (hang or failed collective, exit 4) instead of hanging."""
-    from mftk.engine.ports import pick_free_port
-
-    port = str(pick_free_port())
+    port = str(node_port.port)
     common = ["train", str(job / "long.yaml"), "--nproc", "1", "--nnodes", "2", "--master-port", port,
               "--hang-timeout", "12", "--set", f"checkpoint.save_path={job / 'ckpt_nodes'}"]
     nodes = [start_mftk(*common, "--node-rank", str(i), "--output-dir", str(job / f"out_n{i}"),
-                        "--log-dir", str(job / f"msrun_n{i}")) for i in (0, 1)]
+                        "--log-dir", str(job / f"msrun_n{i}"), claim=node_port if i == 0 else None) for i in (0, 1)]
     try:
         wait_for(job / "msrun_n1" / "worker_1.log", STEP, nodes[1])
         nodes[1].kill()

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from mftk.ckpt.inspect import inspect_checkpoint
-from mftk.engine.ports import pick_free_port
 from tests.helpers.hostile import flat, kill_under, processes_mentioning, start_mftk, wait_for
 from tests.helpers.tiny import tiny_raw, write_corpus
 
@@ -102,13 +101,13 @@ def test_ctrl_c_under_msrun_saves_then_exits_75(job):
     _no_leftovers(str(logs))
 
 
-def test_sigterm_to_node_0_of_a_two_node_job(job):
+def test_sigterm_to_node_0_of_a_two_node_job(job, node_port):
     """Two "nodes" on this host (one worker each): node 0's parent gets SIGTERM; both nodes stop and save."""
-    port = str(pick_free_port())
+    port = str(node_port.port)
     common = ["train", str(job / "q.yaml"), "--nproc", "1", "--nnodes", "2", "--master-port", port,
               "--new-run", "--set", f"checkpoint.save_path={job / 'ckpt_nodes'}"]
     nodes = [start_mftk(*common, "--node-rank", str(i), "--output-dir", str(job / f"out_n{i}"),
-                        "--log-dir", str(job / f"msrun_n{i}")) for i in (0, 1)]
+                        "--log-dir", str(job / f"msrun_n{i}"), claim=node_port if i == 0 else None) for i in (0, 1)]
     try:
         wait_for(job / "msrun_n1" / "worker_1.log", STEP, nodes[1])
         nodes[0].send_signal(signal.SIGTERM)
