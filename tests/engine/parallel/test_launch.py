@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from mftk.engine.launch import LaunchSpec, build_msrun_command, launch
-from mftk.engine.ports import pick_free_port, port_free
+from mftk.engine.ports import claim_free_range, port_free
 from mftk.errors import InputError, TrainingError
 
 
@@ -86,9 +86,9 @@ def test_bad_target_and_shape_are_refused_before_starting(tmp_path):
 
 
 def test_free_port_leaves_room_for_msruns_worker_ports():
-    port = pick_free_port()
-    assert all(port_free(port + off) for off in (0, 1, 256, 512, 768))
-    assert port % 1024 == 0
+    with claim_free_range() as claim:  # held while checked: no other job on this machine can take it meanwhile
+        assert all(port_free(claim.port + off) for off in (0, 1, 256, 512, 768))
+        assert claim.port % 1024 == 0
 
 
 def test_msrun_command_single_and_multi_node(tmp_path):
