@@ -14,7 +14,8 @@ of them dies with msrun in turn, and `end_job` sweeps up by job id whatever is l
 outlives the parent, however the parent or msrun ends. They inherit the job's port claim (`engine.ports`) the
 same way, so no other mftk job on the machine starts on its ports while any of them lives. Hangs
 (`engine.watchdog`): each worker keeps a progress file (`engine.heartbeat`); a rank silent past the hang timeout
-ends the job with every worker's Python stack in its log and the stopped ranks named (`JobFault`, which `--max-restarts` relaunches on, `engine.workers`).
+ends the job with every worker's Python stack in its log and the stopped ranks named (`JobFault`, which
+`--max-restarts` relaunches on, `engine.workers`).
 
 Signals: msrun runs in its own session and each worker in its own, so neither a terminal's Ctrl-C nor a
 ``kill`` of the parent reaches them; and msrun's own SIGINT handler SIGKILLs every worker. So while it

@@ -76,13 +76,18 @@ def claim_dir() -> Path | None:
     return d
 
 
+def _claim_file(port: int) -> Path | None:
+    d = claim_dir()
+    return None if d is None else d / f"{port}.lock"
+
+
 def try_claim(port: int) -> PortClaim | None:
     """Claim ``port``'s range for this job; None when another mftk job on this machine holds it."""
-    d = claim_dir()
-    if d is None:
+    path = _claim_file(port)
+    if path is None:
         return PortClaim(port)
     try:
-        fd = os.open(d / f"{port}.lock", os.O_RDONLY | os.O_CREAT, 0o666)  # flock needs no write access
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)  # flock needs no write access
     except PermissionError:  # a claim file this user cannot read (another user's, mode 0600): treated as held
         return None
     except OSError:
@@ -102,11 +107,10 @@ def inherited_claim(port: int) -> PortClaim | None:
     """The claim on ``port`` that the process which started this one handed down (`CLAIM_ENV`), or None: the
     descriptor must be this port's claim file (same file, not just the same number) and hold its lock."""
     held, _, fd = os.environ.get(CLAIM_ENV, "").partition(":")
-    d = claim_dir()
-    if held != str(port) or not fd.isdigit() or d is None:
+    if held != str(port) or not fd.isdigit() or (path := _claim_file(port)) is None:
         return None
     try:
-        if not os.path.samestat(os.fstat(int(fd)), os.stat(d / f"{port}.lock")):
+        if not os.path.samestat(os.fstat(int(fd)), os.stat(path)):
             return None
         fcntl.flock(int(fd), fcntl.LOCK_EX | fcntl.LOCK_NB)  # already held through this descriptor: a no-op
     except OSError:
@@ -126,13 +130,6 @@ def claim_free_range(lo: int = 10240, hi: int = 60000, tries: int = 64) -> PortC
             return claim
         claim.release()
     raise TrainingError(message="no free port range for msrun found", hint="pass --master-port explicitly")
-
-
-def pick_free_port(lo: int = 10240, hi: int = 60000, tries: int = 64) -> int:
-    """A free, unclaimed base port, released at once: another job may take it before it is used. To start the
-    nodes of a job on one host, hold `claim_free_range`'s claim instead and hand it to node 0 (its ``env``)."""
-    with claim_free_range(lo, hi, tries) as claim:
-        return claim.port
 
 
 def claim_master_port(port: int) -> PortClaim:

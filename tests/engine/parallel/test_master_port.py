@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from mftk.engine.launch import LaunchSpec, launch
-from mftk.engine.ports import pick_free_port
+from mftk.engine.ports import claim_free_range
 from mftk.errors import InputError
 
 
@@ -15,7 +15,7 @@ from mftk.errors import InputError
 def busy_port():
     """A port with a listener on it (as another job's scheduler would hold it)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", pick_free_port()))
+    s.bind(("127.0.0.1", 0))  # any free port the kernel gives
     s.listen()
     yield s.getsockname()[1]
     s.close()
@@ -32,7 +32,8 @@ def test_busy_master_port_is_refused_before_msrun_starts(tmp_path, busy_port):
 def test_free_master_port_passes_the_check(busy_port):
     from mftk.engine.ports import check_master_port
 
-    check_master_port(pick_free_port())  # no error
+    with claim_free_range() as claim:
+        check_master_port(claim.port)  # no error
     with pytest.raises(InputError):
         check_master_port(busy_port)
 
